@@ -1,0 +1,51 @@
+"""Running the kernels on CPU tensors through Triton's interpreter (`TRITON_INTERPRET=1`).
+
+The interpreter runs each program with NumPy. It stores bfloat16 as raw uint16 bits, and in Triton 3.6 its
+`tl.dot` multiplies those bits as integers (triton-lang/triton#11584, "not supported yet" upstream). The
+kernels only ever feed bf16 values to `tl.dot` (everything else is upcast to fp32 first), so converting
+the dot's bf16 operands to fp32 is all it takes to run them exactly as a GPU would.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def is_active() -> bool:
+    """True when `triton.jit` hands out interpreted kernels (decided when the kernels were defined)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_patched = False
+
+
+def _patch_bf16_dot() -> None:
+    global _patched
+    if _patched:
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder_cls = interpreter.InterpreterBuilder
+    original = builder_cls.create_dot
+
+    def _to_fp32(handle):
+        if handle.dtype.scalar == tl.bfloat16:
+            data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
+            return interpreter.TensorHandle(data, tl.float32)
+        return handle
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, _to_fp32(a), _to_fp32(b), d, input_precision, max_num_imprecise_acc)
+
+    builder_cls.create_dot = create_dot
+    _patched = True
+
+
+def prepare(device: torch.device) -> None:
+    """Called before every launch: patches the interpreter's bf16 dot once when running on the CPU."""
+    if device.type != "cuda" and is_active():
+        _patch_bf16_dot()

@@ -1,0 +1,52 @@
+"""The public functional API."""
+
+from __future__ import annotations
+
+import torch
+
+from .ops import FlashAttentionTriton
+from .validation import check_inputs
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Exact softmax attention, `softmax(q @ k^T * scale) @ v`, without materialising the scores.
+
+    Args:
+        q: (B, Hq, Nq, D) queries.
+        k: (B, Hkv, Nk, D) keys; Hq must be a multiple of Hkv (Hkv < Hq is grouped-query attention:
+            query head h uses key/value head h // (Hq // Hkv)).
+        v: (B, Hkv, Nk, D) values.
+        is_causal: mask aligned to the bottom-right corner, as in flash_attn >= 2.1: query i sees key j
+            iff j <= i + Nk - Nq. With Nq > Nk the first Nq - Nk queries see no key; their output is 0::
+
+                Nq = 2, Nk = 4      Nq = 4, Nk = 2
+                q0  x x x .         q0  . .
+                q1  x x x x         q1  . .
+                                    q2  x .
+                                    q3  x x
+
+        scale: softmax scale; defaults to 1 / sqrt(D).
+        return_lse: also return the logsumexp of each query row's scaled scores.
+
+    Returns:
+        o: (B, Hq, Nq, D), q's dtype; and with `return_lse`, lse: (B, Hq, Nq) float32, natural log,
+        -inf for rows that see no key.
+
+    q, k and v must share a dtype (float16, bfloat16 or float32; float32 dot products follow
+    `torch.backends.cuda.matmul.allow_tf32`) and a device, and have head dims up to 256. Any strides
+    work; a tensor whose last dim is not contiguous is copied once. The flash_attn layout (B, N, H, D)
+    is supported without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the
+    backward is deterministic.
+    """
+    check_inputs(q, k, v, is_causal=is_causal, rank=4)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+    return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse)

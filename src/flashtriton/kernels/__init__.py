@@ -1,0 +1,1 @@
+"""The Triton kernels: only `@triton.jit` code, no torch and no allocation."""

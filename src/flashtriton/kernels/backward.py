@@ -1,0 +1,236 @@
+"""FlashAttention-2 backward kernels.
+
+The forward saved O and the logsumexp L, so each score tile's probabilities can be recomputed as
+P = exp(S - L) without the softmax's running state. With D = rowsum(dO * O) (the preprocess kernel):
+
+    dV  = P^T dO
+    dP  = dO V^T
+    dS  = P * (dP - D)          (the softmax Jacobian, row by row)
+    dK  = scale * dS^T Q
+    dQ  = scale * dS K
+
+Two kernels split the work so that every output has exactly one writer and the result is deterministic
+(no atomics): `attn_bwd_dkdv_kernel` keeps a key/value tile resident and streams the query tiles that see
+it (for GQA, of every query head in its group); `attn_bwd_dq_kernel` keeps a query tile resident and
+streams the key/value tiles it sees, like the forward. Both mask only the causal band and ragged tiles.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E, head_block_ptr, key_tiles_for_query_tile, load_tile, query_tiles_for_key_tile
+
+
+@triton.jit
+def attn_bwd_preprocess_kernel(
+    O, DO, DELTA,
+    stride_ob, stride_oh, stride_om,
+    stride_dob, stride_doh, stride_dom,
+    num_heads, seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is contiguous (B, H, seqlen_q)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // num_heads).to(tl.int64)
+    off_h = (pid_bh % num_heads).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh, seqlen_q, stride_om, start_m,
+                           BLOCK_M, HEAD_DIM, BLOCK_D)
+    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_h * stride_doh, seqlen_q, stride_dom, start_m,
+                            BLOCK_M, HEAD_DIM, BLOCK_D)
+    o = load_tile(o_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
+    do = load_tile(do_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    tl.store(DELTA + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _dkdv_inner(
+    dk, dv, k, v,
+    q_ptr, do_ptr, lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, causal_diag, qk_scale_log2,
+    BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
+    ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands."""
+    q_ptr = tl.advance(q_ptr, (start, 0))
+    do_ptr = tl.advance(do_ptr, (start, 0))
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+        do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+        if MASKED:
+            # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
+            lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            lse = tl.load(lse_ptr + offs_m)
+            delta = tl.load(delta_ptr + offs_m)
+        qk_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
+        if IS_CAUSAL and MASKED:
+            # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here.
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_diag, p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        q_ptr = tl.advance(q_ptr, (BLOCK_M, 0))
+        do_ptr = tl.advance(do_ptr, (BLOCK_M, 0))
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    # strides (the last dim of every tensor is contiguous)
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    # sizes
+    num_heads_kv, seqlen_q, seqlen_k,
+    scale, qk_scale_log2,
+    # meta-parameters
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One program per (key tile, batch * key/value head): writes dK and dV of that tile."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // num_heads_kv).to(tl.int64)
+    off_hkv = (pid_bh % num_heads_kv).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    causal_diag = seqlen_k - seqlen_q
+
+    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, start_n,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, start_n,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    k = load_tile(k_ptr, True, not EVEN_D)  # [BLOCK_N, BLOCK_D], resident
+    v = load_tile(v_ptr, True, not EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    start, unmasked_start, unmasked_end, ragged_start = query_tiles_for_key_tile(
+        start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    for g in range(GROUP_SIZE):  # every query head that reads this key/value head
+        off_hq = off_hkv * GROUP_SIZE + g
+        q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh, seqlen_q, stride_qm, 0,
+                               BLOCK_M, HEAD_DIM, BLOCK_D)
+        do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh, seqlen_q, stride_dom, 0,
+                                BLOCK_M, HEAD_DIM, BLOCK_D)
+        row = (off_b * num_heads_kv * GROUP_SIZE + off_hq) * seqlen_q
+        lse_ptr = LSE + row
+        delta_ptr = DELTA + row
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, start, unmasked_start,
+                             offs_n, seqlen_q, causal_diag, qk_scale_log2,
+                             BLOCK_M, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, unmasked_start, unmasked_end,
+                             offs_n, seqlen_q, causal_diag, qk_scale_log2,
+                             BLOCK_M, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, ragged_start, seqlen_q,
+                             offs_n, seqlen_q, causal_diag, qk_scale_log2,
+                             BLOCK_M, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION)
+
+    dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh, seqlen_k, stride_dkn, start_n,
+                            BLOCK_N, HEAD_DIM, BLOCK_D)
+    dv_ptr = head_block_ptr(DV + off_b * stride_dvb + off_hkv * stride_dvh, seqlen_k, stride_dvn, start_n,
+                            BLOCK_N, HEAD_DIM, BLOCK_D)
+    tl.store(dk_ptr, (dk * scale).to(DK.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(dv_ptr, dv.to(DV.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def _dq_inner(
+    dq, q, do, lse_log2, delta,
+    k_ptr, v_ptr, start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulate dQ of one query tile over key tiles [start, end)."""
+    k_ptr = tl.advance(k_ptr, (start, 0))
+    v_ptr = tl.advance(v_ptr, (start, 0))
+    for start_n in range(start, end, BLOCK_N):
+        k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
+        v = load_tile(v_ptr, MASKED, not EVEN_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        p = tl.exp2(qk * qk_scale_log2 - lse_log2[:, None])
+        if MASKED:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            visible = offs_n[None, :] < seqlen_k
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_diag)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+        k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
+        v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
+    Q, K, V, DO, LSE, DELTA, DQ,
+    # strides (the last dim of every tensor is contiguous)
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dqb, stride_dqh, stride_dqm,
+    # sizes
+    num_heads_q, seqlen_q, seqlen_k,
+    scale, qk_scale_log2,
+    # meta-parameters
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One program per (query tile, batch * query head): writes dQ of that tile."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // num_heads_q).to(tl.int64)
+    off_hq = (pid_bh % num_heads_q).to(tl.int64)
+    off_hkv = off_hq // GROUP_SIZE
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+
+    q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh, seqlen_q, stride_qm, start_m,
+                           BLOCK_M, HEAD_DIM, BLOCK_D)
+    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh, seqlen_q, stride_dom, start_m,
+                            BLOCK_M, HEAD_DIM, BLOCK_D)
+    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, 0,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, 0,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], resident
+    do = load_tile(do_ptr, True, not EVEN_D)
+    row_in_range = offs_m < seqlen_q
+    # Rows past seqlen_q load L = D = 0 (finite) and dO = 0; they are never stored.
+    lse_log2 = tl.load(LSE + pid_bh.to(tl.int64) * seqlen_q + offs_m, mask=row_in_range, other=0.0) * LOG2E
+    delta = tl.load(DELTA + pid_bh.to(tl.int64) * seqlen_q + offs_m, mask=row_in_range, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, 0, unmasked_end, offs_m, seqlen_k,
+                   causal_diag=seqlen_k - seqlen_q, qk_scale_log2=qk_scale_log2, BLOCK_N=BLOCK_N,
+                   EVEN_D=EVEN_D, MASKED=False, IS_CAUSAL=IS_CAUSAL, INPUT_PRECISION=INPUT_PRECISION)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, unmasked_end, end, offs_m, seqlen_k,
+                   causal_diag=seqlen_k - seqlen_q, qk_scale_log2=qk_scale_log2, BLOCK_N=BLOCK_N,
+                   EVEN_D=EVEN_D, MASKED=True, IS_CAUSAL=IS_CAUSAL, INPUT_PRECISION=INPUT_PRECISION)
+
+    dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh, seqlen_q, stride_dqm, start_m,
+                            BLOCK_M, HEAD_DIM, BLOCK_D)
+    tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0, 1))

@@ -1,0 +1,80 @@
+"""Helpers shared by the forward and backward kernels: which tiles a program visits, and masked loads.
+
+Every kernel splits its loop into tiles that need no mask (the interior, compiled without any compare or
+`tl.where`) and tiles that do (the causal diagonal band and the ragged last tile). The bounds below are
+where that split happens; a new mask (a sliding window, say) changes these bounds, not the kernels.
+Causal masks are aligned to the bottom-right corner: query i sees key j iff j <= i + (seqlen_k - seqlen_q).
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
+LN2: tl.constexpr = 0.6931471805599453  # log(x) = log2(x) * LN2
+
+
+@triton.jit
+def _clamp(x, lo, hi):
+    return tl.minimum(tl.maximum(x, lo), hi)
+
+
+@triton.jit
+def key_tiles_for_query_tile(
+    start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr
+):
+    """Key range a query tile [start_m, start_m + BLOCK_M) visits: [0, unmasked_end) of whole tiles
+    that every row sees entirely, then [unmasked_end, end) tile by tile with a mask."""
+    if IS_CAUSAL:
+        diag = seqlen_k - seqlen_q
+        end = _clamp(start_m + BLOCK_M + diag, 0, seqlen_k)  # past the last row's last visible key
+        fully_seen = _clamp(start_m + diag + 1, 0, seqlen_k)  # keys the tile's first row already sees
+    else:
+        end = seqlen_k
+        fully_seen = seqlen_k
+    unmasked_end = (fully_seen // BLOCK_N) * BLOCK_N
+    return unmasked_end, end
+
+
+@triton.jit
+def query_tiles_for_key_tile(
+    start_n, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr
+):
+    """Query range a key tile [start_n, start_n + BLOCK_N) is seen by, as three loops: masked
+    [start, unmasked_start), unmasked [unmasked_start, unmasked_end), masked [ragged_start, seqlen_q).
+    The last loop is the ragged final query tile (if any) and the diagonal band when it reaches it."""
+    unmasked_end = (seqlen_q // BLOCK_M) * BLOCK_M
+    if IS_CAUSAL:
+        diag = seqlen_k - seqlen_q
+        first_row = _clamp(start_n - diag, 0, seqlen_q)  # first query that sees key start_n
+        full_row = _clamp(start_n + BLOCK_N - 1 - diag, 0, seqlen_q)  # first query that sees all keys
+        start = (first_row // BLOCK_M) * BLOCK_M
+        unmasked_start = tl.minimum(tl.cdiv(full_row, BLOCK_M) * BLOCK_M, unmasked_end)
+    else:
+        start = 0
+        unmasked_start = 0
+    ragged_start = tl.maximum(tl.maximum(unmasked_start, unmasked_end), start)
+    return start, unmasked_start, unmasked_end, ragged_start
+
+
+@triton.jit
+def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Load a block, zero-padding only along the dims that can run past the tensor's edge."""
+    if CHECK_ROWS and CHECK_COLS:
+        tile = tl.load(block_ptr, boundary_check=(0, 1), padding_option="zero")
+    elif CHECK_ROWS:
+        tile = tl.load(block_ptr, boundary_check=(0,), padding_option="zero")
+    elif CHECK_COLS:
+        tile = tl.load(block_ptr, boundary_check=(1,), padding_option="zero")
+    else:
+        tile = tl.load(block_ptr)
+    return tile
+
+
+@triton.jit
+def head_block_ptr(base, seqlen, stride_row, start_row, BLOCK_ROWS: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Block pointer to rows [start_row, start_row + BLOCK_ROWS) of one head's (seqlen, HEAD_DIM) matrix."""
+    return tl.make_block_ptr(
+        base, shape=(seqlen, HEAD_DIM), strides=(stride_row, 1), offsets=(start_row, 0),
+        block_shape=(BLOCK_ROWS, BLOCK_D), order=(1, 0),
+    )

@@ -1,0 +1,123 @@
+"""FlashAttention-2 forward kernel.
+
+One program per (query tile, batch * query head). The program loads its query tile once, streams the
+key/value tiles of its head through an online softmax, and writes O and the logsumexp L once:
+
+    m = -inf, l = 0, acc = 0                      (fp32, one per query row)
+    for each visible key tile K_j, V_j:
+        s   = q @ K_j^T                            (scaled inside the exp2 below)
+        m'  = max(m, rowmax(s) * scale * log2(e))
+        p   = exp2(s * scale * log2(e) - m')      (one FMA per score: the scale is folded in)
+        l   = l * exp2(m - m') + rowsum(p)
+        acc = acc * exp2(m - m') + p @ V_j
+        m   = m'
+    O = acc / l,  L = (m + log2(l)) * ln(2)
+
+Supported: any seqlen_q and seqlen_k (ragged last tiles are masked, interior tiles are not), causal
+masks aligned bottom-right, head dims up to 256 (padded to a power of two when needed), GQA/MQA
+(query head h reads key/value head h // GROUP_SIZE), fp16/bf16/fp32 inputs with fp32 accumulation.
+Rows that see no key give O = 0 and L = -inf.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import LN2, head_block_ptr, key_tiles_for_query_tile, load_tile
+
+
+@triton.jit
+def _fwd_inner(
+    acc, l_i, m_i, q,
+    k_ptr, v_ptr, start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    k_ptr = tl.advance(k_ptr, (start, 0))
+    v_ptr = tl.advance(v_ptr, (start, 0))
+    for start_n in range(start, end, BLOCK_N):
+        k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            visible = offs_n[None, :] < seqlen_k
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_diag)
+            qk = tl.where(visible, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
+            # A row with no visible key so far still has m = -inf: shift it by 0 so that exp2 gives
+            # 0 instead of exp2(-inf + inf) = NaN.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
+            m_shift = m_new
+        p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)  # rescales the old state to the new running max
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_tile(v_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+        m_i = m_new
+        k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
+        v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd_kernel(
+    # pointers
+    Q, K, V, O, LSE,
+    # strides (the last dim of every tensor is contiguous); LSE is a contiguous (B, Hq, seqlen_q)
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    # sizes
+    num_heads_q, seqlen_q, seqlen_k,
+    qk_scale_log2,  # softmax scale * log2(e)
+    # meta-parameters
+    GROUP_SIZE: tl.constexpr,  # query heads per key/value head (1 unless GQA/MQA)
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
+    off_b = (pid_bh // num_heads_q).to(tl.int64)
+    off_hq = (pid_bh % num_heads_q).to(tl.int64)
+    off_hkv = off_hq // GROUP_SIZE
+    start_m = pid_m * BLOCK_M
+
+    q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh, seqlen_q, stride_qm, start_m,
+                           BLOCK_M, HEAD_DIM, BLOCK_D)
+    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, 0,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, 0,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    causal_diag = seqlen_k - seqlen_q
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], loaded once
+
+    unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, 0, unmasked_end, offs_m, seqlen_k,
+                               causal_diag, qk_scale_log2, BLOCK_N, EVEN_D, False, IS_CAUSAL,
+                               INPUT_PRECISION)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, unmasked_end, end, offs_m, seqlen_k,
+                               causal_diag, qk_scale_log2, BLOCK_N, EVEN_D, True, IS_CAUSAL,
+                               INPUT_PRECISION)
+
+    # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
+    no_key = l_i == 0.0
+    l_safe = tl.where(no_key, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+
+    o_ptr = head_block_ptr(O + off_b * stride_ob + off_hq * stride_oh, seqlen_q, stride_om, start_m,
+                           BLOCK_M, HEAD_DIM, BLOCK_D)
+    tl.store(o_ptr, o.to(O.dtype.element_ty), boundary_check=(0, 1))
+    lse_ptr = LSE + pid_bh.to(tl.int64) * seqlen_q + offs_m
+    tl.store(lse_ptr, lse, mask=offs_m < seqlen_q)

@@ -1,0 +1,174 @@
+"""Launchers for the Triton kernels and the autograd function that wires them together.
+
+Launchers take canonical 4-D tensors, `q` (B, Hq, Nq, D) and `k`, `v` (B, Hkv, Nk, D), with any strides
+whose last one is 1, check nothing the public API already checked, allocate outputs and launch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import _interpreter
+from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
+from .kernels.forward import attn_fwd_kernel
+from .validation import check_inputs, check_scale, last_dim_contiguous
+
+LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+def _forward_config(head_dim: int, device: torch.device) -> TileConfig:
+    if device.type != "cuda":
+        # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
+        return TileConfig(block_m=32, block_n=16)
+    if head_dim <= 64:
+        return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    if head_dim <= 128:
+        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+
+
+def _backward_configs(head_dim: int, device: torch.device) -> tuple[TileConfig, TileConfig]:
+    """(dK/dV config, dQ config). dK/dV keeps a tall key tile and streams short query tiles; dQ the reverse."""
+    if device.type != "cuda":
+        return TileConfig(block_m=16, block_n=32), TileConfig(block_m=32, block_n=16)
+    if head_dim <= 64:
+        return (TileConfig(block_m=32, block_n=128, num_warps=4, num_stages=3),
+                TileConfig(block_m=128, block_n=32, num_warps=4, num_stages=3))
+    if head_dim <= 128:
+        return (TileConfig(block_m=32, block_n=128, num_warps=8, num_stages=2),
+                TileConfig(block_m=128, block_n=32, num_warps=8, num_stages=2))
+    return (TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=1),
+            TileConfig(block_m=64, block_n=16, num_warps=8, num_stages=1))
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))  # tl.dot needs at least 16 along the reduction
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"  # ignored for 16-bit inputs
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns o like q and lse (B, Hq, Nq) in float32."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse
+    _interpreter.prepare(q.device)
+    cfg = _forward_config(head_dim, q.device)
+    grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads_q)
+    attn_fwd_kernel[grid](
+        q, k, v, o, lse,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+        heads_q, seqlen_q, seqlen_k, scale * LOG2E,
+        GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
+        INPUT_PRECISION=_input_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return o, lse
+
+
+def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       o: torch.Tensor, lse: torch.Tensor, is_causal: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if dq.numel() == 0 or dk.numel() == 0:  # nothing attends: every gradient is zero
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    _interpreter.prepare(q.device)
+    block_d = _block_d(head_dim)
+    precision = _input_precision(q.dtype)
+    dkdv_cfg, dq_cfg = _backward_configs(head_dim, q.device)
+
+    delta = torch.empty_like(lse)
+    pre_block = 64 if q.device.type == "cuda" else 32
+    attn_bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), batch * heads_q)](
+        o, do, delta, *_strides(o), *_strides(do), heads_q, seqlen_q,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
+    )
+    common = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=block_d,
+                  IS_CAUSAL=is_causal, INPUT_PRECISION=precision)
+    attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, dkdv_cfg.block_n), batch * heads_kv)](
+        q, k, v, do, lse, delta, dk, dv,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+        heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E,
+        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, **common,
+        num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
+    )
+    attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, dq_cfg.block_m), batch * heads_q)](
+        q, k, v, do, lse, delta, dq,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E,
+        BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **common,
+        num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
+    )
+    return dq, dk, dv
+
+
+def _as_4d(x: torch.Tensor) -> torch.Tensor:
+    """(..., H, N, D) -> (B, H, N, D), merging extra leading dims into B; (N, D) and (B, N, D) get H = 1."""
+    if x.dim() == 2:
+        return x[None, None]
+    if x.dim() == 3:
+        return x[:, None]
+    if x.dim() == 4:
+        return x
+    return x.reshape(-1, *x.shape[-3:])
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 in Triton, forward and backward.
+
+    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False)` returns O, or
+    `(O, L)` with `return_lse=True` (L carries no gradient). Q: (..., Nq, d), K and V: (..., Nk, d), with
+    equal leading dims except that a 4-D (or larger) input may have fewer key/value heads (dim -3) than
+    query heads (GQA). O: like Q; L: Q.shape[:-1], float32, natural log. Saves exactly `Q, K, V, O, L`.
+    """
+
+    @staticmethod
+    def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False):
+        check_inputs(Q, K, V, is_causal=is_causal)
+        scale = check_scale(scale, Q.shape[-1])
+        Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
+        o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, scale)
+        O, L = o4.view(Q.shape), lse4.view(Q.shape[:-1])
+        ctx.save_for_backward(Q, K, V, O, L)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        if return_lse:
+            ctx.mark_non_differentiable(L)
+            return O, L
+        return O
+
+    @staticmethod
+    def backward(ctx, dO, *_unused_dL):
+        Q, K, V, O, L = ctx.saved_tensors
+        q4 = _as_4d(Q)
+        dq, dk, dv = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O),
+                                        L.view(q4.shape[:-1]), ctx.is_causal, ctx.scale)
+        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None

@@ -1,0 +1,89 @@
+"""Argument checks shared by the public entry points. Each error names the argument, the value and the fix."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import _interpreter
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def check_inputs(q: object, k: object, v: object, *, is_causal: object, rank: int | None = None) -> None:
+    """Validate q (..., Nq, D), k and v (..., Nk, D). With `rank`, the inputs must have exactly that rank.
+
+    Leading dims must match, except that for inputs of rank >= 4 dim -3 is the head dim and q may have
+    a multiple of k's heads (grouped-query attention).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if rank is not None and x.dim() != rank:
+            raise ValueError(
+                f"{name} must have {rank} dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
+                "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
+        if x.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape {tuple(x.shape)}")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ValueError(f"q, k and v must have the same number of dims, got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
+
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; supported are float16, bfloat16 and float32: "
+                        f"convert it with q.to(torch.bfloat16)")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; convert with {name}.to(q.dtype)")
+
+    for name, x in (("k", k), ("v", v)):
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}; put q, k and v on one device")
+    if q.device.type != "cuda" and not _interpreter.is_active():
+        raise ValueError(
+            f"q, k and v are on {q.device}, but the kernels run on CUDA GPUs; move them with .cuda(), or set "
+            "TRITON_INTERPRET=1 before importing flashtriton to run the kernels through Triton's interpreter")
+
+    head_dim = q.shape[-1]
+    if k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        raise ValueError(f"head dims differ: q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]}; "
+                         "q, k and v need the same last dim")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise NotImplementedError(f"head_dim {head_dim} is not supported; it must be between 1 and {MAX_HEAD_DIM}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+
+    if q.dim() >= 4:
+        if q.shape[:-3] != k.shape[:-3]:
+            raise ValueError(f"batch dims differ: q {tuple(q.shape[:-3])} vs k {tuple(k.shape[:-3])}")
+        heads_q, heads_kv = q.shape[-3], k.shape[-3]
+        if heads_kv == 0 or heads_q % heads_kv != 0:
+            raise ValueError(
+                f"q has {heads_q} heads and k/v have {heads_kv}; the query heads must be a multiple of the "
+                "key/value heads (equal for plain attention, a multiple for grouped-query attention)")
+    elif q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"leading dims differ: q {tuple(q.shape[:-2])} vs k {tuple(k.shape[:-2])}")
+
+
+def check_scale(scale: object, head_dim: int) -> float:
+    """The softmax scale as a float: 1/sqrt(head_dim) when None, else a finite positive number."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a float or None, got {scale!r}")
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be finite and positive, got {scale}; leave it None for 1/sqrt(head_dim)")
+    return scale
+
+
+def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """The kernels need unit stride along head_dim (any other strides are fine); copy once if not."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()

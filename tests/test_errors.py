@@ -1,0 +1,81 @@
+"""Bad input raises a clear error naming the argument, the value and the fix."""
+
+import pytest
+import torch
+
+from conftest import DEVICE
+from flashtriton import FlashAttentionTriton, flash_attention
+
+
+def qkv(shape_q=(1, 2, 8, 16), shape_k=None, dtype=torch.float16, device=DEVICE):
+    shape_k = shape_k or shape_q
+    return (torch.randn(shape_q, dtype=dtype, device=device), torch.randn(shape_k, dtype=dtype, device=device),
+            torch.randn(shape_k, dtype=dtype, device=device))
+
+
+def test_not_a_tensor():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="k must be a torch.Tensor, got list"):
+        flash_attention(q, [1, 2], v)
+
+
+def test_wrong_rank():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"q must have 4 dims .* got shape \(2, 8, 16\).*transpose"):
+        flash_attention(q[0], k, v)
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        FlashAttentionTriton.apply(q[0, 0, 0], k[0, 0, 0], v[0, 0, 0])
+
+
+def test_mismatched_shapes():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        flash_attention(q, k, v[:, :, :5])
+    with pytest.raises(ValueError, match="head dims differ: q 16, k 8"):
+        flash_attention(q, k[..., :8], v[..., :8])
+    with pytest.raises(ValueError, match=r"batch dims differ: q \(1,\) vs k \(2,\)"):
+        flash_attention(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
+    q3, k3, v3 = qkv((1, 3, 8, 16), (1, 2, 8, 16))
+    with pytest.raises(ValueError, match="q has 3 heads and k/v have 2.*multiple"):
+        flash_attention(q3, k3, v3)
+    with pytest.raises(ValueError, match=r"leading dims differ: q \(1,\) vs k \(2,\)"):
+        FlashAttentionTriton.apply(q[0, :1], k[0], v[0])
+
+
+def test_dtypes():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=r"k has dtype torch.float32 but q has torch.float16.*k.to\(q.dtype\)"):
+        flash_attention(q, k.float(), v)
+    with pytest.raises(TypeError, match=r"q has dtype torch.float64; supported are .*q.to\(torch.bfloat16\)"):
+        flash_attention(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match="q has dtype torch.int32"):
+        flash_attention(q.int(), k.int(), v.int())
+
+
+def test_head_dim_limit():
+    q, k, v = qkv((1, 1, 4, 300))
+    with pytest.raises(NotImplementedError, match="head_dim 300 is not supported; it must be between 1 and 256"):
+        flash_attention(q, k, v)
+
+
+def test_scale_and_flags():
+    q, k, v = qkv()
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="scale must be finite and positive"):
+            flash_attention(q, k, v, scale=bad)
+    with pytest.raises(TypeError, match="scale must be a float or None, got 'x'"):
+        flash_attention(q, k, v, scale="x")
+    with pytest.raises(TypeError, match="is_causal must be True or False, got 1"):
+        flash_attention(q, k, v, is_causal=1)
+    with pytest.raises(TypeError, match="return_lse must be True or False"):
+        flash_attention(q, k, v, return_lse="yes")
+
+
+def test_devices(monkeypatch):
+    q, k, v = qkv(device="cpu")
+    if DEVICE == "cuda":
+        with pytest.raises(ValueError, match="k is on cpu but q is on cuda:0"):
+            flash_attention(q.cuda(), k, v.cuda())
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"on cpu, but the kernels run on CUDA GPUs; move them with .cuda\(\)"):
+        flash_attention(q, k, v)

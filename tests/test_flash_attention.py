@@ -1,0 +1,129 @@
+"""The Triton kernels against the float64 reference: O, L, dQ, dK, dV."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU
+from flashtriton import FlashAttentionTriton, flash_attention
+from helpers import check_against_reference, make_qkv
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+# Odd sizes on purpose: ragged last tiles, a single row, Nq != Nk both ways.
+SEQLENS = [(1, 1), (17, 17), (63, 63), (97, 97), (130, 130), (63, 97), (97, 63), (1, 130), (130, 1), (17, 130)]
+if ON_GPU:  # tiles are 128 x 64 there: these cross several of them
+    SEQLENS += [(257, 257), (511, 1025), (1025, 511), (1000, 1000), (2048, 2048)]
+
+
+def _flash(is_causal, scale=None):
+    return lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, scale=scale, return_lse=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS, ids=[f"Nq{a}-Nk{b}" for a, b in SEQLENS])
+def test_matches_reference(seqlen_q, seqlen_k, is_causal, dtype):
+    q, k, v = make_qkv(2, 2, 2, seqlen_q, seqlen_k, 64 if ON_GPU else 32, dtype, DEVICE)
+    check_against_reference(_flash(is_causal), q, k, v, is_causal)
+
+
+HEAD_DIMS = [16, 32, 64, 128, 256, 40, 59, 1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=[f"D{d}" for d in HEAD_DIMS])
+def test_head_dims(head_dim, is_causal, dtype):
+    seqlen_q, seqlen_k = (300, 333) if ON_GPU else (33, 47)
+    q, k, v = make_qkv(1, 2, 2, seqlen_q, seqlen_k, head_dim, dtype, DEVICE)
+    check_against_reference(_flash(is_causal), q, k, v, is_causal)
+
+
+@pytest.mark.parametrize("heads_q,heads_kv", [(4, 2), (4, 1), (6, 3)], ids=["GQA-4-2", "MQA-4-1", "GQA-6-3"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_heads(heads_q, heads_kv, is_causal):
+    q, k, v = make_qkv(2, heads_q, heads_kv, 45, 61, 32, torch.float16, DEVICE)
+    check_against_reference(_flash(is_causal), q, k, v, is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_custom_scale(is_causal):
+    q, k, v = make_qkv(1, 2, 2, 40, 40, 32, torch.float32, DEVICE)
+    check_against_reference(_flash(is_causal, scale=0.3), q, k, v, is_causal, scale=0.3)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_flash_attn_layout_views(is_causal):
+    """(B, N, H, D) tensors passed as .transpose(1, 2) views, and q/k/v sliced out of one packed qkv."""
+    batch, seqlen, heads, head_dim = 2, 50, 3, 32
+    qkv = torch.randn(batch, seqlen, 3, heads, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    q, k, v = (qkv[:, :, i].transpose(1, 2).requires_grad_() for i in range(3))
+    assert q.stride(-1) == 1 and not q.is_contiguous()
+    check_against_reference(_flash(is_causal), q, k, v, is_causal)
+
+
+def test_last_dim_not_contiguous_is_copied():
+    q, k, v = make_qkv(1, 2, 2, 20, 20, 16, torch.float32, DEVICE, requires_grad=False)
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()  # same values, stride(-1) != 1
+    assert qt.stride(-1) != 1
+    check_against_reference(_flash(False), qt, k.requires_grad_(), v.requires_grad_(), False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_with_no_visible_key(dtype):
+    """Causal with Nq > Nk: the first Nq - Nk queries see no key. O = 0, L = -inf, zero gradients, no NaN."""
+    seqlen_q, seqlen_k = 70, 25
+    q, k, v = make_qkv(2, 2, 2, seqlen_q, seqlen_k, 32, dtype, DEVICE)
+    o, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
+    blind = seqlen_q - seqlen_k
+    assert torch.all(o[:, :, :blind] == 0)
+    assert torch.all(torch.isneginf(lse[:, :, :blind])) and torch.all(torch.isfinite(lse[:, :, blind:]))
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+    for g in (dq, dk, dv):
+        assert torch.isfinite(g).all()
+    assert torch.all(dq[:, :, :blind] == 0)
+    check_against_reference(_flash(True), q, k, v, True)
+
+
+def test_empty_keys_and_queries():
+    q, k, v = make_qkv(1, 2, 2, 5, 0, 16, torch.float32, DEVICE)
+    o, lse = flash_attention(q, k, v, return_lse=True)
+    assert torch.all(o == 0) and torch.all(torch.isneginf(lse))
+    dq, = torch.autograd.grad(o.sum(), (q,))
+    assert torch.all(dq == 0)
+    q, k, v = make_qkv(1, 2, 2, 0, 5, 16, torch.float32, DEVICE)
+    o = flash_attention(q, k, v)
+    assert o.shape == (1, 2, 0, 16)
+    dq, dk, dv = torch.autograd.grad(o.sum(), (q, k, v))
+    assert torch.all(dk == 0) and torch.all(dv == 0)
+
+
+def test_backward_is_deterministic():
+    q, k, v = make_qkv(2, 4, 2, 130 if not ON_GPU else 1500, 97 if not ON_GPU else 1100, 64, torch.bfloat16, DEVICE)
+    do = torch.randn(q.shape, dtype=q.dtype, device=DEVICE)
+    runs = [torch.autograd.grad(flash_attention(q, k, v, is_causal=True), (q, k, v), do) for _ in range(3)]
+    for later in runs[1:]:
+        for a, b in zip(runs[0], later, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(50, 32), (3, 50, 32), (2, 3, 50, 32), (2, 2, 2, 50, 32)],
+                         ids=["N-d", "batch-N-d", "B-H-N-D", "5d"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_article_interface(shape, is_causal):
+    """FlashAttentionTriton.apply(Q, K, V, is_causal) on (..., N, d); saves exactly Q, K, V, O, L."""
+    Q, K, V = (torch.randn(shape, device=DEVICE, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    O = FlashAttentionTriton.apply(Q, K, V, is_causal)
+    assert O.shape == Q.shape and O.dtype == Q.dtype
+    saved = O.grad_fn.saved_tensors
+    assert len(saved) == 5
+    for got, want in zip(saved[:4], (Q, K, V, O), strict=True):
+        assert got.shape == want.shape and torch.equal(got, want)
+    L = saved[4]
+    assert L.shape == Q.shape[:-1] and L.dtype == torch.float32
+
+    def fn(q, k, v):  # (B', 1, N, d) views in, the article's shape through the kernel
+        o, lse = FlashAttentionTriton.apply(q.reshape(shape), k.reshape(shape), v.reshape(shape), is_causal, None, True)
+        return o.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+    q4, k4, v4 = (x.detach().reshape(-1, 1, *shape[-2:]).requires_grad_() for x in (Q, K, V))
+    check_against_reference(fn, q4, k4, v4, is_causal)
