@@ -28,25 +28,27 @@ class TileConfig:
     num_stages: int = 1
 
 
-def _forward_config(head_dim: int, device: torch.device) -> TileConfig:
+def _forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
     if device.type != "cuda":
         # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
         return TileConfig(block_m=32, block_n=16)
-    if head_dim <= 64:
+    row_bytes = _block_d(head_dim) * dtype.itemsize  # one row of a Q/K/V tile in shared memory
+    if row_bytes <= 128:
         return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    if head_dim <= 128:
-        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-    return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    if row_bytes <= 256:
+        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
+    return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
 
 
-def _backward_configs(head_dim: int, device: torch.device) -> tuple[TileConfig, TileConfig]:
+def _backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
     """(dK/dV config, dQ config). dK/dV keeps a tall key tile and streams short query tiles; dQ the reverse."""
     if device.type != "cuda":
         return TileConfig(block_m=16, block_n=32), TileConfig(block_m=32, block_n=16)
-    if head_dim <= 64:
+    row_bytes = _block_d(head_dim) * dtype.itemsize
+    if row_bytes <= 128:
         return (TileConfig(block_m=32, block_n=128, num_warps=4, num_stages=3),
                 TileConfig(block_m=128, block_n=32, num_warps=4, num_stages=3))
-    if head_dim <= 128:
+    if row_bytes <= 256:
         return (TileConfig(block_m=32, block_n=128, num_warps=8, num_stages=2),
                 TileConfig(block_m=128, block_n=32, num_warps=8, num_stages=2))
     return (TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=1),
@@ -77,7 +79,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     _interpreter.prepare(q.device)
-    cfg = _forward_config(head_dim, q.device)
+    cfg = _forward_config(head_dim, q.dtype, q.device)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads_q)
     attn_fwd_kernel[grid](
         q, k, v, o, lse,
@@ -104,7 +106,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     _interpreter.prepare(q.device)
     block_d = _block_d(head_dim)
     precision = _input_precision(q.dtype)
-    dkdv_cfg, dq_cfg = _backward_configs(head_dim, q.device)
+    dkdv_cfg, dq_cfg = _backward_configs(head_dim, q.dtype, q.device)
 
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32

@@ -18,10 +18,10 @@ streams the key/value tiles it sees, like the forward. Both mask only the causal
 import triton
 import triton.language as tl
 
-from .common import LOG2E, head_block_ptr, key_tiles_for_query_tile, load_tile, query_tiles_for_key_tile
+from .common import SEQLEN_ARGS, LOG2E, head_block_ptr, key_tiles_for_query_tile, load_tile, query_tiles_for_key_tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seqlen_q"])
 def attn_bwd_preprocess_kernel(
     O, DO, DELTA,
     stride_ob, stride_oh, stride_om,
@@ -81,7 +81,7 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SEQLEN_ARGS)
 def attn_bwd_dkdv_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -178,7 +178,7 @@ def _dq_inner(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SEQLEN_ARGS)
 def attn_bwd_dq_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DQ,

@@ -12,6 +12,10 @@ import triton.language as tl
 LOG2E: tl.constexpr = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 LN2: tl.constexpr = 0.6931471805599453  # log(x) = log2(x) * LN2
 
+# Sequence lengths change from call to call: specialising on them (== 1, divisible by 16) would only
+# multiply compilations, since every access along the sequence goes through bounds-checked block pointers.
+SEQLEN_ARGS = ["seqlen_q", "seqlen_k"]
+
 
 @triton.jit
 def _clamp(x, lo, hi):

@@ -22,7 +22,7 @@ Rows that see no key give O = 0 and L = -inf.
 import triton
 import triton.language as tl
 
-from .common import LN2, head_block_ptr, key_tiles_for_query_tile, load_tile
+from .common import SEQLEN_ARGS, LN2, head_block_ptr, key_tiles_for_query_tile, load_tile
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SEQLEN_ARGS)
 def attn_fwd_kernel(
     # pointers
     Q, K, V, O, LSE,

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Everything the H200 run checks and times, in one call (see README, "Benchmarks"):
+#   1. the test suite on the GPU (larger sizes than on CPU), log to $OUT/pytest_gpu.log
+#   2. python -m flashtriton bench: correctness against float64, then the suite's table against the peers
+# Results land in $OUT (the device tool's output folder) or benchmarks/results/h200/; the table prints last.
+# Usage: bash benchmarks/h200.sh [suite] [modes]     e.g. bash benchmarks/h200.sh article fwd,bwd
+set -uo pipefail
+suite=${1:-article}
+modes=${2:-fwd}
+out=${OUT:-benchmarks/results/h200}
+mkdir -p "$out"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLASHTRITON_COMMIT=${FLASHTRITON_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
+
+workers=$(( $(nproc) / 2 )); [ "$workers" -gt 8 ] && workers=8
+python3 -m pytest -q -p no:cacheprovider -n "$workers" tests > "$out/pytest_gpu.log" 2>&1
+echo "pytest (GPU): $(tail -n 1 "$out/pytest_gpu.log")"
+
+python3 -m flashtriton bench --suite "$suite" --modes "$modes" --out "$out" 2>&1 | tee "$out/bench_$suite.log"

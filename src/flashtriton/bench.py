@@ -1,0 +1,260 @@
+"""Benchmarks against the peers, and the correctness check that runs before any timing.
+
+On a GPU every provider's output is checked against a float32 reference next to ours before it is timed;
+times are `triton.testing.do_bench` medians on fresh random inputs. FLOPs are counted as the
+FlashAttention papers do: forward = 4 * B * Hq * Nq * Nk * D, halved when causal; backward = 2.5 x forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .api import flash_attention
+from .testing import compare_with_reference, make_qkv
+
+BWD_FLOP_RATIO = 2.5  # backward does 2.5x the forward's matmul FLOPs (5 matmuls to 2)
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+
+    def flops(self, mode: str) -> float:
+        fwd = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+        fwd = fwd / 2 if self.causal else fwd
+        return {"fwd": fwd, "bwd": BWD_FLOP_RATIO * fwd, "fwd_bwd": (1 + BWD_FLOP_RATIO) * fwd}[mode]
+
+
+def article_suite() -> list[Shape]:
+    """The article's table: B=4, H=8, D=64, N = 512..4096, causal and not."""
+    return [Shape(4, 8, 8, n, n, 64, causal) for n in (512, 1024, 2048, 4096) for causal in (False, True)]
+
+
+SUITES: dict[str, Callable[[], list[Shape]]] = {"article": article_suite}
+
+
+# ---------------------------------------------------------------------------------------------- providers
+
+def _sdpa(backend=None) -> Callable:
+    def run(q, k, v, causal):
+        ctx = contextlib.nullcontext()
+        if backend is not None:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            ctx = sdpa_kernel([getattr(SDPBackend, backend)])
+        with ctx:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+PROVIDERS: dict[str, Callable] = {
+    "flashtriton": lambda q, k, v, causal: flash_attention(q, k, v, is_causal=causal),
+    "sdpa": _sdpa(),  # whatever PyTorch dispatches to by default (cuDNN on Hopper with torch >= 2.5)
+    "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
+    "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
+}
+
+
+def sdpa_default_backend(q, k, v, causal) -> str:
+    """Which kernel plain SDPA launches, read off the profiler's kernel names."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.cuda.synchronize()
+    names = " ".join(e.key for e in prof.key_averages()).lower()
+    for marker, backend in (("cudnn", "cuDNN"), ("flash", "FlashAttention-2"), ("fmha", "mem-efficient"),
+                            ("cutlass", "mem-efficient")):
+        if marker in names:
+            return backend
+    return "math (unfused)"
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+@dataclass
+class Row:
+    provider: str
+    suite: str
+    B: int
+    Hq: int
+    Hkv: int
+    Nq: int
+    Nk: int
+    D: int
+    dtype: str
+    causal: bool
+    mode: str
+    ms: float
+    tflops: float
+    max_err_vs_fp32: float | None = None
+
+
+def _time(fn: Callable[[], object], grad_to_none=None) -> float:
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+
+
+def time_provider(name: str, shape: Shape, dtype: torch.dtype, mode: str, q, k, v) -> float:
+    fn = PROVIDERS[name]
+    if mode == "fwd":
+        with torch.no_grad():
+            return _time(lambda: fn(q, k, v, shape.causal))
+    o = fn(q, k, v, shape.causal)
+    do = torch.randn_like(o)
+    if mode == "bwd":
+        return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v])
+    return _time(lambda: fn(q, k, v, shape.causal).backward(do), grad_to_none=[q, k, v])
+
+
+def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bfloat16,
+              log: Callable[[str], None] = print) -> list[Row]:
+    rows = []
+    for shape in SUITES[suite]():
+        q, k, v = make_qkv(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.seqlen_k,
+                           shape.head_dim, dtype, "cuda")
+        with torch.no_grad():  # check every provider against a float32 reference before timing it
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=shape.causal)
+            errors = {}
+            for name in providers:
+                try:
+                    errors[name] = (PROVIDERS[name](q, k, v, shape.causal).float() - ref).abs().max().item()
+                except RuntimeError as exc:  # a backend that does not support this shape or GPU
+                    log(f"  {name} unavailable for {shape}: {str(exc).splitlines()[0]}")
+            del ref
+        for mode in modes:
+            for name in errors:
+                ms = time_provider(name, shape, dtype, mode, q, k, v)
+                rows.append(Row(name, suite, shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
+                                shape.seqlen_k, shape.head_dim, DTYPE_NAMES[dtype], shape.causal, mode, ms,
+                                shape.flops(mode) / ms / 1e9, errors[name]))
+                log(f"  {name:<12} {mode:<7} N={shape.seqlen_q:<6} causal={shape.causal!s:<5} "
+                    f"{ms:8.3f} ms {rows[-1].tflops:7.1f} TFLOP/s  err {errors[name]:.1e}")
+    return rows
+
+
+def check_correctness(device: str, sizes: list[tuple[int, int]], head_dim: int, dtype=torch.bfloat16,
+                      log: Callable[[str], None] = print) -> bool:
+    """O, L, dQ, dK, dV against float64 for a few odd shapes, both masks. Returns True if all pass."""
+    ok = True
+    for seqlen_q, seqlen_k in sizes:
+        for causal in (False, True):
+            q, k, v = make_qkv(1, 2, 2, seqlen_q, seqlen_k, head_dim, dtype, device)
+            checks = compare_with_reference(
+                lambda q, k, v: flash_attention(q, k, v, is_causal=causal, return_lse=True), q, k, v, causal)
+            passed = all(c.ok for c in checks)
+            ok &= passed
+            worst = max(checks, key=lambda c: c.err / max(c.allowed, 1e-30))
+            log(f"  Nq={seqlen_q:<5} Nk={seqlen_k:<5} causal={causal!s:<5} {DTYPE_NAMES[dtype]}: "
+                f"{'ok  ' if passed else 'FAIL'} worst {worst}")
+    return ok
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+def environment() -> dict:
+    import triton
+    commit = os.environ.get("FLASHTRITON_COMMIT")
+    if commit is None:
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=True, cwd=Path(__file__).parent).stdout.strip()
+    return {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def article_table(rows: list[Row], baseline: str = "sdpa") -> str:
+    """The article's table: ours against one baseline, forward, one line per (N, causal)."""
+    by_key = {(r.provider, r.Nq, r.causal, r.mode): r for r in rows}
+    lines = ["| N | causal | ours ms | SDPA ms | ours TFLOP/s | SDPA TFLOP/s | % of SDPA |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.provider != "flashtriton" or r.mode != "fwd":
+            continue
+        base = by_key.get((baseline, r.Nq, r.causal, "fwd"))
+        if base is None:
+            continue
+        lines.append(f"| {r.Nq} | {'yes' if r.causal else 'no'} | {r.ms:.3f} | {base.ms:.3f} | {r.tflops:.0f} | "
+                     f"{base.tflops:.0f} | {100 * base.ms / r.ms:.0f}% |")
+    return "\n".join(lines)
+
+
+def provider_table(rows: list[Row]) -> str:
+    """TFLOP/s of every provider, one line per (shape, mode), with our ratio to each peer."""
+    providers = list(dict.fromkeys(r.provider for r in rows))
+    keys = list(dict.fromkeys((r.B, r.Hq, r.Nq, r.D, r.causal, r.mode) for r in rows))
+    by_key = {(r.B, r.Hq, r.Nq, r.D, r.causal, r.mode, r.provider): r for r in rows}
+    peers = [p for p in providers if p != "flashtriton"]
+    lines = ["| B | H | N | D | causal | mode | " + " | ".join(providers) + " | "
+             + " | ".join(f"ours/{p}" for p in peers) + " |"]
+    lines.append("|" + "---|" * (6 + len(providers) + len(peers)))
+    for key in keys:
+        cells = [by_key.get((*key, p)) for p in providers]
+        ours = by_key.get((*key, "flashtriton"))
+        ratios = [f"{ours.tflops / peer.tflops:.2f}" if ours and peer else "-"
+                  for peer in (by_key.get((*key, p)) for p in peers)]
+        b, h, n, d, causal, mode = key
+        lines.append(f"| {b} | {h} | {n} | {d} | {'yes' if causal else 'no'} | {mode} | "
+                     + " | ".join(f"{c.tflops:.0f}" if c else "-" for c in cells) + " | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path, title: str) -> bool:
+    """TFLOP/s against N per provider, one panel per (causal, mode). Needs matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = list(dict.fromkeys((r.causal, r.mode) for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+    for ax, (causal, mode) in zip(axes[0], panels, strict=True):
+        for provider in dict.fromkeys(r.provider for r in rows):
+            pts = sorted((r.Nq, r.tflops) for r in rows if (r.causal, r.mode, r.provider) == (causal, mode, provider))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=provider)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"{mode}, {'causal' if causal else 'non-causal'}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{suite}.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    md = [f"# `{suite}` suite on {meta['gpu']}",
+          f"torch {meta['torch']}, triton {meta['triton']}, commit {meta['commit']}, {meta['date']}.", ""]
+    if suite == "article":
+        md += ["Forward, B=4, H=8, D=64, bf16; SDPA is plain `F.scaled_dot_product_attention` "
+               f"({meta.get('sdpa_backend', '?')} on this GPU).", "", article_table(rows), ""]
+    md += ["TFLOP/s of every provider:", "", provider_table(rows), ""]
+    (out_dir / f"{suite}.md").write_text("\n".join(md))
+    plot(rows, out_dir / f"{suite}.png", f"{suite} suite, {meta['gpu']}")

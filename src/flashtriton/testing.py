@@ -1,0 +1,79 @@
+"""Inputs and error bounds shared by the test suite and the benchmark's correctness checks.
+
+A kernel is judged against a float64 reference, and its error is bounded by a small multiple of the
+error that a plain PyTorch attention computed in the same low precision makes against that reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .reference import attention_ref
+
+# Unit roundoff of each input dtype: the "one rounding of the output" slack in the bound.
+EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23}
+ABS_FLOOR = 1e-5  # for outputs that are exactly 0 in the reference (one key: dK = 0)
+
+
+def make_qkv(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+             dtype: torch.dtype, device: torch.device | str, requires_grad: bool = True):
+    """Fresh standard-normal (B, H, N, D) q, k, v; never zeros, which hide unwritten outputs."""
+    def rand(heads, seqlen):
+        x = torch.randn(batch, heads, seqlen, head_dim, dtype=dtype, device=device)
+        return x.requires_grad_(requires_grad)
+    return rand(heads_q, seqlen_q), rand(heads_kv, seqlen_k), rand(heads_kv, seqlen_k)
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+@dataclass
+class Check:
+    name: str
+    err: float  # max |kernel - float64 reference|
+    allowed: float  # factor * (plain low-precision attention's error) + one rounding
+    nan: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.nan and self.err <= self.allowed
+
+    def __str__(self) -> str:
+        return f"{self.name}: err {self.err:.2e} (allowed {self.allowed:.2e}){' NaN' if self.nan else ''}"
+
+
+def bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, dtype: torch.dtype,
+            factor: float = 2.0) -> Check:
+    if out.shape != ref.shape:
+        raise AssertionError(f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}")
+    slack = EPS[dtype] * (ref.double().abs().max().item() if ref.numel() else 0.0)
+    allowed = factor * max_err(low, ref) + slack + ABS_FLOOR
+    return Check(name, max_err(out, ref), allowed, bool(torch.isnan(out).any()))
+
+
+def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                           scale: float | None = None) -> list[Check]:
+    """Run `fn(q, k, v) -> (o, lse)` forward and backward and bound O, L, dQ, dK, dV."""
+    o, lse = fn(q, k, v)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    o64, lse64 = attention_ref(q64, k64, v64, is_causal=is_causal, scale=scale)
+    ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+    low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=scale, upcast=False)
+    low_grads = torch.autograd.grad(low_o, (q, k, v), do)
+
+    finite = torch.isfinite(lse64)
+    checks = [bounded("O", o, o64, low_o, q.dtype),
+              bounded("L", lse[finite], lse64[finite], low_lse[finite], q.dtype)]
+    # L must be -inf exactly where a row sees no key, and finite elsewhere.
+    mismatched = (torch.isneginf(lse) != ~finite).sum().item()
+    checks.append(Check("L=-inf rows", float(mismatched), 0.0, False))
+    for name, g, ref, low in zip(("dQ", "dK", "dV"), grads, ref_grads, low_grads, strict=True):
+        checks.append(bounded(name, g, ref, low, q.dtype))
+    return checks
