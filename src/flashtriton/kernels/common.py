@@ -9,8 +9,8 @@ Causal masks are aligned to the bottom-right corner: query i sees key j iff j <=
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
-LN2: tl.constexpr = 0.6931471805599453  # log(x) = log2(x) * LN2
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # log(x) = log2(x) * LN2
 
 # Sequence lengths change from call to call: specialising on them (== 1, divisible by 16) would only
 # multiply compilations, since every access along the sequence goes through bounds-checked block pointers.
