@@ -18,7 +18,15 @@ streams the key/value tiles it sees, like the forward. Both mask only the causal
 import triton
 import triton.language as tl
 
-from .common import SEQLEN_ARGS, LOG2E, head_block_ptr, key_tiles_for_query_tile, load_tile, query_tiles_for_key_tile
+from .common import (
+    LOG2E,
+    SEQLEN_ARGS,
+    head_block_ptr,
+    key_tiles_for_query_tile,
+    load_tile,
+    program_tile,
+    query_tiles_for_key_tile,
+)
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -30,8 +38,7 @@ def attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is contiguous (B, H, seqlen_q)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh, pid_m = program_tile(False)
     off_b = (pid_bh // num_heads).to(tl.int64)
     off_h = (pid_bh % num_heads).to(tl.int64)
     start_m = pid_m * BLOCK_M
@@ -103,8 +110,7 @@ def attn_bwd_dkdv_kernel(
 ):
     """One program per (key tile, batch * key/value head): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh, pid_n = program_tile(False)  # causal: key tile 0 is seen by the most queries, already first
     off_b = (pid_bh // num_heads_kv).to(tl.int64)
     off_hkv = (pid_bh % num_heads_kv).to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -199,8 +205,7 @@ def attn_bwd_dq_kernel(
 ):
     """One program per (query tile, batch * query head): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh, pid_m = program_tile(IS_CAUSAL)
     off_b = (pid_bh // num_heads_q).to(tl.int64)
     off_hq = (pid_bh % num_heads_q).to(tl.int64)
     off_hkv = off_hq // GROUP_SIZE

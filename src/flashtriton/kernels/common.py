@@ -18,6 +18,19 @@ SEQLEN_ARGS = ["seqlen_q", "seqlen_k"]
 
 
 @triton.jit
+def program_tile(IS_CAUSAL_QUERY_TILE: tl.constexpr):
+    """(batch * head, tile along the sequence) of this program. The grid is (B * H, tiles): heads are the
+    fast axis, so a tile index is launched for every head before the next one. Causal query tiles grow
+    with their index (later rows see more keys), so they are launched in reverse: the longest programs
+    start first and the short ones fill the tail, instead of a few long ones running alone at the end."""
+    pid_bh = tl.program_id(0)
+    tile = tl.program_id(1)
+    if IS_CAUSAL_QUERY_TILE:
+        tile = tl.num_programs(1) - 1 - tile
+    return pid_bh, tile
+
+
+@triton.jit
 def _clamp(x, lo, hi):
     return tl.minimum(tl.maximum(x, lo), hi)
 

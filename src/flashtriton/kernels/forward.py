@@ -22,7 +22,7 @@ Rows that see no key give O = 0 and L = -inf.
 import triton
 import triton.language as tl
 
-from .common import SEQLEN_ARGS, LN2, head_block_ptr, key_tiles_for_query_tile, load_tile
+from .common import LN2, SEQLEN_ARGS, head_block_ptr, key_tiles_for_query_tile, load_tile, program_tile
 
 
 @triton.jit
@@ -80,8 +80,7 @@ def attn_fwd_kernel(
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh, pid_m = program_tile(IS_CAUSAL)
     # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
     off_b = (pid_bh // num_heads_q).to(tl.int64)
     off_hq = (pid_bh % num_heads_q).to(tl.int64)
