@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from .ops import FlashAttentionTriton
-from .validation import check_inputs
 
 
 def flash_attention(
@@ -46,7 +45,11 @@ def flash_attention(
     is supported without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the
     backward is deterministic.
     """
-    check_inputs(q, k, v, is_causal=is_causal, rank=4)
+    for name, x in (("q", q), ("k", k), ("v", v)):  # the rest is checked once, in FlashAttentionTriton
+        if isinstance(x, torch.Tensor) and x.dim() != 4:
+            raise ValueError(
+                f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
+                "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
     return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse)

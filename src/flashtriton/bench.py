@@ -111,11 +111,17 @@ class Row:
     tflops: float
     max_err_vs_fp32: float | None = None
     spread: float = 0.0  # |difference| of two back-to-back timings, relative to their mean
+    ms_graph: float | None = None  # forward replayed from a CUDA graph: the GPU's time without launch overhead
 
 
 def _time(fn: Callable[[], object], grad_to_none=None) -> float:
     import triton.testing
     return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+
+
+def _time_graph(fn: Callable[[], object]) -> float:
+    import triton.testing
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
 
 def warm_up_gpu(seconds: float = 2.0) -> None:
@@ -129,13 +135,15 @@ def warm_up_gpu(seconds: float = 2.0) -> None:
         torch.cuda.synchronize()
 
 
-def time_provider(name: str, shape: Shape, mode: str, q, k, v) -> float:
+def time_provider(name: str, shape: Shape, mode: str, q, k, v, graph: bool = False) -> float:
+    """Median ms of one call as the user makes it (eager: Python and launch overhead included), or with
+    `graph`, of the forward replayed from a CUDA graph (what the GPU itself spends)."""
     provider = PROVIDERS[name]
     fn = provider.run
     with provider.context():
         if mode == "fwd":
             with torch.no_grad():
-                return _time(lambda: fn(q, k, v, shape.causal))
+                return (_time_graph if graph else _time)(lambda: fn(q, k, v, shape.causal))
         o = fn(q, k, v, shape.causal)
         do = torch.randn_like(o)
         if mode == "bwd":
@@ -165,11 +173,13 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
             for name in errors:
                 first, second = (time_provider(name, shape, mode, q, k, v) for _ in range(2))
                 ms = (first + second) / 2
+                ms_graph = time_provider(name, shape, mode, q, k, v, graph=True) if mode == "fwd" else None
                 rows.append(Row(name, suite, shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
                                 shape.seqlen_k, shape.head_dim, DTYPE_NAMES[dtype], shape.causal, mode, ms,
-                                shape.flops(mode) / ms / 1e9, errors[name], abs(first - second) / ms))
+                                shape.flops(mode) / ms / 1e9, errors[name], abs(first - second) / ms, ms_graph))
+                graph_note = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
                 log(f"  {name:<12} {mode:<7} N={shape.seqlen_q:<6} causal={shape.causal!s:<5} "
-                    f"{ms:8.3f} ms (+-{50 * rows[-1].spread:.1f}%) {rows[-1].tflops:7.1f} TFLOP/s  "
+                    f"{ms:8.3f} ms (+-{50 * rows[-1].spread:.1f}%){graph_note} {rows[-1].tflops:7.1f} TFLOP/s  "
                     f"err {errors[name]:.1e}")
     return rows
 
@@ -211,18 +221,20 @@ def environment() -> dict:
 
 
 def article_table(rows: list[Row], baseline: str = "sdpa") -> str:
-    """The article's table: ours against one baseline, forward, one line per (N, causal)."""
+    """The article's table: ours against one baseline, forward, one line per (N, causal). The last two
+    columns replay each forward from a CUDA graph: the GPU's own time, without Python and launch cost."""
     by_key = {(r.provider, r.Nq, r.causal, r.mode): r for r in rows}
-    lines = ["| N | causal | ours ms | SDPA ms | ours TFLOP/s | SDPA TFLOP/s | % of SDPA |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| N | causal | ours ms | SDPA ms | ours TFLOP/s | SDPA TFLOP/s | % of SDPA | ours ms (graph) | "
+             "SDPA ms (graph) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.provider != "flashtriton" or r.mode != "fwd":
             continue
         base = by_key.get((baseline, r.Nq, r.causal, "fwd"))
         if base is None:
             continue
+        graphs = " | ".join(f"{x.ms_graph:.3f}" if x.ms_graph is not None else "-" for x in (r, base))
         lines.append(f"| {r.Nq} | {'yes' if r.causal else 'no'} | {r.ms:.3f} | {base.ms:.3f} | {r.tflops:.0f} | "
-                     f"{base.tflops:.0f} | {100 * base.ms / r.ms:.0f}% |")
+                     f"{base.tflops:.0f} | {100 * base.ms / r.ms:.0f}% | {graphs} |")
     return "\n".join(lines)
 
 

@@ -13,8 +13,8 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
-def check_inputs(q: object, k: object, v: object, *, is_causal: object, rank: int | None = None) -> None:
-    """Validate q (..., Nq, D), k and v (..., Nk, D). With `rank`, the inputs must have exactly that rank.
+def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
+    """Validate q (..., Nq, D), k and v (..., Nk, D).
 
     Leading dims must match, except that for inputs of rank >= 4 dim -3 is the head dim and q may have
     a multiple of k's heads (grouped-query attention).
@@ -22,16 +22,10 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object, rank: in
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
-
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if rank is not None and x.dim() != rank:
-            raise ValueError(
-                f"{name} must have {rank} dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
-                "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
         if x.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape {tuple(x.shape)}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
     if not (q.dim() == k.dim() == v.dim()):
         raise ValueError(f"q, k and v must have the same number of dims, got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
