@@ -10,6 +10,7 @@ modes=${2:-fwd}
 out=${OUT:-benchmarks/results/h200}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# The device copy of the tree has no .git: pass FLASHTRITON_COMMIT=$(git rev-parse --short HEAD) in.
 export FLASHTRITON_COMMIT=${FLASHTRITON_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
