@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton import FlashAttentionTriton, flash_attention
-from helpers import check_against_reference, make_qkv
+from flashtriton import FlashAttentionTriton, attention_ref, flash_attention
+from helpers import check_against_reference, make_qkv, max_err
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # Odd sizes on purpose: ragged last tiles, a single row, Nq != Nk both ways.
@@ -127,3 +127,14 @@ def test_article_interface(shape, is_causal):
 
     q4, k4, v4 = (x.detach().reshape(-1, 1, *shape[-2:]).requires_grad_() for x in (Q, K, V))
     check_against_reference(fn, q4, k4, v4, is_causal)
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True], ids=["ieee", "tf32"])
+def test_float32_follows_allow_tf32(allow_tf32, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow_tf32)
+    q, k, v = make_qkv(1, 2, 2, 300 if ON_GPU else 40, 300 if ON_GPU else 40, 64, torch.float32, DEVICE)
+    check_against_reference(_flash(False), q, k, v, False)
+    if ON_GPU:  # the interpreter computes every dot in full float32, whatever the flag says
+        o = flash_attention(q, k, v)
+        err = max_err(o, attention_ref(q, k, v)[0])
+        assert (err > 1e-5) if allow_tf32 else (err < 1e-5), f"max error {err:.1e} with allow_tf32={allow_tf32}"
