@@ -129,12 +129,21 @@ def test_article_interface(shape, is_causal):
     check_against_reference(fn, q4, k4, v4, is_causal)
 
 
-@pytest.mark.parametrize("allow_tf32", [False, True], ids=["ieee", "tf32"])
-def test_float32_follows_allow_tf32(allow_tf32, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow_tf32)
+@pytest.fixture
+def fp32_matmul_precision():
+    """Set torch.backends.cuda.matmul.fp32_precision for one test and restore it."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    yield lambda value: setattr(matmul, "fp32_precision", value)
+    matmul.fp32_precision = before
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_float32_follows_torch_matmul_precision(precision, fp32_matmul_precision):
+    fp32_matmul_precision(precision)
     q, k, v = make_qkv(1, 2, 2, 300 if ON_GPU else 40, 300 if ON_GPU else 40, 64, torch.float32, DEVICE)
     check_against_reference(_flash(False), q, k, v, False)
-    if ON_GPU:  # the interpreter computes every dot in full float32, whatever the flag says
-        o = flash_attention(q, k, v)
-        err = max_err(o, attention_ref(q, k, v)[0])
-        assert (err > 1e-5) if allow_tf32 else (err < 1e-5), f"max error {err:.1e} with allow_tf32={allow_tf32}"
+    if ON_GPU:  # the interpreter computes every dot in full float32, whatever the setting
+        with torch.no_grad():
+            err = max_err(flash_attention(q, k, v), attention_ref(q, k, v)[0])
+        assert (err > 1e-5) if precision == "tf32" else (err < 1e-5), f"max error {err:.1e} with {precision}"

@@ -39,11 +39,12 @@ def flash_attention(
         o: (B, Hq, Nq, D), q's dtype; and with `return_lse`, lse: (B, Hq, Nq) float32, natural log,
         -inf for rows that see no key.
 
-    q, k and v must share a dtype (float16, bfloat16 or float32; float32 dot products follow
-    `torch.backends.cuda.matmul.allow_tf32`) and a device, and have head dims up to 256. Any strides
-    work; a tensor whose last dim is not contiguous is copied once. The flash_attn layout (B, N, H, D)
-    is supported without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the
-    backward is deterministic.
+    q, k and v must share a dtype (float16, bfloat16 or float32) and a device, and have head dims up to
+    256. float32 dot products use TF32 when PyTorch's float32 matmuls do
+    (`torch.backends.cuda.matmul.fp32_precision`, or the legacy `allow_tf32`). Any strides work; a tensor
+    whose last dim is not contiguous is copied once. The flash_attn layout (B, N, H, D) is supported
+    without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the backward is
+    deterministic.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):  # the rest is checked once, in FlashAttentionTriton
         if isinstance(x, torch.Tensor) and x.dim() != 4:

@@ -59,8 +59,20 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))  # tl.dot needs at least 16 along the reduction
 
 
+def _fp32_matmul_uses_tf32() -> bool:
+    """PyTorch's own setting for float32 matmuls. Read through `fp32_precision` where it exists: reading
+    the legacy `allow_tf32` raises once a program has set the new API."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:
+        return bool(matmul.allow_tf32)
+    if precision == "none":  # inherits the global setting
+        precision = getattr(torch.backends, "fp32_precision", "ieee")
+    return precision == "tf32"
+
+
 def _input_precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and not _fp32_matmul_uses_tf32():
         return "ieee"
     return "tf32"  # ignored for 16-bit inputs
 
