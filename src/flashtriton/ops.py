@@ -26,18 +26,26 @@ class TileConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 1
+    use_tma: bool = False  # tensor descriptors (Hopper's TMA copy engine) instead of block pointers
+    warp_specialize: bool = False  # producer/consumer warp groups for the unmasked loop (needs use_tma)
+
+    @property
+    def name(self) -> str:
+        return (f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+                f"{'-tma' if self.use_tma else ''}{'-ws' if self.warp_specialize else ''}")
 
 
-def _forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
+    """The forward's tiles when none is given. TMA is used where the tensors allow it (see `_tma_ok`)."""
     if device.type != "cuda":
         # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
-        return TileConfig(block_m=32, block_n=16)
+        return TileConfig(block_m=32, block_n=16, use_tma=True)
     row_bytes = _block_d(head_dim) * dtype.itemsize  # one row of a Q/K/V tile in shared memory
     if row_bytes <= 128:
-        return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+        return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, use_tma=True)
     if row_bytes <= 256:
-        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=2)
-    return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
+        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=2, use_tma=True)
+    return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=1, use_tma=True)
 
 
 def _backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
@@ -81,9 +89,28 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns o like q and lse (B, Hq, Nq) in float32."""
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA needs 16-byte aligned base addresses, 16-byte multiples for every stride but the last, and
+    non-empty dims."""
+    if tensors[0].device.type == "cuda" and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return False
+    return all(t.numel() > 0 and t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 or size == 1
+                                               for st, size in zip(t.stride()[:-1], t.shape[:-1], strict=True))
+               for t in tensors)
+
+
+def _descriptor(t: torch.Tensor, block_rows: int, block_d: int):
+    """A (B, H, N, D) tensor descriptor whose box is one head's [block_rows, block_d] tile."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    # A dim of size 1 is only ever indexed at 0: give it an aligned stride whatever the tensor says.
+    strides = [st if size != 1 else 16 // t.element_size() for st, size in zip(t.stride(), t.shape, strict=True)]
+    strides[-1] = 1
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, block_rows, block_d])
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+                      config: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -91,15 +118,22 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     _interpreter.prepare(q.device)
-    cfg = _forward_config(head_dim, q.dtype, q.device)
+    cfg = config or forward_config(head_dim, q.dtype, q.device)
+    block_d = _block_d(head_dim)
+    use_tma = cfg.use_tma and _tma_ok(q, k, v, o)
+    descs = ((_descriptor(q, cfg.block_m, block_d), _descriptor(k, cfg.block_n, block_d),
+              _descriptor(v, cfg.block_n, block_d), _descriptor(o, cfg.block_m, block_d))
+             if use_tma else (None,) * 4)
     grid = (batch * heads_q, triton.cdiv(seqlen_q, cfg.block_m))
     attn_fwd_kernel[grid](
-        q, k, v, o, lse,
+        q, k, v, o, lse, *descs,
         *_strides(q), *_strides(k), *_strides(v), *_strides(o),
         heads_q, seqlen_q, seqlen_k, scale * LOG2E,
-        GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+        GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
-        INPUT_PRECISION=_input_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        INPUT_PRECISION=_input_precision(q.dtype), USE_TMA=use_tma,
+        WARP_SPECIALIZE=use_tma and cfg.warp_specialize,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse
 

@@ -88,6 +88,21 @@ def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
 
 
 @triton.jit
+def load_rows(block_ptr, desc, off_b, off_h, start, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+              CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [start, start + BLOCK_ROWS) of one head, zero past the tensor's edges.
+
+    With USE_TMA, through a (B, H, N, D) tensor descriptor: Hopper's TMA unit copies the tile into shared
+    memory asynchronously and zero-fills what lies out of bounds itself. Otherwise through a block pointer
+    to the head's row 0, bounds-checked only along the dims that can run past the edge."""
+    if USE_TMA:
+        tile = desc.load([off_b, off_h, start, 0]).reshape(BLOCK_ROWS, BLOCK_D)
+    else:
+        tile = load_tile(tl.advance(block_ptr, (start, 0)), CHECK_ROWS, CHECK_COLS)
+    return tile
+
+
+@triton.jit
 def head_block_ptr(base, seqlen, stride_row, start_row, BLOCK_ROWS: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Block pointer to rows [start_row, start_row + BLOCK_ROWS) of one head's (seqlen, HEAD_DIM) matrix."""

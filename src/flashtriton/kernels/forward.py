@@ -17,25 +17,28 @@ Supported: any seqlen_q and seqlen_k (ragged last tiles are masked, interior til
 masks aligned bottom-right, head dims up to 256 (padded to a power of two when needed), GQA/MQA
 (query head h reads key/value head h // GROUP_SIZE), fp16/bf16/fp32 inputs with fp32 accumulation.
 Rows that see no key give O = 0 and L = -inf.
+
+Tiles arrive through block pointers, or with USE_TMA through tensor descriptors (Hopper's TMA copy
+engine); WARP_SPECIALIZE lets the compiler give the unmasked loop's loads to a producer warp group.
 """
 
 import triton
 import triton.language as tl
 
-from .common import LN2, SEQLEN_ARGS, head_block_ptr, key_tiles_for_query_tile, load_tile, program_tile
+from .common import LN2, SEQLEN_ARGS, head_block_ptr, key_tiles_for_query_tile, load_rows, program_tile
 
 
 @triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
-    k_ptr, v_ptr, start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
-    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
-    k_ptr = tl.advance(k_ptr, (start, 0))
-    v_ptr = tl.advance(v_ptr, (start, 0))
-    for start_n in range(start, end, BLOCK_N):
-        k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE and not MASKED):
+        k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -53,18 +56,17 @@ def _fwd_inner(
         p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
         alpha = tl.exp2(m_i - m_shift)  # rescales the old state to the new running max
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_tile(v_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
+        v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
-        k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
-        v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
     return acc, l_i, m_i
 
 
 @triton.jit(do_not_specialize=SEQLEN_ARGS)
 def attn_fwd_kernel(
-    # pointers
+    # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None)
     Q, K, V, O, LSE,
+    desc_q, desc_k, desc_v, desc_o,
     # strides (the last dim of every tensor is contiguous); LSE is a contiguous (B, Hq, seqlen_q)
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -78,20 +80,22 @@ def attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     pid_bh, pid_m = program_tile(IS_CAUSAL)
-    # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
-    off_b = (pid_bh // num_heads_q).to(tl.int64)
-    off_hq = (pid_bh % num_heads_q).to(tl.int64)
+    off_b = pid_bh // num_heads_q
+    off_hq = pid_bh % num_heads_q
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
+    # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
+    b64, hq64, hkv64 = off_b.to(tl.int64), off_hq.to(tl.int64), off_hkv.to(tl.int64)
 
-    q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh, seqlen_q, stride_qm, start_m,
+    q_ptr = head_block_ptr(Q + b64 * stride_qb + hq64 * stride_qh, seqlen_q, stride_qm, 0,
                            BLOCK_M, HEAD_DIM, BLOCK_D)
-    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, 0,
+    k_ptr = head_block_ptr(K + b64 * stride_kb + hkv64 * stride_kh, seqlen_k, stride_kn, 0,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
-    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, 0,
+    v_ptr = head_block_ptr(V + b64 * stride_vb + hkv64 * stride_vh, seqlen_k, stride_vn, 0,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     causal_diag = seqlen_k - seqlen_q
@@ -99,24 +103,29 @@ def attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], loaded once
+    q = load_rows(q_ptr, desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D, True, not EVEN_D, USE_TMA)
 
     unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, 0, unmasked_end, offs_m, seqlen_k,
-                               causal_diag, qk_scale_log2, BLOCK_N, EVEN_D, False, IS_CAUSAL,
-                               INPUT_PRECISION)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, unmasked_end, end, offs_m, seqlen_k,
-                               causal_diag, qk_scale_log2, BLOCK_N, EVEN_D, True, IS_CAUSAL,
-                               INPUT_PRECISION)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+                               0, unmasked_end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+                               BLOCK_N, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
+                               WARP_SPECIALIZE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+                               unmasked_end, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+                               BLOCK_N, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
+                               WARP_SPECIALIZE)
 
     # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
     no_key = l_i == 0.0
     l_safe = tl.where(no_key, 1.0, l_i)
-    o = acc / l_safe[:, None]
+    o = (acc / l_safe[:, None]).to(O.dtype.element_ty)
     lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
 
-    o_ptr = head_block_ptr(O + off_b * stride_ob + off_hq * stride_oh, seqlen_q, stride_om, start_m,
-                           BLOCK_M, HEAD_DIM, BLOCK_D)
-    tl.store(o_ptr, o.to(O.dtype.element_ty), boundary_check=(0, 1))
+    if USE_TMA:  # the copy engine clips rows and columns past the edges
+        desc_o.store([off_b, off_hq, start_m, 0], o.reshape(1, 1, BLOCK_M, BLOCK_D))
+    else:
+        o_ptr = head_block_ptr(O + b64 * stride_ob + hq64 * stride_oh, seqlen_q, stride_om, start_m,
+                               BLOCK_M, HEAD_DIM, BLOCK_D)
+        tl.store(o_ptr, o, boundary_check=(0, 1))
     lse_ptr = LSE + pid_bh.to(tl.int64) * seqlen_q + offs_m
     tl.store(lse_ptr, lse, mask=offs_m < seqlen_q)
