@@ -1,4 +1,4 @@
-"""Command line: `python -m flashtriton bench [--suite article] [--out DIR]`.
+"""Command line: `python -m flashtriton bench [--suite article] [--out DIR]`, `python -m flashtriton sweep`.
 
 On a CUDA GPU: a correctness check against float64, then the suite's benchmark table against SDPA.
 Without one: the same correctness check on small shapes through Triton's interpreter (timing needs a GPU).
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 
@@ -22,7 +24,47 @@ def _parser() -> argparse.ArgumentParser:
                        help="comma-separated providers to race (default: %(default)s)")
     bench.add_argument("--modes", default="fwd", help="comma-separated: fwd, bwd, fwd_bwd (default: %(default)s)")
     bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
+
+    sweep = sub.add_parser("sweep", help="time the forward over tile configurations (GPU); CSV + heatmap")
+    sweep.add_argument("--batch", type=int, default=4)
+    sweep.add_argument("--heads", type=int, default=8)
+    sweep.add_argument("--seqlen", type=int, default=4096)
+    sweep.add_argument("--head-dim", type=int, default=64)
+    sweep.add_argument("--causal", action="store_true")
+    sweep.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    sweep.add_argument("--out", type=Path, default=Path("."), help="folder for the CSV, PNG and summary")
     return parser
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .sweep import heatmap, run_sweep, write_csv
+
+    shape = f"B{args.batch}-H{args.heads}-N{args.seqlen}-D{args.head_dim}-{'causal' if args.causal else 'full'}"
+    print(f"Sweeping the forward's tiles on {shape}, bf16")
+    start = time.perf_counter()
+    results, pruned = run_sweep(args.batch, args.heads, args.seqlen, args.head_dim, args.causal)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"sweep_{shape}"
+    write_csv(results, stem.with_suffix(".csv"))
+    heatmap(results, stem.with_suffix(".png"), f"forward TFLOP/s, {shape}, bf16")
+    timed = sorted((r for r in results if r.tflops), key=lambda r: -r.tflops)
+    compile_s = [r.compile_s for r in results if r.status != "compile error" and r.compile_s > 0]
+    lines = [f"# Forward tile sweep, {shape}, bf16", "",
+             f"{len(results)} configs compiled and timed in {time.perf_counter() - start:.0f} s; "
+             f"compile + first run per config: median {statistics.median(compile_s):.1f} s, "
+             f"max {max(compile_s):.1f} s." if compile_s else "", "",
+             "| BLOCK_M | BLOCK_N | warps | stages | TMA | warp spec. | ms | TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.block_m} | {r.block_n} | {r.num_warps} | {r.num_stages} | {r.use_tma} | {r.warp_specialize} "
+              f"| {r.ms:.3f} | {r.tflops:.0f} |" for r in timed[:12]]
+    failed = [r for r in results if not r.tflops]
+    lines += ["", f"Not timed ({len(failed)}):"] + [f"- M{r.block_m} N{r.block_n} w{r.num_warps} s{r.num_stages} "
+                                                      f"tma={r.use_tma} ws={r.warp_specialize}: {r.status}"
+                                                      for r in failed]
+    lines += ["", f"Pruned before compiling ({len(pruned)}):"] + [f"- {p}" for p in pruned]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:16 + 2]))
+    return 0
 
 
 def _bench_cpu() -> int:
@@ -83,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
+    if args.command == "sweep":
+        if not torch.cuda.is_available():
+            print("the sweep times kernels: it needs a CUDA GPU", file=sys.stderr)
+            return 2
+        return _sweep(args)
     if not torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") != "1":
             # triton.jit chose compiled kernels when flashtriton was imported; start again interpreted.

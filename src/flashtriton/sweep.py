@@ -1,0 +1,182 @@
+"""The forward's tile sweep (the article's part 2): time every tile configuration on one shape.
+
+Configurations are BLOCK_M x BLOCK_N x num_warps x num_stages x {block pointers, TMA, TMA + warp
+specialisation}. Those that cannot fit an SM's shared memory or would spill registers are skipped before
+compiling (the arithmetic is in docs/tuning.md). The rest are compiled in parallel worker processes (each
+compile is CPU-bound; Triton's on-disk cache hands the binaries to the timing process), checked against
+the default configuration's output, and timed with `triton.testing.do_bench`.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .ops import TileConfig, _block_d, attention_forward, forward_config
+
+BLOCK_MS = (64, 128)
+BLOCK_NS = (32, 64, 128)
+WARPS = (4, 8)
+STAGES = (2, 3, 4)
+VARIANTS = ((False, False), (True, False), (True, True))  # (use_tma, warp_specialize)
+REGISTERS_PER_THREAD = 255
+SPILL_GUARD = 160  # fp32 registers per thread the two [BLOCK_M, *] tiles may take, leaving room for the rest
+
+
+def shared_memory_bytes(cfg: TileConfig, head_dim: int, dtype: torch.dtype) -> int:
+    """Q tile once, K and V tiles num_stages deep each, plus the P tile staged for the second dot."""
+    d = _block_d(head_dim) * dtype.itemsize
+    return cfg.block_m * d + 2 * cfg.num_stages * cfg.block_n * d + cfg.block_m * cfg.block_n * dtype.itemsize
+
+
+def accumulator_registers(cfg: TileConfig, head_dim: int) -> float:
+    """fp32 registers per thread held by the output accumulator and the score tile."""
+    return (cfg.block_m * _block_d(head_dim) + cfg.block_m * cfg.block_n) / (32 * cfg.num_warps)
+
+
+def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int) -> tuple[list[TileConfig], list[str]]:
+    """(configs worth compiling, one line per pruned config saying why)."""
+    keep, pruned = [], []
+    for bm, bn, warps, stages, (tma, ws) in itertools.product(BLOCK_MS, BLOCK_NS, WARPS, STAGES, VARIANTS):
+        cfg = TileConfig(bm, bn, warps, stages, use_tma=tma, warp_specialize=ws)
+        smem = shared_memory_bytes(cfg, head_dim, dtype)
+        regs = accumulator_registers(cfg, head_dim)
+        if smem > smem_limit:
+            pruned.append(f"{cfg.name}: {smem // 1024} KB of shared memory > {smem_limit // 1024} KB")
+        elif regs > SPILL_GUARD:
+            pruned.append(f"{cfg.name}: {regs:.0f} accumulator registers per thread would spill")
+        elif bm == 64 and warps == 8:
+            # wgmma works on 64-row slabs, one per 4-warp group: a second group would have to split the
+            # columns and share each row's softmax (the Triton tutorial prunes these too).
+            pruned.append(f"{cfg.name}: 8 warps on 64 query rows")
+        else:
+            keep.append(cfg)
+    return keep, pruned
+
+
+@dataclass
+class SweepResult:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool
+    warp_specialize: bool
+    compile_s: float
+    ms: float | None
+    tflops: float | None
+    max_diff: float | None
+    status: str
+
+
+def _compile_one(args) -> tuple[TileConfig, float, str]:
+    """Worker: compile one config by running it on a small input with the same layout."""
+    cfg, head_dim, dtype, causal = args
+    try:
+        q = torch.randn(1, 1, 256, head_dim, device="cuda", dtype=dtype)
+        start = time.perf_counter()
+        attention_forward(q, q, q, causal, 1.0, cfg)
+        torch.cuda.synchronize()
+        return cfg, time.perf_counter() - start, "ok"
+    except Exception as exc:  # a config the compiler rejects is a result, not a crash
+        return cfg, 0.0, f"compile error: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+
+
+def _progress(items: Iterable, total: int, desc: str):
+    try:
+        from tqdm import tqdm
+        return tqdm(items, total=total, desc=desc)
+    except ImportError:
+        return items
+
+
+def run_sweep(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, dtype=torch.bfloat16,
+              jobs: int | None = None, log=print) -> tuple[list[SweepResult], list[str]]:
+    import triton
+    import triton.testing
+
+    props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
+    configs, pruned = candidate_configs(head_dim, dtype, props["max_shared_mem"])
+    log(f"{len(configs)} configs to compile and time, {len(pruned)} pruned "
+        f"(shared memory per block: {props['max_shared_mem'] // 1024} KB)")
+
+    jobs = jobs or max(1, min(8, (os.cpu_count() or 2) // 2))
+    compiled = {}
+    ctx = torch.multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        work = pool.map(_compile_one, [(c, head_dim, dtype, causal) for c in configs])
+        for cfg, seconds, status in _progress(work, len(configs), "compile"):
+            compiled[cfg] = (seconds, status)
+
+    q = torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    scale = head_dim ** -0.5
+    reference, _ = attention_forward(q, k, v, causal, scale, forward_config(head_dim, dtype, q.device))
+    flops = 4.0 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+    results = []
+    for cfg in _progress(configs, len(configs), "time"):
+        seconds, status = compiled[cfg]
+        ms = tflops = diff = None
+        if status == "ok":
+            out, _ = attention_forward(q, k, v, causal, scale, cfg)
+            diff = (out.float() - reference.float()).abs().max().item()
+            if diff > 2e-2:
+                status = "wrong result"
+            else:
+                ms = triton.testing.do_bench(lambda cfg=cfg: attention_forward(q, k, v, causal, scale, cfg),
+                                             warmup=25, rep=100, return_mode="median")
+                tflops = flops / ms / 1e9
+        results.append(SweepResult(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
+                                   cfg.warp_specialize, seconds, ms, tflops, diff, status))
+    return results, pruned
+
+
+def write_csv(results: list[SweepResult], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(results[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in results)
+
+
+def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
+    """One panel per variant: rows BLOCK_M x BLOCK_N, columns num_warps x num_stages, colour TFLOP/s."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = list(itertools.product(BLOCK_MS, BLOCK_NS))
+    cols = list(itertools.product(WARPS, STAGES))
+    best = max((r.tflops or 0) for r in results)
+    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(5.2 * len(VARIANTS), 4.4), squeeze=False)
+    for ax, (tma, ws) in zip(axes[0], VARIANTS, strict=True):
+        grid = [[float("nan")] * len(cols) for _ in rows]
+        for r in results:
+            if (r.use_tma, r.warp_specialize) == (tma, ws) and r.tflops:
+                grid[rows.index((r.block_m, r.block_n))][cols.index((r.num_warps, r.num_stages))] = r.tflops
+        im = ax.imshow(grid, vmin=0, vmax=best, cmap="viridis")
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                if value == value:  # not NaN
+                    ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7,
+                            color="black" if value > 0.6 * best else "white")
+        ax.set_xticks(range(len(cols)), [f"w{w}s{s}" for w, s in cols], fontsize=7)
+        ax.set_yticks(range(len(rows)), [f"{m}x{n}" for m, n in rows], fontsize=7)
+        ax.set_xlabel("num_warps, num_stages")
+        ax.set_ylabel("BLOCK_M x BLOCK_N")
+        ax.set_title({(False, False): "block pointers", (True, False): "TMA",
+                      (True, True): "TMA + warp specialisation"}[(tma, ws)], fontsize=9)
+    fig.colorbar(im, ax=axes[0].tolist(), label="TFLOP/s", shrink=0.8)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return True
