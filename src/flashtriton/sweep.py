@@ -53,6 +53,9 @@ def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int) -> tup
             pruned.append(f"{cfg.name}: {smem // 1024} KB of shared memory > {smem_limit // 1024} KB")
         elif regs > SPILL_GUARD:
             pruned.append(f"{cfg.name}: {regs:.0f} accumulator registers per thread would spill")
+        elif ws and warps < 8:
+            # Triton 3.6's warp-specialisation pass fails on sm_90 with 4 warps (seen on the H200).
+            pruned.append(f"{cfg.name}: warp specialisation needs 8 warps here")
         elif bm == 64 and warps == 8:
             # wgmma works on 64-row slabs, one per 4-warp group: a second group would have to split the
             # columns and share each row's softmax (the Triton tutorial prunes these too).
