@@ -33,11 +33,21 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--causal", action="store_true")
     sweep.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
     sweep.add_argument("--out", type=Path, default=Path("."), help="folder for the CSV, PNG and summary")
+    sweep.add_argument("--replot", type=Path, default=None, metavar="CSV",
+                       help="redraw the heatmap of a sweep's CSV (no GPU needed) and exit")
     return parser
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .sweep import heatmap, run_sweep, write_csv
+    from .sweep import heatmap, read_csv, run_sweep, write_csv
+
+    if args.replot is not None:
+        png = args.replot.with_suffix(".png")
+        if not heatmap(read_csv(args.replot), png, f"forward TFLOP/s, {args.replot.stem.removeprefix('sweep_')}, bf16"):
+            print("drawing the heatmap needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
+        print(f"wrote {png}")
+        return 0
 
     shape = f"B{args.batch}-H{args.heads}-N{args.seqlen}-D{args.head_dim}-{'causal' if args.causal else 'full'}"
     print(f"Sweeping the forward's tiles on {shape}, bf16")
@@ -126,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.command == "sweep":
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available() and args.replot is None:
             print("the sweep times kernels: it needs a CUDA GPU", file=sys.stderr)
             return 2
         return _sweep(args)

@@ -35,17 +35,20 @@ class TileConfig:
                 f"{'-tma' if self.use_tma else ''}{'-ws' if self.warp_specialize else ''}")
 
 
-def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> TileConfig:
-    """The forward's tiles when none is given. TMA is used where the tensors allow it (see `_tma_ok`)."""
+def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, use_tma: bool) -> TileConfig:
+    """The forward's tiles when none is given: the winners of the H200 sweep
+    (benchmarks/results/h200/sweeps/, docs/tuning.md), per data path."""
     if device.type != "cuda":
         # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
-        return TileConfig(block_m=32, block_n=16, use_tma=True)
+        return TileConfig(block_m=32, block_n=16, use_tma=use_tma)
     row_bytes = _block_d(head_dim) * dtype.itemsize  # one row of a Q/K/V tile in shared memory
-    if row_bytes <= 128:
-        return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3, use_tma=True)
-    if row_bytes <= 256:
-        return TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=2, use_tma=True)
-    return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=1, use_tma=True)
+    if row_bytes <= 128:  # D <= 64 in 16 bits: 384 TFLOP/s with TMA on the paper's D=64 shape
+        return TileConfig(128, 64, num_warps=4, num_stages=3, use_tma=use_tma)
+    if row_bytes <= 256:  # D = 128 in 16 bits: 428 (causal 404) TFLOP/s with TMA + warp specialisation
+        # Warp specialisation needs TMA and was only measured with 16-bit inputs.
+        return TileConfig(128, 64, num_warps=8, num_stages=3, use_tma=use_tma,
+                          warp_specialize=use_tma and dtype.itemsize == 2)
+    return TileConfig(64, 32, num_warps=4, num_stages=1, use_tma=use_tma)  # D = 256: not swept yet
 
 
 def _backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
@@ -129,9 +132,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     _interpreter.prepare(q.device)
-    cfg = config or forward_config(head_dim, q.dtype, q.device)
+    if config is None:
+        use_tma = _tma_ok(q, k, v, o) and _worth_tma(q, seqlen_k)
+        cfg = forward_config(head_dim, q.dtype, q.device, use_tma)
+    else:
+        cfg, use_tma = config, config.use_tma and _tma_ok(q, k, v, o)
     block_d = _block_d(head_dim)
-    use_tma = cfg.use_tma and _tma_ok(q, k, v, o) and (config is not None or _worth_tma(q, seqlen_k))
     descs = ((_descriptor(q, cfg.block_m, block_d), _descriptor(k, cfg.block_n, block_d),
               _descriptor(v, cfg.block_n, block_d), _descriptor(o, cfg.block_m, block_d))
              if use_tma else (None,) * 4)

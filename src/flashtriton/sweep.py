@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .ops import TileConfig, _block_d, attention_forward, forward_config
+from .ops import TileConfig, _block_d, attention_forward
 
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
@@ -122,7 +122,7 @@ def run_sweep(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, 
     q = torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype)
     k, v = torch.randn_like(q), torch.randn_like(q)
     scale = head_dim ** -0.5
-    reference, _ = attention_forward(q, k, v, causal, scale, forward_config(head_dim, dtype, q.device))
+    reference, _ = attention_forward(q, k, v, causal, scale)  # the default configuration
     flops = 4.0 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
     results = []
     for cfg in _progress(configs, len(configs), "time"):
@@ -149,6 +149,22 @@ def write_csv(results: list[SweepResult], path: Path) -> None:
         writer.writerows(asdict(r) for r in results)
 
 
+def read_csv(path: Path) -> list[SweepResult]:
+    def parse(field, text):
+        kind = SweepResult.__annotations__[field]
+        if text == "":
+            return None
+        if kind.startswith("bool"):
+            return text == "True"
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+        return text
+    with path.open() as f:
+        return [SweepResult(**{k: parse(k, v) for k, v in row.items()}) for row in csv.DictReader(f)]
+
+
 def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
     """One panel per variant: rows BLOCK_M x BLOCK_N, columns num_warps x num_stages, colour TFLOP/s."""
     try:
@@ -160,7 +176,8 @@ def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
     rows = list(itertools.product(BLOCK_MS, BLOCK_NS))
     cols = list(itertools.product(WARPS, STAGES))
     best = max((r.tflops or 0) for r in results)
-    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(5.2 * len(VARIANTS), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(5.2 * len(VARIANTS), 4.4), squeeze=False,
+                             gridspec_kw={"wspace": 0.25})
     for ax, (tma, ws) in zip(axes[0], VARIANTS, strict=True):
         grid = [[float("nan")] * len(cols) for _ in rows]
         for r in results:
@@ -175,7 +192,8 @@ def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
         ax.set_xticks(range(len(cols)), [f"w{w}s{s}" for w, s in cols], fontsize=7)
         ax.set_yticks(range(len(rows)), [f"{m}x{n}" for m, n in rows], fontsize=7)
         ax.set_xlabel("num_warps, num_stages")
-        ax.set_ylabel("BLOCK_M x BLOCK_N")
+        if ax is axes[0][0]:
+            ax.set_ylabel("BLOCK_M x BLOCK_N")
         ax.set_title({(False, False): "block pointers", (True, False): "TMA",
                       (True, True): "TMA + warp specialisation"}[(tma, ws)], fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), label="TFLOP/s", shrink=0.8)
