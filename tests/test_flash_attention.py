@@ -174,3 +174,14 @@ def test_forward_tile_configs(config, is_causal, dtype):
     low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=0.125, upcast=False)
     for check in (bounded("O", o, o64, low_o, dtype), bounded("L", lse, lse64, low_lse, dtype)):
         assert check.ok, str(check)
+
+
+def test_inference_path_matches_autograd_path():
+    """Without gradients flash_attention skips autograd.Function: same numbers, no graph."""
+    q, k, v = make_qkv(1, 2, 2, 37, 41, 32, torch.bfloat16, DEVICE)
+    o, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
+    with torch.no_grad():
+        o_ng, lse_ng = flash_attention(q, k, v, is_causal=True, return_lse=True)
+    o_plain = flash_attention(q.detach(), k.detach(), v.detach(), is_causal=True)
+    assert o.grad_fn is not None and o_ng.grad_fn is None and o_plain.grad_fn is None
+    assert torch.equal(o, o_ng) and torch.equal(lse, lse_ng) and torch.equal(o_ng, o_plain)

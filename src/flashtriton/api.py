@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import FlashAttentionTriton
+from .ops import FlashAttentionTriton, flash_attention_forward
 
 
 def flash_attention(
@@ -53,4 +53,8 @@ def flash_attention(
                 "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
-    return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse)
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
+        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse)
+    # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
+    _, _, _, o, lse, _ = flash_attention_forward(q, k, v, is_causal, scale)
+    return (o, lse) if return_lse else o

@@ -133,7 +133,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         return o, lse
     _interpreter.prepare(q.device)
     if config is None:
-        use_tma = _tma_ok(q, k, v, o) and _worth_tma(q, seqlen_k)
+        use_tma = _worth_tma(q, seqlen_k) and _tma_ok(q, k, v, o)
         cfg = forward_config(head_dim, q.dtype, q.device, use_tma)
     else:
         cfg, use_tma = config, config.use_tma and _tma_ok(q, k, v, o)
@@ -207,6 +207,18 @@ def _as_4d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[-3:])
 
 
+def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
+                            scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                          torch.Tensor, torch.Tensor, float]:
+    """Validate, then run the forward on (..., N, d) tensors: returns (Q, K, V, O, L, scale), with Q, K,
+    V as the kernels read them (copied only if their last dim was not contiguous). No autograd."""
+    check_inputs(Q, K, V, is_causal=is_causal)
+    scale = check_scale(scale, Q.shape[-1])
+    Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
+    o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, scale)
+    return Q, K, V, o4.view(Q.shape), lse4.view(Q.shape[:-1]), scale
+
+
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton, forward and backward.
 
@@ -218,11 +230,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False):
-        check_inputs(Q, K, V, is_causal=is_causal)
-        scale = check_scale(scale, Q.shape[-1])
-        Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
-        o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, scale)
-        O, L = o4.view(Q.shape), lse4.view(Q.shape[:-1])
+        Q, K, V, O, L, scale = flash_attention_forward(Q, K, V, is_causal, scale)
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal, ctx.scale = is_causal, scale
         if return_lse:
