@@ -19,10 +19,13 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="check correctness, then time against the peers (GPU)")
-    bench.add_argument("--suite", default="article", choices=["article"], help="which benchmark table")
-    bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn",
+    bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336"],
+                       help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
+                            "cs336: B=1, H=16, N=16384, D=64 causal")
+    bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex",
                        help="comma-separated providers to race (default: %(default)s)")
-    bench.add_argument("--modes", default="fwd", help="comma-separated: fwd, bwd, fwd_bwd (default: %(default)s)")
+    bench.add_argument("--modes", default=None,
+                       help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336)")
     bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
 
     sweep = sub.add_parser("sweep", help="time the forward over tile configurations (GPU); CSV + heatmap")
@@ -90,6 +93,7 @@ def _bench_gpu(args: argparse.Namespace) -> int:
     import torch
 
     from .bench import (
+        DEFAULT_MODES,
         PROVIDERS,
         article_table,
         check_correctness,
@@ -106,7 +110,7 @@ def _bench_gpu(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown provider(s) {unknown}; choose from {sorted(PROVIDERS)}", file=sys.stderr)
         return 2
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = DEFAULT_MODES[args.suite] if args.modes is None else [m.strip() for m in args.modes.split(",")]
     if any(m not in ("fwd", "bwd", "fwd_bwd") for m in modes):
         print(f"--modes takes fwd, bwd, fwd_bwd; got {args.modes!r}", file=sys.stderr)
         return 2

@@ -48,7 +48,20 @@ def article_suite() -> list[Shape]:
     return [Shape(4, 8, 8, n, n, 64, causal) for n in (512, 1024, 2048, 4096) for causal in (False, True)]
 
 
-SUITES: dict[str, Callable[[], list[Shape]]] = {"article": article_suite}
+def paper_suite() -> list[Shape]:
+    """The FlashAttention-2 paper's sweep: 16k tokens per batch (B = 16384 / N), H = 2048 / D."""
+    return [Shape(16384 // n, 2048 // d, 2048 // d, n, n, d, causal)
+            for d in (64, 128) for causal in (False, True) for n in (512, 1024, 2048, 4096, 8192, 16384)]
+
+
+def cs336_suite() -> list[Shape]:
+    """The CS336 assignment's leaderboard shape: B=1, H=16, N=16384, D=64, causal."""
+    return [Shape(1, 16, 16, 16384, 16384, 64, True)]
+
+
+SUITES: dict[str, Callable[[], list[Shape]]] = {"article": article_suite, "paper": paper_suite,
+                                                "cs336": cs336_suite}
+DEFAULT_MODES = {"article": ["fwd"], "paper": ["fwd"], "cs336": ["fwd", "bwd", "fwd_bwd"]}
 
 
 # ---------------------------------------------------------------------------------------------- providers
@@ -70,11 +83,34 @@ def _sdpa(backend: str | None = None) -> Provider:
     return Provider(lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal), context)
 
 
+def _flex() -> Provider:
+    """FlexAttention compiled by torch.compile, with a causal block mask (built once per shape) when causal."""
+    state: dict = {}
+
+    def run(q, k, v, causal):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        if "compiled" not in state:
+            state["compiled"] = torch.compile(flex_attention)
+        if not causal:
+            return state["compiled"](q, k, v)
+        seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+        key = (seqlen_q, seqlen_k, q.device)
+        if key not in state:
+            diag = seqlen_k - seqlen_q  # bottom-right aligned, like ours (the suites have Nq = Nk)
+
+            def causal_mask(b, h, q_idx, kv_idx):
+                return kv_idx <= q_idx + diag
+            state[key] = create_block_mask(causal_mask, None, None, seqlen_q, seqlen_k, device=q.device)
+        return state["compiled"](q, k, v, block_mask=state[key])
+    return Provider(run)
+
+
 PROVIDERS: dict[str, Provider] = {
     "flashtriton": Provider(lambda q, k, v, causal: flash_attention(q, k, v, is_causal=causal)),
     "sdpa": _sdpa(),  # whatever PyTorch dispatches to by default (cuDNN on Hopper with torch >= 2.5)
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
+    "flex": _flex(),  # PyTorch's own Triton-generated attention
 }
 
 
@@ -259,24 +295,29 @@ def provider_table(rows: list[Row]) -> str:
 
 
 def plot(rows: list[Row], path: Path, title: str) -> bool:
-    """TFLOP/s against N per provider, one panel per (causal, mode). Needs matplotlib."""
+    """TFLOP/s against N per provider, one panel per (head dim, causal, mode). Needs matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    panels = list(dict.fromkeys((r.causal, r.mode) for r in rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
-    for ax, (causal, mode) in zip(axes[0], panels, strict=True):
+    panels = list(dict.fromkeys((r.D, r.causal, r.mode) for r in rows))
+    columns = min(4, len(panels))
+    nrows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(nrows, columns, figsize=(4.5 * columns, 3.8 * nrows), squeeze=False)
+    for ax, (d, causal, mode) in zip(axes.flat, panels, strict=False):
         for provider in dict.fromkeys(r.provider for r in rows):
-            pts = sorted((r.Nq, r.tflops) for r in rows if (r.causal, r.mode, r.provider) == (causal, mode, provider))
+            pts = sorted((r.Nq, r.tflops) for r in rows
+                         if (r.D, r.causal, r.mode, r.provider) == (d, causal, mode, provider))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=provider)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length N")
         ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"{mode}, {'causal' if causal else 'non-causal'}")
+        ax.set_title(f"D={d}, {mode}, {'causal' if causal else 'non-causal'}")
         ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     axes[0][0].legend()
     fig.suptitle(title)
     fig.tight_layout()
