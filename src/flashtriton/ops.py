@@ -92,13 +92,24 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _descriptor_strides(t: torch.Tensor) -> list[int]:
+    """The strides a (B, H, N, D) descriptor of `t` gets. A dim of size 1 is only ever indexed at 0, so
+    an unaligned stride there (a view's leftover) is replaced by the packed one."""
+    strides = list(t.stride())
+    strides[-1] = 1
+    for i in range(len(strides) - 2, -1, -1):
+        if t.shape[i] == 1 and (strides[i] * t.element_size()) % 16 != 0:
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+    return strides
+
+
 def _tma_ok(*tensors: torch.Tensor) -> bool:
-    """TMA needs 16-byte aligned base addresses, 16-byte multiples for every stride but the last, and
-    non-empty dims."""
+    """TMA needs a Hopper GPU (or the interpreter), 16-byte aligned base addresses, 16-byte multiples for
+    every stride but the last, and non-empty dims."""
     if tensors[0].device.type == "cuda" and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
         return False
-    return all(t.numel() > 0 and t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 or size == 1
-                                               for st, size in zip(t.stride()[:-1], t.shape[:-1], strict=True))
+    return all(t.numel() > 0 and t.data_ptr() % 16 == 0
+               and all(st * t.element_size() % 16 == 0 for st in _descriptor_strides(t)[:-1])
                for t in tensors)
 
 
@@ -116,10 +127,7 @@ def _worth_tma(q: torch.Tensor, seqlen_k: int) -> bool:
 def _descriptor(t: torch.Tensor, block_rows: int, block_d: int):
     """A (B, H, N, D) tensor descriptor whose box is one head's [block_rows, block_d] tile."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    # A dim of size 1 is only ever indexed at 0: give it an aligned stride whatever the tensor says.
-    strides = [st if size != 1 else 16 // t.element_size() for st, size in zip(t.stride(), t.shape, strict=True)]
-    strides[-1] = 1
-    return TensorDescriptor(t, list(t.shape), strides, [1, 1, block_rows, block_d])
+    return TensorDescriptor(t, list(t.shape), _descriptor_strides(t), [1, 1, block_rows, block_d])
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
