@@ -1,4 +1,4 @@
-"""Command line: `python -m flashtriton bench [--suite article] [--out DIR]`, `python -m flashtriton sweep`.
+"""Command line: `python -m flashtriton bench | sweep | inspect` (see --help).
 
 On a CUDA GPU: a correctness check against float64, then the suite's benchmark table against SDPA.
 Without one: the same correctness check on small shapes through Triton's interpreter (timing needs a GPU).
@@ -38,7 +38,32 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", type=Path, default=Path("."), help="folder for the CSV, PNG and summary")
     sweep.add_argument("--replot", type=Path, default=None, metavar="CSV",
                        help="redraw the heatmap of a sweep's CSV (no GPU needed) and exit")
+
+    inspect = sub.add_parser("inspect", help="compile the kernels for sm_90 (no GPU needed): registers, "
+                                             "spills, shared memory, HGMMA/HMMA counts")
+    inspect.add_argument("--head-dims", default="64,128,256", help="comma-separated (default: %(default)s)")
+    inspect.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16, fp32")
+    inspect.add_argument("--no-tma", action="store_true", help="the block-pointer forward instead of TMA")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     return parser
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    import torch
+
+    from .compiled import inspect_defaults, markdown
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    reports = []
+    for name in args.dtypes.split(","):
+        for head_dim in (int(d) for d in args.head_dims.split(",")):
+            for causal in (False, True):
+                reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma)
+    print(json.dumps([asdict(r) for r in reports]) if args.json else markdown(reports))
+    return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -139,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
+    if args.command == "inspect":
+        return _inspect(args)
     if args.command == "sweep":
         if not torch.cuda.is_available() and args.replot is None:
             print("the sweep times kernels: it needs a CUDA GPU", file=sys.stderr)

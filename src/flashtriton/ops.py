@@ -51,7 +51,7 @@ def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, use_
     return TileConfig(64, 32, num_warps=4, num_stages=1, use_tma=use_tma)  # D = 256: not swept yet
 
 
-def _backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
+def backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
     """(dK/dV config, dQ config). dK/dV keeps a tall key tile and streams short query tiles; dQ the reverse."""
     if device.type != "cuda":
         return TileConfig(block_m=16, block_n=32), TileConfig(block_m=32, block_n=16)
@@ -164,9 +164,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       o: torch.Tensor, lse: torch.Tensor, is_causal: bool,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer."""
+                       o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
+                       configs: tuple[TileConfig, TileConfig] | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer.
+    `configs` = (dK/dV config, dQ config) overrides the tile choice."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
@@ -177,7 +179,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     _interpreter.prepare(q.device)
     block_d = _block_d(head_dim)
     precision = _input_precision(q.dtype)
-    dkdv_cfg, dq_cfg = _backward_configs(head_dim, q.dtype, q.device)
+    dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
 
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32

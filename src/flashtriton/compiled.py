@@ -1,0 +1,153 @@
+"""What the compiler made of each kernel, without a GPU: `python -m flashtriton inspect`.
+
+Triton compiles for a target it is told about; it needs no GPU for that. This module runs the real
+launchers (`attention_forward`, `attention_backward`) on CPU tensors of the right dtypes and strides with
+Triton's driver replaced by one that reports an sm_90 (Hopper) GPU, so every kernel is specialised and
+compiled exactly as on the H200 but not launched. From each compiled kernel it reads:
+
+- registers per thread, stack and local memory (spills) from `cuobjdump --dump-resource-usage`;
+- dynamic shared memory from the kernel's metadata;
+- how many matrix instructions of each kind the SASS holds: HGMMA is Hopper's warp-group MMA (wgmma),
+  HMMA the older per-warp tensor-core instruction. A Hopper attention kernel should show HGMMA only.
+
+Triton ships `cuobjdump` and `nvdisasm` with its NVIDIA backend, so this runs on any machine with Triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+from . import ops
+
+HOPPER = GPUTarget("cuda", 90, 32)
+KERNELS = ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel")
+
+
+class _OfflineDriver:
+    """Stands in for Triton's CUDA driver: reports a Hopper GPU, launches nothing."""
+
+    def __init__(self, target: GPUTarget):
+        self.target = target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+class _Capture:
+    """Replaces a kernel in `ops`: `kernel[grid](...)` compiles (warmup) and records the result."""
+
+    def __init__(self, name: str, kernel, sink: dict):
+        self.name, self.kernel, self.sink = name, kernel, sink
+
+    def __getitem__(self, grid):
+        def compile_only(*args, **kwargs):
+            compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
+            self.sink[self.name] = compiled.result() if hasattr(compiled, "result") else compiled
+        return compile_only
+
+
+@contextlib.contextmanager
+def _offline(target: GPUTarget):
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("inspect compiles real kernels: run it without TRITON_INTERPRET=1")
+    from triton.runtime import driver
+    sink: dict = {}
+    saved = {name: getattr(ops, name) for name in KERNELS}
+    saved_prepare = ops._interpreter.prepare
+    driver.set_active(_OfflineDriver(target))
+    try:
+        for name in KERNELS:
+            setattr(ops, name, _Capture(name, saved[name], sink))
+        ops._interpreter.prepare = lambda device: None
+        yield sink
+    finally:
+        for name, kernel in saved.items():
+            setattr(ops, name, kernel)
+        ops._interpreter.prepare = saved_prepare
+        # Back to the real driver; without a GPU there is none to build, so leave it to be made lazily.
+        if torch.cuda.is_available():
+            driver.reset_active()
+        else:
+            driver.set_active(None)
+
+
+@dataclass
+class KernelReport:
+    kernel: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    config: str
+    registers: int
+    stack_bytes: int
+    local_bytes: int
+    shared_bytes: int
+    hgmma: int
+    hmma: int
+
+    @property
+    def spills(self) -> bool:
+        return self.local_bytes > 0 or self.stack_bytes > 0
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out)}
+
+
+def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool, config: str) -> KernelReport:
+    usage = _resource_usage(compiled.asm["cubin"])
+    sass = compiled.asm["sass"]
+    return KernelReport(name, head_dim, str(dtype).removeprefix("torch."), causal, config,
+                        usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
+                        compiled.metadata.shared, len(re.findall(r"\bHGMMA\.", sass)),
+                        len(re.findall(r"\bHMMA\.", sass)))
+
+
+def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
+                     use_tma: bool = True, target: GPUTarget = HOPPER) -> list[KernelReport]:
+    """Compile the forward and backward kernels with the tiles a GPU call of this shape would use."""
+    cuda = torch.device("cuda")
+    fwd_cfg = ops.forward_config(head_dim, dtype, cuda, use_tma)
+    bwd_cfgs = ops.backward_configs(head_dim, dtype, cuda)
+    q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
+    reports = []
+    with _offline(target) as compiled:
+        o, lse = ops.attention_forward(q, q, q, causal, head_dim ** -0.5, fwd_cfg)
+        ops.attention_backward(q, q, q, q, q, torch.zeros(1, 2, seqlen), causal, head_dim ** -0.5, bwd_cfgs)
+    names = {"attn_fwd_kernel": fwd_cfg.name, "attn_bwd_preprocess_kernel": "-",
+             "attn_bwd_dkdv_kernel": bwd_cfgs[0].name, "attn_bwd_dq_kernel": bwd_cfgs[1].name}
+    for name in KERNELS:
+        reports.append(_report(name, compiled[name], head_dim, dtype, causal, names[name]))
+    return reports
+
+
+def markdown(reports: list[KernelReport]) -> str:
+    lines = ["| kernel | D | dtype | causal | tiles | regs | spill (stack+local B) | smem B | HGMMA | HMMA |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.kernel} | {r.head_dim} | {r.dtype} | {r.causal} | {r.config} | {r.registers} | "
+              f"{r.stack_bytes + r.local_bytes} | {r.shared_bytes} | {r.hgmma} | {r.hmma} |" for r in reports]
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+"""The compiled kernels, read offline for sm_90 (no GPU needed): matrix products on wgmma, no spills."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def reports():
+    # inspect compiles real kernels, so it runs in its own process without TRITON_INTERPRET.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--head-dims", "64", "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_matrix_products_use_hopper_wgmma(reports):
+    for r in reports:
+        if r["kernel"] != "attn_bwd_preprocess_kernel":
+            assert r["hgmma"] > 0 and r["hmma"] == 0, r
+
+
+def test_forward_does_not_spill(reports):
+    for r in reports:
+        if r["kernel"] == "attn_fwd_kernel":
+            assert r["stack_bytes"] == 0 and r["local_bytes"] == 0, r
