@@ -229,12 +229,11 @@ def attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, 0, unmasked_end, offs_m, seqlen_k,
-                   causal_diag=seqlen_k - seqlen_q, qk_scale_log2=qk_scale_log2, BLOCK_N=BLOCK_N,
-                   EVEN_D=EVEN_D, MASKED=False, IS_CAUSAL=IS_CAUSAL, INPUT_PRECISION=INPUT_PRECISION)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, unmasked_end, end, offs_m, seqlen_k,
-                   causal_diag=seqlen_k - seqlen_q, qk_scale_log2=qk_scale_log2, BLOCK_N=BLOCK_N,
-                   EVEN_D=EVEN_D, MASKED=True, IS_CAUSAL=IS_CAUSAL, INPUT_PRECISION=INPUT_PRECISION)
+    causal_diag = seqlen_k - seqlen_q
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, 0, unmasked_end, offs_m, seqlen_k, causal_diag,
+                   qk_scale_log2, BLOCK_N, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, unmasked_end, end, offs_m, seqlen_k, causal_diag,
+                   qk_scale_log2, BLOCK_N, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION)
 
     dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh, seqlen_q, stride_dqm, start_m,
                             BLOCK_M, HEAD_DIM, BLOCK_D)
