@@ -5,10 +5,11 @@
 #      against the peers                                                    -> <suite>.json/.md/.png, bench_<suite>.log
 #   3. with SWEEP=1, the forward tile sweep on the FlashAttention-2 paper's D=64 and D=128 shapes
 #                                                                            -> sweeps/sweep_*.csv/.md/.png
+#   4. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv
 # Without $OUT everything lands in benchmarks/results/h200/. With $OUT (the device tool's output folder,
 # which returns at most 8 files) it travels packed as $OUT/results.tgz, refreshed after every step so a
 # run cut short keeps what it finished: unpack it into benchmarks/results/h200/. Tables print last.
-# Usage: [SWEEP=1] [TESTS=0] [TESTS_K=expr] bash benchmarks/h200.sh [suites] [modes]
+# Usage: [SWEEP=1] [ROOFLINE=1] [TESTS=0] [TESTS_K=expr] bash benchmarks/h200.sh [suites] [modes]
 #   e.g. bash benchmarks/h200.sh "article paper cs336"        (modes default per suite; see --help)
 set -uo pipefail
 suites=${1:-article}
@@ -35,6 +36,10 @@ if [ "${SWEEP:-0}" = 1 ]; then
       | grep -v "compile:\|time:" | tail -n 18
     pack
   done
+fi
+if [ "${ROOFLINE:-0}" = 1 ]; then
+  python3 -m flashtriton roofline --out "$out" 2>&1 | tail -n 40
+  pack
 fi
 for suite in $suites; do
   python3 -m flashtriton bench --suite "$suite" ${modes:+--modes "$modes"} --out "$out" 2>&1 \

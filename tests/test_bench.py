@@ -36,3 +36,18 @@ def test_tables_and_result_files(tmp_path):
     required = {"provider", "suite", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal", "mode", "ms", "tflops"}
     assert all(required <= set(row) for row in data["rows"])
     assert (tmp_path / "article.md").exists()
+
+
+def test_roofline_bookkeeping(tmp_path):
+    from flashtriton.roofline import Ceilings, Point, minimal_bytes, write_report
+
+    shape = Shape(4, 32, 32, 4096, 4096, 64, False)
+    tensor = 4 * 32 * 4096 * 64 * 2
+    assert minimal_bytes(shape, "fwd") == 4 * tensor + 4 * 32 * 4096 * 4
+    assert minimal_bytes(shape, "bwd") == 8 * tensor + 2 * 4 * 32 * 4096 * 4
+    meta = {"gpu": "test", "torch": "x", "triton": "y", "commit": "z", "date": "d"}
+    points = [Point("flashtriton", "D64-N4096-full", "fwd", 400.0, shape.flops("fwd") / minimal_bytes(shape, "fwd"))]
+    write_report(tmp_path, Ceilings(700.0, 4.2), points, {"D64": "ncu is not on the PATH"}, meta)
+    text = (tmp_path / "roofline.md").read_text()
+    assert "| flashtriton | D64-N4096-full | fwd | 400 | 57% |" in text and "ncu is not on the PATH" in text
+    assert (tmp_path / "roofline.png").exists()

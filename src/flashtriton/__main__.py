@@ -39,6 +39,16 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--replot", type=Path, default=None, metavar="CSV",
                        help="redraw the heatmap of a sweep's CSV (no GPU needed) and exit")
 
+    roofline = sub.add_parser("roofline", help="measure the GPU's ceilings and place the kernels on a roofline; "
+                                               "profile the forward with ncu where it exists (GPU)")
+    roofline.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash")
+    roofline.add_argument("--modes", default="fwd,bwd")
+    roofline.add_argument("--no-ncu", action="store_true", help="skip the Nsight Compute profile")
+    roofline.add_argument("--out", type=Path, default=Path("."), help="folder for roofline.json/.md/.png")
+    roofline.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
+    roofline.add_argument("--head-dim", type=int, default=64, help=argparse.SUPPRESS)
+    roofline.add_argument("--causal", action="store_true", help=argparse.SUPPRESS)
+
     inspect = sub.add_parser("inspect", help="compile the kernels for sm_90 (no GPU needed): registers, "
                                              "spills, shared memory, HGMMA/HMMA counts")
     inspect.add_argument("--head-dims", default="64,128,256", help="comma-separated (default: %(default)s)")
@@ -46,6 +56,33 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--no-tma", action="store_true", help="the block-pointer forward instead of TMA")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     return parser
+
+
+def _roofline(args: argparse.Namespace) -> int:
+    from .bench import PROVIDERS, environment, warm_up_gpu
+    from .roofline import measure_ceilings, measure_points, ncu_summary, run_profile_target, write_report
+
+    if args.profile_target:
+        run_profile_target(args.head_dim, args.causal)
+        return 0
+    providers = [p for p in args.providers.split(",") if p]
+    unknown = [p for p in providers if p not in PROVIDERS]
+    if unknown:
+        print(f"unknown provider(s) {unknown}; choose from {sorted(PROVIDERS)}", file=sys.stderr)
+        return 2
+    warm_up_gpu()
+    ceilings = measure_ceilings()
+    print(f"ceilings: bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s, copy {ceilings.copy_tbps:.2f} TB/s")
+    points = measure_points(providers, args.modes.split(","))
+    profiles = {}
+    if not args.no_ncu:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for head_dim in (64, 128):
+            name = f"D{head_dim}-N4096-full"
+            profiles[name] = ncu_summary(head_dim, False, args.out / f"ncu_{name}.csv")
+    write_report(args.out, ceilings, points, profiles, environment())
+    print((args.out / "roofline.md").read_text())
+    return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -166,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "inspect":
         return _inspect(args)
+    if args.command == "roofline":
+        if not torch.cuda.is_available():
+            print("the roofline measures the GPU: it needs a CUDA GPU", file=sys.stderr)
+            return 2
+        return _roofline(args)
     if args.command == "sweep":
         if not torch.cuda.is_available() and args.replot is None:
             print("the sweep times kernels: it needs a CUDA GPU", file=sys.stderr)
