@@ -46,7 +46,7 @@ def flash_attention(
     without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the backward is
     deterministic.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):  # the rest is checked once, in FlashAttentionTriton
+    for name, x in (("q", q), ("k", k), ("v", v)):  # the rest is checked once, in flash_attention_forward
         if isinstance(x, torch.Tensor) and x.dim() != 4:
             raise ValueError(
                 f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
