@@ -1,7 +1,8 @@
-"""Command line: `python -m flashtriton bench | sweep | inspect` (see --help).
+"""Command line: `python -m flashtriton {bench, sweep, roofline, inspect}`.
 
-On a CUDA GPU: a correctness check against float64, then the suite's benchmark table against SDPA.
-Without one: the same correctness check on small shapes through Triton's interpreter (timing needs a GPU).
+bench: on a CUDA GPU, a correctness check against float64, then a suite's benchmark table against the
+peers; without one, the same correctness check on small shapes through Triton's interpreter (timing needs
+a GPU). sweep and roofline need a GPU; inspect compiles the kernels for Hopper on any machine.
 """
 
 from __future__ import annotations
