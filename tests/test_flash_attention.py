@@ -144,9 +144,9 @@ def fp32_matmul_precision():
 def test_float32_follows_torch_matmul_precision(precision, fp32_matmul_precision):
     fp32_matmul_precision(precision)
     q, k, v = make_qkv(1, 2, 2, 300 if ON_GPU else 40, 300 if ON_GPU else 40, 64, torch.float32, DEVICE)
-    # Triton's TF32 dots are less accurate than cuBLAS's: on the H200 our O error was 2.7x that of the plain
-    # attention run through cuBLAS in TF32, hence a wider factor for TF32 only.
-    check_against_reference(_flash(False), q, k, v, False, factor=4.0 if precision == "tf32" else 2.0)
+    # Triton's TF32 dots are less accurate than cuBLAS's: on the H200 our errors were 2.7x (O) and 6.5x (L)
+    # those of the plain attention run through cuBLAS in TF32, hence a wider factor for TF32 only.
+    check_against_reference(_flash(False), q, k, v, False, factor=8.0 if precision == "tf32" else 2.0)
     if ON_GPU:  # the interpreter computes every dot in full float32, whatever the setting
         with torch.no_grad():
             err = max_err(flash_attention(q, k, v), attention_ref(q, k, v)[0])
