@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import flash_attention
+from .plotting import pyplot
 from .testing import compare_with_reference, make_qkv
 
 BWD_FLOP_RATIO = 2.5  # backward does 2.5x the forward's matmul FLOPs (5 matmuls to 2)
@@ -296,11 +297,8 @@ def provider_table(rows: list[Row]) -> str:
 
 def plot(rows: list[Row], path: Path, title: str) -> bool:
     """TFLOP/s against N per provider, one panel per (head dim, causal, mode). Needs matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     panels = list(dict.fromkeys((r.D, r.causal, r.mode) for r in rows))
     columns = min(4, len(panels))

@@ -103,10 +103,6 @@ class KernelReport:
     hgmma: int
     hmma: int
 
-    @property
-    def spills(self) -> bool:
-        return self.local_bytes > 0 or self.stack_bytes > 0
-
 
 def _resource_usage(cubin: bytes) -> dict[str, int]:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .bench import Shape, time_provider
+from .plotting import pyplot
 from .testing import make_qkv
 
 SHAPES = [Shape(4, 32, 32, 4096, 4096, 64, False), Shape(4, 32, 32, 4096, 4096, 64, True),
@@ -92,11 +93,8 @@ def measure_points(providers: list[str], modes: list[str], log: Callable[[str], 
 
 
 def plot(ceilings: Ceilings, points: list[Point], path: Path, title: str) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(7.5, 5))
     ridge = ceilings.matmul_tflops * 1e12 / (ceilings.copy_tbps * 1e12)  # FLOP/B where the roofs meet

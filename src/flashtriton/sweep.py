@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 
 from .ops import TileConfig, _block_d, attention_forward
+from .plotting import pyplot
 
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 WARPS = (4, 8)
 STAGES = (2, 3, 4)
 VARIANTS = ((False, False), (True, False), (True, True))  # (use_tma, warp_specialize)
-REGISTERS_PER_THREAD = 255
 SPILL_GUARD = 160  # fp32 registers per thread the two [BLOCK_M, *] tiles may take, leaving room for the rest
 
 
@@ -167,11 +167,8 @@ def read_csv(path: Path) -> list[SweepResult]:
 
 def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
     """One panel per variant: rows BLOCK_M x BLOCK_N, columns num_warps x num_stages, colour TFLOP/s."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = list(itertools.product(BLOCK_MS, BLOCK_NS))
     cols = list(itertools.product(WARPS, STAGES))
