@@ -6,10 +6,13 @@
 #   3. with SWEEP=1, the forward tile sweep on the FlashAttention-2 paper's D=64 and D=128 shapes
 #                                                                            -> sweeps/sweep_*.csv/.md/.png
 #   4. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv
+#   5. with HOST=1, where the host time of a small call goes              -> host_overhead.json, _profile.txt
+# BENCH_ARGS passes more arguments to every bench (e.g. "--head-dims 64"); with MERGE=1 the suite's
+# committed <suite>.json is the starting point and the new rows replace or join its rows.
 # Without $OUT everything lands in benchmarks/results/h200/. With $OUT (the device tool's output folder,
 # which returns at most 8 files) it travels packed as $OUT/results.tgz, refreshed after every step so a
 # run cut short keeps what it finished: unpack it into benchmarks/results/h200/. Tables print last.
-# Usage: [SWEEP=1] [ROOFLINE=1] [TESTS=0] [TESTS_K=expr] bash benchmarks/h200.sh [suites] [modes]
+# Usage: [SWEEP=1] [ROOFLINE=1] [HOST=1] [TESTS=0] [TESTS_K=expr] [BENCH_ARGS=...] [MERGE=1] bash benchmarks/h200.sh [suites] [modes]
 #   e.g. bash benchmarks/h200.sh "article paper cs336"        (modes default per suite; see --help)
 set -uo pipefail
 suites=${1:-article}
@@ -37,12 +40,21 @@ if [ "${SWEEP:-0}" = 1 ]; then
     pack
   done
 fi
+if [ "${HOST:-0}" = 1 ]; then
+  python3 benchmarks/host_overhead.py --out "$out" 2>&1 | tail -n 14
+  pack
+fi
 if [ "${ROOFLINE:-0}" = 1 ]; then
   python3 -m flashtriton roofline --out "$out" 2>&1 | tail -n 40
   pack
 fi
 for suite in $suites; do
-  python3 -m flashtriton bench --suite "$suite" ${modes:+--modes "$modes"} --out "$out" 2>&1 \
+  merge=""
+  if [ "${MERGE:-0}" = 1 ]; then
+    merge=--merge
+    [ "$out" = benchmarks/results/h200 ] || cp "benchmarks/results/h200/$suite.json" "$out/" 2>/dev/null
+  fi
+  python3 -m flashtriton bench --suite "$suite" ${modes:+--modes "$modes"} --out "$out" $merge ${BENCH_ARGS:-} 2>&1 \
     | grep -v "_warn_once\|Profiler clears events" | tee "$out/bench_$suite.log"
   pack
 done

@@ -38,6 +38,23 @@ def test_tables_and_result_files(tmp_path):
     assert (tmp_path / "article.md").exists()
 
 
+def test_results_of_a_suite_timed_in_parts_merge(tmp_path):
+    def row(provider, d, ms):
+        return Row(provider, "paper", 4, 2048 // d, 2048 // d, 4096, 4096, d, "bf16", False, "fwd", ms, 1.0)
+    meta = {"gpu": "test", "torch": "x", "triton": "y", "commit": "first", "date": "d"}
+    write_results(tmp_path, "paper", [row("flashtriton", 64, 1.0), row("sdpa", 64, 2.0)], meta)
+    later = dict(meta, commit="second")
+    rows = write_results(tmp_path, "paper", [row("flashtriton", 64, 0.5), row("flashtriton", 128, 3.0)], later,
+                         merge=True)
+    data = json.loads((tmp_path / "paper.json").read_text())
+    assert sorted((r["provider"], r["D"], r["ms"]) for r in data["rows"]) == [
+        ("flashtriton", 64, 0.5), ("flashtriton", 128, 3.0), ("sdpa", 64, 2.0)]
+    assert len(rows) == 3
+    assert data["meta"]["commit"] == "second" and data["meta"]["merged"] == [dict(meta, rows=1)]
+    write_results(tmp_path, "paper", [row("flashtriton", 64, 0.7)], dict(meta, commit="third"))  # no merge
+    assert len(json.loads((tmp_path / "paper.json").read_text())["rows"]) == 1
+
+
 def test_roofline_bookkeeping(tmp_path):
     from flashtriton.roofline import Ceilings, Point, minimal_bytes, write_report
 

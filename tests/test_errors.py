@@ -42,6 +42,19 @@ def test_mismatched_shapes():
         FlashAttentionTriton.apply(q[0, :1], k[0], v[0])
 
 
+def test_grid_limits():
+    # expand() makes these huge batches and head counts without memory
+    q, k, v = (x.expand(65536, -1, -1, -1) for x in qkv((1, 1, 4, 16)))
+    with pytest.raises(ValueError, match="q has 65536 batch .*at most 65535: split the call into chunks"):
+        flash_attention(q, k, v)
+    q, k, v = (x.expand(1, 70000, -1, -1) for x in qkv((1, 1, 4, 16)))
+    with pytest.raises(ValueError, match="q has 70000 heads; .*at most 65535"):
+        flash_attention(q, k, v)
+    q, k, v = (x.expand(300, 300, -1, -1, -1) for x in qkv((1, 1, 1, 4, 16)))
+    with pytest.raises(ValueError, match=r"q has 90000 batch \(the product of the leading dims\)"):
+        FlashAttentionTriton.apply(q, k, v)
+
+
 def test_dtypes():
     q, k, v = qkv()
     with pytest.raises(TypeError, match=r"k has dtype torch.float32 but q has torch.float16.*k.to\(q.dtype\)"):

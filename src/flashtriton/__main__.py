@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--modes", default=None,
                        help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336)")
     bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
+    bench.add_argument("--seqlens", default=None, help="comma-separated: time only these N of the suite")
+    bench.add_argument("--head-dims", default=None, help="comma-separated: time only these D of the suite")
+    bench.add_argument("--merge", action="store_true",
+                       help="keep the rows of an earlier <suite>.json in --out that this run does not replace")
 
     sweep = sub.add_parser("sweep", help="time the forward over tile configurations (GPU); CSV + heatmap")
     sweep.add_argument("--batch", type=int, default=4)
@@ -186,10 +190,13 @@ def _bench_gpu(args: argparse.Namespace) -> int:
     meta = environment()
     q, k, v = make_qkv(4, 8, 8, 1024, 1024, 64, torch.bfloat16, "cuda", requires_grad=False)
     meta["sdpa_backend"] = sdpa_default_backend(q, k, v, False)
+    seqlens, head_dims = (None if arg is None else {int(x) for x in arg.split(",")}
+                          for arg in (args.seqlens, args.head_dims))
     print(f"\nTiming suite '{args.suite}' (plain SDPA dispatches to {meta['sdpa_backend']}):")
-    rows = run_suite(args.suite, providers, modes)
+    rows = run_suite(args.suite, providers, modes, keep=lambda s: (seqlens is None or s.seqlen_q in seqlens)
+                     and (head_dims is None or s.head_dim in head_dims))
     if args.out is not None:
-        write_results(args.out, args.suite, rows, meta)
+        rows = write_results(args.out, args.suite, rows, meta, merge=args.merge)
         print(f"\nwrote {args.out}/{args.suite}.json, .md, .png")
     print(f"\n{provider_table(rows)}")
     if args.suite == "article" and "sdpa" in providers:

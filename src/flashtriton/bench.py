@@ -91,7 +91,13 @@ def _flex() -> Provider:
     def run(q, k, v, causal):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         if "compiled" not in state:
-            state["compiled"] = torch.compile(flex_attention)
+            # One static kernel per shape, as a model with fixed shapes gets; the suites have more shapes
+            # than dynamo's default recompile limit (8), past which it would fall back to eager attention.
+            import torch._dynamo
+            for limit in ("recompile_limit", "cache_size_limit"):
+                if hasattr(torch._dynamo.config, limit):
+                    setattr(torch._dynamo.config, limit, max(256, getattr(torch._dynamo.config, limit)))
+            state["compiled"] = torch.compile(flex_attention, dynamic=False)
         if not causal:
             return state["compiled"](q, k, v)
         seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
@@ -189,10 +195,11 @@ def time_provider(name: str, shape: Shape, mode: str, q, k, v, graph: bool = Fal
 
 
 def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bfloat16,
-              log: Callable[[str], None] = print) -> list[Row]:
+              log: Callable[[str], None] = print, keep: Callable[[Shape], bool] = lambda shape: True) -> list[Row]:
+    """Time every shape of `suite` that `keep` accepts."""
     warm_up_gpu()
     rows = []
-    for shape in SUITES[suite]():
+    for shape in filter(keep, SUITES[suite]()):
         q, k, v = make_qkv(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.seqlen_k,
                            shape.head_dim, dtype, "cuda")
         with torch.no_grad():  # check every provider against a float32 reference before timing it
@@ -324,8 +331,30 @@ def plot(rows: list[Row], path: Path, title: str) -> bool:
     return True
 
 
-def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict) -> None:
+def _row_key(row: dict) -> tuple:
+    return tuple(row[k] for k in ("provider", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal", "mode"))
+
+
+def merge_rows(path: Path, rows: list[Row], meta: dict) -> list[Row]:
+    """`rows` plus the rows of an earlier <suite>.json at `path` that they do not replace (a suite timed in
+    parts, e.g. one head dim per device call). Each earlier run's meta is kept under meta["merged"]."""
+    if not path.exists():
+        return rows
+    old = json.loads(path.read_text())
+    new_keys = {_row_key(asdict(r)) for r in rows}
+    kept = [Row(**r) for r in old["rows"] if _row_key(r) not in new_keys]
+    if kept:
+        earlier = old["meta"].pop("merged", [])
+        meta["merged"] = earlier + [dict(old["meta"], rows=len(kept))]
+    return kept + rows
+
+
+def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict, merge: bool = False) -> list[Row]:
+    """<suite>.json, .md and .png in out_dir; with `merge`, earlier rows there that `rows` do not replace
+    stay. Returns the rows written."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if merge:
+        rows = merge_rows(out_dir / f"{suite}.json", rows, meta)
     (out_dir / f"{suite}.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     md = [f"# `{suite}` suite on {meta['gpu']}",
           f"torch {meta['torch']}, triton {meta['triton']}, commit {meta['commit']}, {meta['date']}.", ""]
@@ -335,3 +364,4 @@ def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict) -> Non
     md += ["TFLOP/s of every provider:", "", provider_table(rows), ""]
     (out_dir / f"{suite}.md").write_text("\n".join(md))
     plot(rows, out_dir / f"{suite}.png", f"{suite} suite, {meta['gpu']}")
+    return rows

@@ -150,7 +150,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     descs = ((_descriptor(q, cfg.block_m, block_d), _descriptor(k, cfg.block_n, block_d),
               _descriptor(v, cfg.block_n, block_d), _descriptor(o, cfg.block_m, block_d))
              if use_tma else (None,) * 4)
-    grid = (batch * heads_q, triton.cdiv(seqlen_q, cfg.block_m))
+    grid = (triton.cdiv(seqlen_q, cfg.block_m), heads_q, batch)
     attn_fwd_kernel[grid](
         q, k, v, o, lse, *descs,
         *_strides(q), *_strides(k), *_strides(v), *_strides(o),
@@ -184,20 +184,20 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32
-    attn_bwd_preprocess_kernel[(batch * heads_q, triton.cdiv(seqlen_q, pre_block))](
+    attn_bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), heads_q, batch)](
         o, do, delta, *_strides(o), *_strides(do), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
     )
     common = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=block_d,
                   IS_CAUSAL=is_causal, INPUT_PRECISION=precision)
-    attn_bwd_dkdv_kernel[(batch * heads_kv, triton.cdiv(seqlen_k, dkdv_cfg.block_n))](
+    attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, dkdv_cfg.block_n), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
         heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E,
         BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, **common,
         num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
     )
-    attn_bwd_dq_kernel[(batch * heads_q, triton.cdiv(seqlen_q, dq_cfg.block_m))](
+    attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, dq_cfg.block_m), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E,

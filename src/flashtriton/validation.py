@@ -11,6 +11,7 @@ from . import _interpreter
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's 2nd and 3rd dims, which carry heads and batch
 
 
 def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
@@ -64,6 +65,13 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
                 "key/value heads (equal for plain attention, a multiple for grouped-query attention)")
     elif q.shape[:-2] != k.shape[:-2]:
         raise ValueError(f"leading dims differ: q {tuple(q.shape[:-2])} vs k {tuple(k.shape[:-2])}")
+
+    heads = q.shape[-3] if q.dim() >= 4 else 1
+    batch = math.prod(q.shape[:-3]) if q.dim() >= 4 else math.prod(q.shape[:-2])
+    for name, value in (("heads", heads), ("batch (the product of the leading dims)", batch)):
+        if value > MAX_GRID_YZ:
+            raise ValueError(f"q has {value} {name}; the kernels launch at most {MAX_GRID_YZ}: "
+                             "split the call into chunks along that dim")
 
 
 def check_scale(scale: object, head_dim: int) -> float:

@@ -38,9 +38,8 @@ def attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is contiguous (B, H, seqlen_q)."""
-    pid_bh, pid_m = program_tile(False)
-    off_b = (pid_bh // num_heads).to(tl.int64)
-    off_h = (pid_bh % num_heads).to(tl.int64)
+    off_b, off_h, pid_m = program_tile(False)
+    off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
     start_m = pid_m * BLOCK_M
     o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh, seqlen_q, stride_om, start_m,
                            BLOCK_M, HEAD_DIM, BLOCK_D)
@@ -49,7 +48,7 @@ def attn_bwd_preprocess_kernel(
     o = load_tile(o_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     do = load_tile(do_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    tl.store(DELTA + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
+    tl.store(DELTA + (off_b * num_heads + off_h) * seqlen_q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -108,11 +107,10 @@ def attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """One program per (key tile, batch * key/value head): writes dK and dV of that tile."""
+    """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_bh, pid_n = program_tile(False)  # causal: key tile 0 is seen by the most queries, already first
-    off_b = (pid_bh // num_heads_kv).to(tl.int64)
-    off_hkv = (pid_bh % num_heads_kv).to(tl.int64)
+    off_b, off_hkv, pid_n = program_tile(False)  # causal: key tile 0 is seen by the most queries: first
+    off_b, off_hkv = off_b.to(tl.int64), off_hkv.to(tl.int64)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     causal_diag = seqlen_k - seqlen_q
@@ -203,11 +201,10 @@ def attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """One program per (query tile, batch * query head): writes dQ of that tile."""
+    """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_bh, pid_m = program_tile(IS_CAUSAL)
-    off_b = (pid_bh // num_heads_q).to(tl.int64)
-    off_hq = (pid_bh % num_heads_q).to(tl.int64)
+    off_b, off_hq, pid_m = program_tile(IS_CAUSAL)
+    off_b, off_hq = off_b.to(tl.int64), off_hq.to(tl.int64)
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -224,8 +221,9 @@ def attn_bwd_dq_kernel(
     do = load_tile(do_ptr, True, not EVEN_D)
     row_in_range = offs_m < seqlen_q
     # Rows past seqlen_q load L = D = 0 (finite) and dO = 0; they are never stored.
-    lse_log2 = tl.load(LSE + pid_bh.to(tl.int64) * seqlen_q + offs_m, mask=row_in_range, other=0.0) * LOG2E
-    delta = tl.load(DELTA + pid_bh.to(tl.int64) * seqlen_q + offs_m, mask=row_in_range, other=0.0)
+    row = (off_b * num_heads_q + off_hq) * seqlen_q
+    lse_log2 = tl.load(LSE + row + offs_m, mask=row_in_range, other=0.0) * LOG2E
+    delta = tl.load(DELTA + row + offs_m, mask=row_in_range, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)

@@ -18,16 +18,18 @@ SEQLEN_ARGS = ["seqlen_q", "seqlen_k"]
 
 
 @triton.jit
-def program_tile(IS_CAUSAL_QUERY_TILE: tl.constexpr):
-    """(batch * head, tile along the sequence) of this program. The grid is (B * H, tiles): heads are the
-    fast axis, so a tile index is launched for every head before the next one. Causal query tiles grow
-    with their index (later rows see more keys), so they are launched in reverse: the longest programs
-    start first and the short ones fill the tail, instead of a few long ones running alone at the end."""
-    pid_bh = tl.program_id(0)
-    tile = tl.program_id(1)
-    if IS_CAUSAL_QUERY_TILE:
-        tile = tl.num_programs(1) - 1 - tile
-    return pid_bh, tile
+def program_tile(REVERSE: tl.constexpr):
+    """(batch, head, tile along the sequence) of this program, on a grid of (tiles, heads, batch).
+
+    Tiles are the fast grid axis: the programs resident at one time cover one or two heads, whose K/V (or,
+    for dK/dV, Q/dO) the L2 cache then serves to all of them. With heads fast instead, a wave touched one
+    tile of ~100 heads, whose K/V outgrow the 50 MB L2 at the paper's shapes and stream from HBM once per
+    program. Causal query tiles grow with their index (later rows see more keys), so REVERSE launches them
+    longest first: the short ones fill the tail instead of a few long ones running alone at the end."""
+    tile = tl.program_id(0)
+    if REVERSE:
+        tile = tl.num_programs(0) - 1 - tile
+    return tl.program_id(2), tl.program_id(1), tile
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """FlashAttention-2 forward kernel.
 
-One program per (query tile, batch * query head). The program loads its query tile once, streams the
+One program per (query tile, query head, batch). The program loads its query tile once, streams the
 key/value tiles of its head through an online softmax, and writes O and the logsumexp L once:
 
     m = -inf, l = 0, acc = 0                      (fp32, one per query row)
@@ -83,9 +83,7 @@ def attn_fwd_kernel(
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    pid_bh, pid_m = program_tile(IS_CAUSAL)
-    off_b = pid_bh // num_heads_q
-    off_hq = pid_bh % num_heads_q
+    off_b, off_hq, pid_m = program_tile(IS_CAUSAL)
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
     # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
@@ -127,5 +125,5 @@ def attn_fwd_kernel(
         o_ptr = head_block_ptr(O + b64 * stride_ob + hq64 * stride_oh, seqlen_q, stride_om, start_m,
                                BLOCK_M, HEAD_DIM, BLOCK_D)
         tl.store(o_ptr, o, boundary_check=(0, 1))
-    lse_ptr = LSE + pid_bh.to(tl.int64) * seqlen_q + offs_m
+    lse_ptr = LSE + (b64 * num_heads_q + hq64) * seqlen_q + offs_m
     tl.store(lse_ptr, lse, mask=offs_m < seqlen_q)

@@ -1,0 +1,122 @@
+"""Where the host time of one small forward call goes (GPU only).
+
+The kernel of a tiny problem takes a few microseconds, so the GPU keeps up and the CPU time per call is
+the host path alone. Each line peels off one layer: the public API, the launcher, Triton's launch of
+the same compiled kernel with the arguments already built, and an empty kernel (Triton's floor).
+Also times the 256 MB cache flush that `triton.testing.do_bench` runs before every timed call: an eager
+time only shows the part of the host path that outlasts that flush.
+
+    PYTHONPATH=src python benchmarks/host_overhead.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from flashtriton import flash_attention, ops
+from flashtriton.testing import make_qkv
+
+
+@triton.jit
+def _empty_kernel(x):
+    pass
+
+
+def per_call_us(fn, calls: int = 3000) -> float:
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def captured_launch(config: ops.TileConfig | None, q, k, v):
+    """The exact kernel[grid](*args, **kwargs) that attention_forward makes, as a replayable closure."""
+    kernel, seen = ops.attn_fwd_kernel, {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def record(*args, **kwargs):
+                seen.update(grid=grid, args=args, kwargs=kwargs)
+                return kernel[grid](*args, **kwargs)
+            return record
+
+    ops.attn_fwd_kernel = Recorder()
+    try:
+        ops.attention_forward(q, k, v, False, 0.125, config)
+    finally:
+        ops.attn_fwd_kernel = kernel
+    return lambda: kernel[seen["grid"]](*seen["args"], **seen["kwargs"])
+
+
+def flush_us() -> float:
+    cache = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        cache.zero_()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    q, k, v = make_qkv(1, 2, 2, 128, 128, 64, torch.bfloat16, "cuda")
+    tma = ops.TileConfig(128, 64, num_warps=4, num_stages=3, use_tma=True)
+    block_ptr = ops.TileConfig(128, 64, num_warps=4, num_stages=3)
+    x = torch.empty(16, device="cuda")
+    cases = {
+        "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
+        "flash_attention (no grad)": lambda: flash_attention(q, k, v),
+        "ops.attention_forward (block pointers)": lambda: ops.attention_forward(q, k, v, False, 0.125, block_ptr),
+        "ops.attention_forward (TMA)": lambda: ops.attention_forward(q, k, v, False, 0.125, tma),
+        "kernel[grid](...) only (block pointers)": captured_launch(block_ptr, q, k, v),
+        "kernel[grid](...) only (TMA, descriptors built)": captured_launch(tma, q, k, v),
+        "4 TensorDescriptors built": lambda: [ops._descriptor(t, 128, 64) for t in (q, k, v, q)],
+        "torch.empty_like + torch.empty": lambda: (torch.empty_like(q), torch.empty((1, 2, 128), device="cuda")),
+        "empty Triton kernel, 1 argument": lambda: _empty_kernel[(1,)](x),
+    }
+    with torch.no_grad():
+        results = {name: per_call_us(fn) for name, fn in cases.items()}
+        results["do_bench's 256 MB flush (GPU time)"] = flush_us()
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(2000):
+            flash_attention(q, k, v)
+        profiler.disable()
+        torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+
+    lines = ["| what | µs per call |", "|---|---|"] + [f"| {n} | {t:.1f} |" for n, t in results.items()]
+    table = "\n".join(lines)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "host_overhead.json").write_text(json.dumps(results, indent=1))
+        (args.out / "host_overhead_profile.txt").write_text(text.getvalue())
+    print(text.getvalue()[:6000])
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
