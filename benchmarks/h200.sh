@@ -7,12 +7,13 @@
 #                                                                            -> sweeps/sweep_*.csv/.md/.png
 #   4. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv
 #   5. with HOST=1, where the host time of a small call goes              -> host_overhead.json, _profile.txt
+#   6. with FIRST=1, what a first call costs (compiling, autotuning)        -> first_call.json
 # BENCH_ARGS passes more arguments to every bench (e.g. "--head-dims 64"); with MERGE=1 the suite's
 # committed <suite>.json is the starting point and the new rows replace or join its rows.
 # Without $OUT everything lands in benchmarks/results/h200/. With $OUT (the device tool's output folder,
 # which returns at most 8 files) it travels packed as $OUT/results.tgz, refreshed after every step so a
 # run cut short keeps what it finished: unpack it into benchmarks/results/h200/. Tables print last.
-# Usage: [SWEEP=1] [ROOFLINE=1] [HOST=1] [TESTS=0] [TESTS_K=expr] [BENCH_ARGS=...] [MERGE=1] bash benchmarks/h200.sh [suites] [modes]
+# Usage: [SWEEP=1] [SWEEPS="<sweep args>;..."] [ROOFLINE=1] [HOST=1] [FIRST=1] [TESTS=0] [TESTS_K=expr] [BENCH_ARGS=...] [MERGE=1] bash benchmarks/h200.sh [suites] [modes]
 #   e.g. bash benchmarks/h200.sh "article paper cs336"        (modes default per suite; see --help)
 set -uo pipefail
 suites=${1:-article}
@@ -34,7 +35,10 @@ if [ "${TESTS:-1}" = 1 ]; then  # TESTS_K narrows the GPU suite with pytest -k
   pack
 fi
 if [ "${SWEEP:-0}" = 1 ]; then
-  for args in "--heads 32 --head-dim 64" "--heads 16 --head-dim 128" "--heads 16 --head-dim 128 --causal"; do
+  # the FlashAttention-2 paper's shapes at N=4096 unless SWEEPS lists others (';'-separated)
+  sweeps=${SWEEPS:-"--heads 32 --head-dim 64;--heads 16 --head-dim 128;--heads 16 --head-dim 128 --causal"}
+  IFS=';' read -ra sweep_list <<< "$sweeps"
+  for args in "${sweep_list[@]}"; do
     python3 -m flashtriton sweep --batch 4 --seqlen 4096 $args --jobs "$workers" --out "$out/sweeps" 2>&1 \
       | grep -v "compile:\|time:" | tail -n 18
     pack
@@ -42,6 +46,10 @@ if [ "${SWEEP:-0}" = 1 ]; then
 fi
 if [ "${HOST:-0}" = 1 ]; then
   python3 benchmarks/host_overhead.py --out "$out" 2>&1 | tail -n 14
+  pack
+fi
+if [ "${FIRST:-0}" = 1 ]; then
+  python3 benchmarks/first_call.py --out "$out" 2>&1 | tail -n 6
   pack
 fi
 if [ "${ROOFLINE:-0}" = 1 ]; then

@@ -25,6 +25,7 @@ import triton
 
 from flashtriton import flash_attention, ops
 from flashtriton.testing import make_qkv
+from flashtriton.tuning import TileConfig
 
 
 @triton.jit
@@ -44,7 +45,7 @@ def per_call_us(fn, calls: int = 3000) -> float:
     return elapsed / calls * 1e6
 
 
-def captured_launch(config: ops.TileConfig | None, q, k, v):
+def captured_launch(config: TileConfig | None, q, k, v):
     """The exact kernel[grid](*args, **kwargs) that attention_forward makes, as a replayable closure."""
     kernel, seen = ops.attn_fwd_kernel, {}
 
@@ -81,17 +82,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     q, k, v = make_qkv(1, 2, 2, 128, 128, 64, torch.bfloat16, "cuda")
-    tma = ops.TileConfig(128, 64, num_warps=4, num_stages=3, use_tma=True)
-    block_ptr = ops.TileConfig(128, 64, num_warps=4, num_stages=3)
+    tma = TileConfig(128, 64, num_warps=4, num_stages=3, use_tma=True)
+    block_ptr = TileConfig(128, 64, num_warps=4, num_stages=3)
     x = torch.empty(16, device="cuda")
     cases = {
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
         "flash_attention (no grad)": lambda: flash_attention(q, k, v),
         "ops.attention_forward (block pointers)": lambda: ops.attention_forward(q, k, v, False, 0.125, block_ptr),
         "ops.attention_forward (TMA)": lambda: ops.attention_forward(q, k, v, False, 0.125, tma),
+        "ops.attention_forward (autotuned)": lambda: ops.attention_forward(q, k, v, False, 0.125, autotune=True),
         "kernel[grid](...) only (block pointers)": captured_launch(block_ptr, q, k, v),
-        "kernel[grid](...) only (TMA, descriptors built)": captured_launch(tma, q, k, v),
-        "4 TensorDescriptors built": lambda: [ops._descriptor(t, 128, 64) for t in (q, k, v, q)],
+        "kernel[grid](...) only (TMA)": captured_launch(tma, q, k, v),
         "torch.empty_like + torch.empty": lambda: (torch.empty_like(q), torch.empty((1, 2, 128), device="cuda")),
         "empty Triton kernel, 1 argument": lambda: _empty_kernel[(1,)](x),
     }

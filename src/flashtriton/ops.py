@@ -7,7 +7,6 @@ whose last one is 1, check nothing the public API already checked, allocate outp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -15,59 +14,18 @@ import triton
 from . import _interpreter
 from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
 from .kernels.forward import attn_fwd_kernel
+from .tuning import (
+    AUTOTUNE_MIN_WORK,
+    TileConfig,
+    attn_fwd_autotuned,
+    backward_configs,
+    block_d,
+    forward_config,
+    seqlen_bucket,
+)
 from .validation import check_inputs, check_scale, last_dim_contiguous
 
 LOG2E = math.log2(math.e)
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    block_m: int
-    block_n: int
-    num_warps: int = 4
-    num_stages: int = 1
-    use_tma: bool = False  # tensor descriptors (Hopper's TMA copy engine) instead of block pointers
-    warp_specialize: bool = False  # producer/consumer warp groups for the unmasked loop (needs use_tma)
-
-    @property
-    def name(self) -> str:
-        return (f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
-                f"{'-tma' if self.use_tma else ''}{'-ws' if self.warp_specialize else ''}")
-
-
-def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, use_tma: bool) -> TileConfig:
-    """The forward's tiles when none is given: the winners of the H200 sweep
-    (benchmarks/results/h200/sweeps/, docs/tuning.md), per data path."""
-    if device.type != "cuda":
-        # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
-        return TileConfig(block_m=32, block_n=16, use_tma=use_tma)
-    row_bytes = _block_d(head_dim) * dtype.itemsize  # one row of a Q/K/V tile in shared memory
-    if row_bytes <= 128:  # D <= 64 in 16 bits: 384 TFLOP/s with TMA on the paper's D=64 shape
-        return TileConfig(128, 64, num_warps=4, num_stages=3, use_tma=use_tma)
-    if row_bytes <= 256:  # D = 128 in 16 bits: 428 (causal 404) TFLOP/s with TMA + warp specialisation
-        # Warp specialisation needs TMA and was only measured with 16-bit inputs.
-        return TileConfig(128, 64, num_warps=8, num_stages=3, use_tma=use_tma,
-                          warp_specialize=use_tma and dtype.itemsize == 2)
-    return TileConfig(64, 32, num_warps=4, num_stages=1, use_tma=use_tma)  # D = 256: not swept yet
-
-
-def backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
-    """(dK/dV config, dQ config). dK/dV keeps a tall key tile and streams short query tiles; dQ the reverse."""
-    if device.type != "cuda":
-        return TileConfig(block_m=16, block_n=32), TileConfig(block_m=32, block_n=16)
-    row_bytes = _block_d(head_dim) * dtype.itemsize
-    if row_bytes <= 128:
-        return (TileConfig(block_m=32, block_n=128, num_warps=4, num_stages=3),
-                TileConfig(block_m=128, block_n=32, num_warps=4, num_stages=3))
-    if row_bytes <= 256:
-        return (TileConfig(block_m=32, block_n=128, num_warps=8, num_stages=2),
-                TileConfig(block_m=128, block_n=32, num_warps=8, num_stages=2))
-    return (TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=1),
-            TileConfig(block_m=64, block_n=16, num_warps=8, num_stages=1))
-
-
-def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))  # tl.dot needs at least 16 along the reduction
 
 
 def _fp32_matmul_uses_tf32() -> bool:
@@ -89,51 +47,54 @@ def _input_precision(dtype: torch.dtype) -> str:
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+    return t.stride()[:3]
 
 
-def _descriptor_strides(t: torch.Tensor) -> list[int]:
-    """The strides a (B, H, N, D) descriptor of `t` gets. A dim of size 1 is only ever indexed at 0, so
-    an unaligned stride there (a view's leftover) is replaced by the packed one."""
-    strides = list(t.stride())
-    strides[-1] = 1
-    for i in range(len(strides) - 2, -1, -1):
-        if t.shape[i] == 1 and (strides[i] * t.element_size()) % 16 != 0:
-            strides[i] = strides[i + 1] * t.shape[i + 1]
-    return strides
+def _on_hopper(device: torch.device) -> bool:
+    # The interpreter emulates the TMA loads, so the CPU tests cover that path too.
+    return device.type != "cuda" or _capability(device.index)[0] >= 9
+
+
+def _capability(index: int | None) -> tuple[int, int]:
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITIES[index]
+
+
+_CAPABILITIES: dict[int | None, tuple[int, int]] = {}
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
-    """TMA needs a Hopper GPU (or the interpreter), 16-byte aligned base addresses, 16-byte multiples for
-    every stride but the last, and non-empty dims."""
-    if tensors[0].device.type == "cuda" and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+    """Per-head TMA descriptors need a Hopper GPU (or the interpreter), a 16-byte aligned start for every
+    head (base address, and batch, head and row strides in 16-byte multiples, except along dims of size 1,
+    which are only ever indexed at 0) and a unit last stride."""
+    if not _on_hopper(tensors[0].device):
         return False
-    return all(t.numel() > 0 and t.data_ptr() % 16 == 0
-               and all(st * t.element_size() % 16 == 0 for st in _descriptor_strides(t)[:-1])
-               for t in tensors)
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or any(st * size % 16 for st, n in zip(t.stride()[:3], t.shape[:3], strict=True) if n > 1):
+            return False
+    return True
 
 
-# Host cost of TMA: Triton encodes each tensor descriptor on the host at every launch, which on the
-# H200 machine added ~0.1-0.3 ms per eager call (article N=512: 0.056 -> 0.378 ms) while the kernel got
-# ~10% faster. Below this much work (B * Hq * Nq * Nk * D) the block-pointer kernel wins an eager call.
-TMA_MIN_WORK = 2**34
+def _ensure_scratch_allocator() -> None:
+    """Device-side descriptors live in a small global-memory scratch that Triton asks an allocator for at
+    launch. Install one backed by PyTorch's caching allocator unless the program (or this thread: the
+    setting is a context variable, and autograd runs the backward in its own thread) already has one."""
+    from triton.runtime import _allocation
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
 
 
-def _worth_tma(q: torch.Tensor, seqlen_k: int) -> bool:
-    # Under the interpreter there is no launch cost to save: take the TMA path so the CPU tests cover it.
-    batch, heads, seqlen_q, head_dim = q.shape
-    return q.device.type != "cuda" or batch * heads * seqlen_q * seqlen_k * head_dim >= TMA_MIN_WORK
-
-
-def _descriptor(t: torch.Tensor, block_rows: int, block_d: int):
-    """A (B, H, N, D) tensor descriptor whose box is one head's [block_rows, block_d] tile."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor(t, list(t.shape), _descriptor_strides(t), [1, 1, block_rows, block_d])
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                      config: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests)."""
+                      config: TileConfig | None = None, autotune: bool | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests);
+    `autotune` forces the autotuner on or off (default: on for large problems on a GPU)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -141,25 +102,25 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     _interpreter.prepare(q.device)
-    if config is None:
-        use_tma = _worth_tma(q, seqlen_k) and _tma_ok(q, k, v, o)
-        cfg = forward_config(head_dim, q.dtype, q.device, use_tma)
-    else:
-        cfg, use_tma = config, config.use_tma and _tma_ok(q, k, v, o)
-    block_d = _block_d(head_dim)
-    descs = ((_descriptor(q, cfg.block_m, block_d), _descriptor(k, cfg.block_n, block_d),
-              _descriptor(v, cfg.block_n, block_d), _descriptor(o, cfg.block_m, block_d))
-             if use_tma else (None,) * 4)
-    grid = (triton.cdiv(seqlen_q, cfg.block_m), heads_q, batch)
-    attn_fwd_kernel[grid](
-        q, k, v, o, lse, *descs,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(o),
-        heads_q, seqlen_q, seqlen_k, scale * LOG2E,
-        GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
-        INPUT_PRECISION=_input_precision(q.dtype), USE_TMA=use_tma,
-        WARP_SPECIALIZE=use_tma and cfg.warp_specialize,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    use_tma = (config is None or config.use_tma) and _tma_ok(q, k, v, o)
+    if use_tma and q.device.type == "cuda":
+        _ensure_scratch_allocator()
+    if autotune is None:
+        autotune = (config is None and q.device.type == "cuda"
+                    and batch * heads_q * seqlen_q * seqlen_k * head_dim >= AUTOTUNE_MIN_WORK)
+    args = (q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+            heads_q, seqlen_q, seqlen_k, scale * LOG2E, seqlen_bucket(seqlen_q, seqlen_k))
+    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim),
+                IS_CAUSAL=is_causal, INPUT_PRECISION=_input_precision(q.dtype), USE_TMA=use_tma)
+    if autotune:
+        def grid(meta):
+            return triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
+        attn_fwd_autotuned[grid](*args, **meta)
+        return o, lse
+    cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma)
+    attn_fwd_kernel[(triton.cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
+        *args, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        WARP_SPECIALIZE=use_tma and cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse
 
@@ -178,7 +139,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if dq.numel() == 0 or dk.numel() == 0:  # nothing attends: every gradient is zero
         return dq.zero_(), dk.zero_(), dv.zero_()
     _interpreter.prepare(q.device)
-    block_d = _block_d(head_dim)
+    bd = block_d(head_dim)
     precision = _input_precision(q.dtype)
     dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
 
@@ -186,9 +147,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     pre_block = 64 if q.device.type == "cuda" else 32
     attn_bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), heads_q, batch)](
         o, do, delta, *_strides(o), *_strides(do), heads_q, seqlen_q,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block,
     )
-    common = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=block_d,
+    common = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
                   IS_CAUSAL=is_causal, INPUT_PRECISION=precision)
     attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, dkdv_cfg.block_n), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv,
@@ -226,6 +187,8 @@ def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, i
     check_inputs(Q, K, V, is_causal=is_causal)
     scale = check_scale(scale, Q.shape[-1])
     Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
+    if Q.dim() == 4:  # the API's layout: no views to make (each costs a few microseconds of host time)
+        return Q, K, V, *attention_forward(Q, K, V, is_causal, scale), scale
     o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, scale)
     return Q, K, V, o4.view(Q.shape), lse4.view(Q.shape[:-1]), scale
 

@@ -20,48 +20,25 @@ from pathlib import Path
 
 import torch
 
-from .ops import TileConfig, _block_d, attention_forward
+from .ops import attention_forward
 from .plotting import pyplot
+from .tuning import TileConfig, why_pruned
 
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 WARPS = (4, 8)
 STAGES = (2, 3, 4)
 VARIANTS = ((False, False), (True, False), (True, True))  # (use_tma, warp_specialize)
-SPILL_GUARD = 160  # fp32 registers per thread the two [BLOCK_M, *] tiles may take, leaving room for the rest
-
-
-def shared_memory_bytes(cfg: TileConfig, head_dim: int, dtype: torch.dtype) -> int:
-    """Q tile once, K and V tiles num_stages deep each, plus the P tile staged for the second dot."""
-    d = _block_d(head_dim) * dtype.itemsize
-    return cfg.block_m * d + 2 * cfg.num_stages * cfg.block_n * d + cfg.block_m * cfg.block_n * dtype.itemsize
-
-
-def accumulator_registers(cfg: TileConfig, head_dim: int) -> float:
-    """fp32 registers per thread held by the output accumulator and the score tile."""
-    return (cfg.block_m * _block_d(head_dim) + cfg.block_m * cfg.block_n) / (32 * cfg.num_warps)
-
-
 def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int) -> tuple[list[TileConfig], list[str]]:
     """(configs worth compiling, one line per pruned config saying why)."""
     keep, pruned = [], []
     for bm, bn, warps, stages, (tma, ws) in itertools.product(BLOCK_MS, BLOCK_NS, WARPS, STAGES, VARIANTS):
         cfg = TileConfig(bm, bn, warps, stages, use_tma=tma, warp_specialize=ws)
-        smem = shared_memory_bytes(cfg, head_dim, dtype)
-        regs = accumulator_registers(cfg, head_dim)
-        if smem > smem_limit:
-            pruned.append(f"{cfg.name}: {smem // 1024} KB of shared memory > {smem_limit // 1024} KB")
-        elif regs > SPILL_GUARD:
-            pruned.append(f"{cfg.name}: {regs:.0f} accumulator registers per thread would spill")
-        elif ws and warps < 8:
-            # Triton 3.6's warp-specialisation pass fails on sm_90 with 4 warps (seen on the H200).
-            pruned.append(f"{cfg.name}: warp specialisation needs 8 warps here")
-        elif bm == 64 and warps == 8:
-            # wgmma works on 64-row slabs, one per 4-warp group: a second group would have to split the
-            # columns and share each row's softmax (the Triton tutorial prunes these too).
-            pruned.append(f"{cfg.name}: 8 warps on 64 query rows")
-        else:
+        reason = why_pruned(cfg, head_dim, dtype, smem_limit)
+        if reason is None:
             keep.append(cfg)
+        else:
+            pruned.append(f"{cfg.name}: {reason}")
     return keep, pruned
 
 

@@ -1,0 +1,217 @@
+"""Tile configurations: the static table, the resource model that prunes configurations, and the forward's
+autotuner.
+
+Small problems take the static table (`forward_config`): their kernels run for microseconds, and picking
+a config costs host time. Large forwards go through `attn_fwd_autotuned`, which times the sweep's winners
+for the head dim at hand once per (head dim, mask, data path, dtype, sequence-length bucket) and, with
+`cache_results=True`, stores the choice in Triton's cache directory, so that later processes skip the
+timing (docs/tuning.md measures what a first call costs).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.testing
+
+from . import _interpreter
+from .kernels.forward import attn_fwd_kernel
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 1
+    use_tma: bool = False  # tensor descriptors (Hopper's TMA copy engine) instead of block pointers
+    warp_specialize: bool = False  # producer/consumer warp groups for the unmasked loop (needs use_tma)
+
+    @property
+    def name(self) -> str:
+        return (f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+                f"{'-tma' if self.use_tma else ''}{'-ws' if self.warp_specialize else ''}")
+
+
+def block_d(head_dim: int) -> int:
+    """The head dim padded to a power of two, at least 16 (tl.dot's smallest reduction)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def row_bytes(head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one row of a Q/K/V tile in shared memory: what sets the tile sizes."""
+    return block_d(head_dim) * dtype.itemsize
+
+
+# ------------------------------------------------------------------------------------------ static table
+
+def forward_config(head_dim: int, dtype: torch.dtype, device: torch.device, use_tma: bool) -> TileConfig:
+    """The forward's tiles for problems too small to autotune: the sweeps' winners
+    (benchmarks/results/h200/sweeps/, docs/tuning.md), per data path."""
+    return _forward_config(head_dim, dtype, device.type, use_tma)
+
+
+@functools.cache
+def _forward_config(head_dim: int, dtype: torch.dtype, device_type: str, use_tma: bool) -> TileConfig:
+    if device_type != "cuda":
+        # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
+        return TileConfig(block_m=32, block_n=16, use_tma=use_tma)
+    width = row_bytes(head_dim, dtype)
+    if width <= 128:  # D <= 64 in 16 bits
+        return TileConfig(128, 64, num_warps=4, num_stages=3, use_tma=use_tma)
+    if width <= 256:  # D = 128 in 16 bits; warp specialisation needs TMA and was only measured in 16 bits
+        return TileConfig(128, 64, num_warps=8, num_stages=3, use_tma=use_tma,
+                          warp_specialize=use_tma and dtype.itemsize == 2)
+    return TileConfig(64, 32, num_warps=4, num_stages=1, use_tma=use_tma)  # D = 256
+
+
+def backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
+    """(dK/dV config, dQ config). dK/dV keeps a tall key tile and streams short query tiles; dQ the reverse."""
+    if device.type != "cuda":
+        return TileConfig(block_m=16, block_n=32), TileConfig(block_m=32, block_n=16)
+    width = row_bytes(head_dim, dtype)
+    if width <= 128:
+        return (TileConfig(block_m=32, block_n=128, num_warps=4, num_stages=3),
+                TileConfig(block_m=128, block_n=32, num_warps=4, num_stages=3))
+    if width <= 256:
+        return (TileConfig(block_m=32, block_n=128, num_warps=8, num_stages=2),
+                TileConfig(block_m=128, block_n=32, num_warps=8, num_stages=2))
+    return (TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=1),
+            TileConfig(block_m=64, block_n=16, num_warps=8, num_stages=1))
+
+
+# ---------------------------------------------------------------------------------------- resource model
+
+SPILL_GUARD = 160  # fp32 registers per thread the two [BLOCK_M, *] tiles may take, leaving room for the rest
+
+
+def shared_memory_bytes(cfg: TileConfig, head_dim: int, dtype: torch.dtype) -> int:
+    """Q tile once, K and V tiles num_stages deep each, plus the P tile staged for the second dot."""
+    d = row_bytes(head_dim, dtype)
+    return cfg.block_m * d + 2 * cfg.num_stages * cfg.block_n * d + cfg.block_m * cfg.block_n * dtype.itemsize
+
+
+def accumulator_registers(cfg: TileConfig, head_dim: int) -> float:
+    """fp32 registers per thread held by the output accumulator and the score tile."""
+    return (cfg.block_m * block_d(head_dim) + cfg.block_m * cfg.block_n) / (32 * cfg.num_warps)
+
+
+def why_pruned(cfg: TileConfig, head_dim: int, dtype: torch.dtype, smem_limit: int) -> str | None:
+    """Why `cfg` cannot run well for this head dim and dtype (docs/tuning.md), or None if it can."""
+    smem = shared_memory_bytes(cfg, head_dim, dtype)
+    if smem > smem_limit:
+        return f"{smem // 1024} KB of shared memory > {smem_limit // 1024} KB"
+    if accumulator_registers(cfg, head_dim) > SPILL_GUARD:
+        return f"{accumulator_registers(cfg, head_dim):.0f} accumulator registers per thread would spill"
+    if cfg.warp_specialize and not cfg.use_tma:
+        return "warp specialisation needs the TMA loads"
+    if cfg.warp_specialize and cfg.num_warps < 8:
+        # Triton 3.6's warp-specialisation pass fails on sm_90 with 4 warps (seen on the H200).
+        return "warp specialisation needs 8 warps here"
+    if cfg.warp_specialize and dtype.itemsize != 2:
+        return "warp specialisation was only measured with 16-bit inputs"
+    if cfg.block_m == 64 and cfg.num_warps == 8:
+        # wgmma works on 64-row slabs, one per 4-warp group: a second group would have to split the
+        # columns and share each row's softmax (the Triton tutorial prunes these too).
+        return "8 warps on 64 query rows"
+    return None
+
+
+HOPPER_SHARED_MEMORY = 232448  # bytes one block may use on an H100/H200 (227 KB)
+
+
+def shared_memory_limit(device: torch.device) -> int:
+    """Shared memory one block may use on `device`; the interpreter models a Hopper GPU."""
+    if device.type != "cuda":
+        return HOPPER_SHARED_MEMORY
+    return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_shared_memory(index: int) -> int:
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+# ------------------------------------------------------------------------------------------- autotuning
+
+# The forward's candidates per row width (BLOCK_D * itemsize): the best few of each sweep at N=4096
+# (docs/tuning.md), as (BLOCK_M, BLOCK_N, warps, stages, warp specialisation). D=256 was not swept: its
+# candidates are the static choice and its neighbours that fit shared memory.
+FORWARD_CANDIDATES: dict[int, list[tuple[int, int, int, int, bool]]] = {
+    128: [(128, 64, 4, 3, False), (128, 64, 4, 4, False), (128, 64, 8, 3, False), (64, 128, 4, 2, False),
+          (64, 64, 4, 3, False)],
+    256: [(128, 64, 8, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 4, False), (128, 128, 8, 2, False),
+          (128, 32, 8, 3, False), (64, 64, 4, 3, False)],
+    512: [(64, 32, 4, 1, False), (64, 32, 4, 2, False), (64, 64, 4, 2, False), (128, 32, 8, 2, False),
+          (128, 64, 8, 2, False)],
+}
+
+# Below this much work (B * Hq * Nq * Nk * D) a forward takes tens of microseconds, the static table is
+# within noise of the best config, and the autotuner's own host cost (it keys every call) would show.
+AUTOTUNE_MIN_WORK = 2**34
+
+
+def _width_class(head_dim: int, dtype: torch.dtype) -> int:
+    width = row_bytes(head_dim, dtype)
+    return next(w for w in sorted(FORWARD_CANDIDATES) if width <= w)
+
+
+def _as_tile_config(config: triton.Config, use_tma: bool) -> TileConfig:
+    kw = config.kwargs
+    return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, use_tma,
+                      kw["WARP_SPECIALIZE"])
+
+
+def _prune_forward(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
+    """Keep the candidates of this head dim's width class that fit the GPU (at least the static config)."""
+    q = named_args["Q"]
+    head_dim, use_tma = meta["HEAD_DIM"], meta["USE_TMA"]
+    wanted = set(FORWARD_CANDIDATES[_width_class(head_dim, q.dtype)])
+    smem = shared_memory_limit(q.device)
+    kept = []
+    for config in configs:
+        cfg = _as_tile_config(config, use_tma)
+        key = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.warp_specialize)
+        if key in wanted and why_pruned(cfg, head_dim, q.dtype, smem) is None:
+            kept.append(config)
+    if not kept:
+        fallback = forward_config(head_dim, q.dtype, q.device, use_tma)
+        kept = [c for c in configs if _as_tile_config(c, use_tma) == fallback][:1] or configs[:1]
+    return kept
+
+
+def _autotune_configs() -> list[triton.Config]:
+    unique = dict.fromkeys(c for configs in FORWARD_CANDIDATES.values() for c in configs)
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPECIALIZE": ws}, num_warps=w, num_stages=s)
+            for bm, bn, w, s, ws in unique]
+
+
+def seqlen_bucket(seqlen_q: int, seqlen_k: int) -> int:
+    """The autotuner's sequence-length key: the longer length rounded up to a power of two, so that a
+    new length retunes only when it crosses a power of two."""
+    return 1 << (max(seqlen_q, seqlen_k, 1) - 1).bit_length()
+
+
+def _time_config(kernel_call, quantiles):
+    """The autotuner's timer: medians of a shorter run than do_bench's default (25 ms warm-up, 100 ms),
+    which is plenty to rank configs whose kernels take a millisecond. The interpreter has no GPU to time:
+    there one call stands in, so that the tests can run the autotuner's machinery."""
+    if _interpreter.is_active():
+        start = time.perf_counter()
+        kernel_call()
+        return [time.perf_counter() - start] * len(quantiles)
+    return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
+
+
+# The dtypes of the tensor arguments join the key automatically.
+attn_fwd_autotuned = triton.autotune(
+    configs=_autotune_configs(),
+    key=["HEAD_DIM", "IS_CAUSAL", "USE_TMA", "INPUT_PRECISION", "tuning_seqlen"],
+    prune_configs_by={"early_config_prune": _prune_forward},
+    do_bench=_time_config,
+    cache_results=True,
+)(attn_fwd_kernel)

@@ -1,0 +1,69 @@
+"""Tile selection: the resource model's pruning, the autotuner's key and candidates, the TMA eligibility."""
+
+import pytest
+import torch
+
+from conftest import DEVICE
+from flashtriton import attention_ref, ops, tuning
+from flashtriton.testing import bounded
+from flashtriton.tuning import TileConfig, why_pruned
+from helpers import make_qkv
+
+SMEM = tuning.HOPPER_SHARED_MEMORY
+
+
+def test_seqlen_bucket_rounds_the_longer_length_up_to_a_power_of_two():
+    assert tuning.seqlen_bucket(1, 1) == 1
+    assert tuning.seqlen_bucket(17, 23) == 32
+    assert tuning.seqlen_bucket(4096, 4096) == 4096
+    assert tuning.seqlen_bucket(4097, 10) == 8192
+
+
+def test_resource_model_prunes_what_cannot_run_well():
+    bf16 = torch.bfloat16
+    assert why_pruned(TileConfig(128, 64, 4, 3, use_tma=True), 64, bf16, SMEM) is None
+    assert "shared memory" in why_pruned(TileConfig(128, 128, 8, 4), 256, bf16, SMEM)
+    assert "would spill" in why_pruned(TileConfig(128, 128, 4, 2), 64, bf16, SMEM)
+    assert "needs the TMA loads" in why_pruned(TileConfig(128, 64, 8, 3, warp_specialize=True), 128, bf16, SMEM)
+    assert "8 warps" in why_pruned(TileConfig(128, 64, 4, 3, use_tma=True, warp_specialize=True), 64, bf16, SMEM)
+    assert "16-bit" in why_pruned(TileConfig(128, 64, 8, 3, True, True), 64, torch.float32, SMEM)
+    assert "64 query rows" in why_pruned(TileConfig(64, 64, 8, 3), 64, bf16, SMEM)
+
+
+@pytest.mark.parametrize("head_dim,dtype,use_tma", [(64, torch.bfloat16, True), (128, torch.bfloat16, False),
+                                                    (128, torch.bfloat16, True), (64, torch.float32, True),
+                                                    (256, torch.float16, True), (40, torch.bfloat16, True)])
+def test_autotuner_candidates_follow_the_head_dim(head_dim, dtype, use_tma):
+    q = torch.empty(1, 1, 8, head_dim, dtype=dtype)
+    kept = tuning._prune_forward(tuning.attn_fwd_autotuned.configs, {"Q": q}, HEAD_DIM=head_dim, USE_TMA=use_tma)
+    cfgs = [tuning._as_tile_config(c, use_tma) for c in kept]
+    wanted = tuning.FORWARD_CANDIDATES[tuning._width_class(head_dim, dtype)]
+    assert cfgs and all((c.block_m, c.block_n, c.num_warps, c.num_stages, c.warp_specialize) in wanted for c in cfgs)
+    assert all(why_pruned(c, head_dim, dtype, SMEM) is None for c in cfgs)
+    assert any(c.warp_specialize for c in cfgs) == (use_tma and head_dim == 128 and dtype == torch.bfloat16)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_autotuned_forward_matches_reference_and_keys_by_bucket(is_causal):
+    tuner = tuning.attn_fwd_autotuned
+    tuner.cache.clear()
+    for seqlen_q, seqlen_k in [(17, 29), (3, 31), (63, 97)]:  # buckets 32, 32, 128
+        q, k, v = make_qkv(2, 2, 1, seqlen_q, seqlen_k, 64, torch.float16, DEVICE, requires_grad=False)
+        o, lse = ops.attention_forward(q, k, v, is_causal, 0.125, autotune=True)
+        o64, lse64 = attention_ref(*(x.double() for x in (q, k, v)), is_causal=is_causal, scale=0.125)
+        low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=0.125, upcast=False)
+        for check in (bounded("O", o, o64, low_o, q.dtype), bounded("L", lse, lse64, low_lse, q.dtype)):
+            assert check.ok, str(check)
+    assert len(tuner.cache) == 2  # (17, 29) and (3, 31) share a bucket: tuned once
+
+
+def test_tma_needs_16_byte_aligned_heads_and_rows():
+    q = torch.randn(2, 3, 17, 64, dtype=torch.float16)
+    assert ops._tma_ok(q)
+    wide = torch.randn(2, 3, 17, 65, dtype=torch.float16)[..., :64]  # rows 130 bytes apart
+    assert not ops._tma_ok(wide)
+    assert not ops._tma_ok(torch.randn(2 * 3 * 17 * 64 + 1, dtype=torch.float16)[1:].view(2, 3, 17, 64))
+    one_row = torch.randn(2, 3, 1, 65, dtype=torch.float16)[..., :64]  # a size-1 dim's stride never counts
+    assert ops._tma_ok(one_row.contiguous()) and not ops._tma_ok(one_row)  # batch stride 390 bytes
+    single = torch.randn(1, 1, 1, 65, dtype=torch.float16)[..., :64]
+    assert ops._tma_ok(single)
