@@ -30,22 +30,26 @@ def test_resource_model_prunes_what_cannot_run_well():
     assert "64 query rows" in why_pruned(TileConfig(64, 64, 8, 3), 64, bf16, SMEM)
 
 
-@pytest.mark.parametrize("head_dim,dtype,use_tma", [(64, torch.bfloat16, True), (128, torch.bfloat16, False),
-                                                    (128, torch.bfloat16, True), (64, torch.float32, True),
-                                                    (256, torch.float16, True), (40, torch.bfloat16, True)])
-def test_autotuner_candidates_follow_the_head_dim(head_dim, dtype, use_tma):
+@pytest.mark.parametrize("head_dim,dtype,with_tma", [(64, torch.bfloat16, True), (128, torch.bfloat16, False),
+                                                     (128, torch.bfloat16, True), (64, torch.float32, True),
+                                                     (256, torch.float16, True), (40, torch.bfloat16, True)])
+def test_autotuner_candidates_follow_the_head_dim(head_dim, dtype, with_tma):
     q = torch.empty(1, 1, 8, head_dim, dtype=dtype)
-    kept = tuning._prune_forward(tuning.attn_fwd_autotuned.configs, {"Q": q}, HEAD_DIM=head_dim, USE_TMA=use_tma)
-    cfgs = [tuning._as_tile_config(c, use_tma) for c in kept]
-    wanted = tuning.FORWARD_CANDIDATES[tuning._width_class(head_dim, dtype)]
-    assert cfgs and all((c.block_m, c.block_n, c.num_warps, c.num_stages, c.warp_specialize) in wanted for c in cfgs)
+    configs = tuning.attn_fwd_autotuned[with_tma].configs
+    cfgs = [tuning._as_tile_config(c) for c in tuning._prune_forward(configs, {"Q": q}, HEAD_DIM=head_dim)]
+    wanted = tuning.FORWARD_CANDIDATES[tuning.width_class(head_dim, dtype)]
+    assert cfgs and all((c.block_m, c.block_n, c.num_warps, c.num_stages, c.use_tma, c.warp_specialize) in wanted
+                        for c in cfgs)
     assert all(why_pruned(c, head_dim, dtype, SMEM) is None for c in cfgs)
-    assert any(c.warp_specialize for c in cfgs) == (use_tma and head_dim == 128 and dtype == torch.bfloat16)
+    assert any(c.use_tma for c in cfgs) == with_tma
+    # the host builds descriptors for one tile shape per width: every TMA candidate must use it
+    assert all((c.block_m, c.block_n) == tuning.tma_tile(head_dim, dtype) for c in cfgs if c.use_tma)
+    assert any(c.warp_specialize for c in cfgs) == (with_tma and head_dim == 128 and dtype == torch.bfloat16)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_autotuned_forward_matches_reference_and_keys_by_bucket(is_causal):
-    tuner = tuning.attn_fwd_autotuned
+    tuner = tuning.attn_fwd_autotuned[True]  # contiguous inputs: descriptors at hand
     tuner.cache.clear()
     for seqlen_q, seqlen_k in [(17, 29), (3, 31), (63, 97)]:  # buckets 32, 32, 128
         q, k, v = make_qkv(2, 2, 1, seqlen_q, seqlen_k, 64, torch.float16, DEVICE, requires_grad=False)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import flash_attention
+from .ops import last_forward_choice
 from .plotting import pyplot
 from .testing import compare_with_reference, make_qkv
 
@@ -210,6 +211,8 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                     with PROVIDERS[name].context():
                         out = PROVIDERS[name].run(q, k, v, shape.causal)
                     errors[name] = (out.float() - ref).abs().max().item()
+                    if name == "flashtriton":
+                        log(f"  {shape}: flashtriton runs {last_forward_choice()}")
                 except RuntimeError as exc:  # a backend that does not support this shape or GPU
                     log(f"  {name} unavailable for {shape}: {str(exc).splitlines()[0]}")
             del ref

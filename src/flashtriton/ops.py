@@ -6,6 +6,7 @@ whose last one is 1, check nothing the public API already checked, allocate outp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -17,11 +18,13 @@ from .kernels.forward import attn_fwd_kernel
 from .tuning import (
     AUTOTUNE_MIN_WORK,
     TileConfig,
+    _as_tile_config,
     attn_fwd_autotuned,
     backward_configs,
     block_d,
     forward_config,
     seqlen_bucket,
+    tma_tile,
 )
 from .validation import check_inputs, check_scale, last_dim_contiguous
 
@@ -50,44 +53,54 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride()[:3]
 
 
-def _on_hopper(device: torch.device) -> bool:
-    # The interpreter emulates the TMA loads, so the CPU tests cover that path too.
-    return device.type != "cuda" or _capability(device.index)[0] >= 9
-
-
-def _capability(index: int | None) -> tuple[int, int]:
-    if index not in _CAPABILITIES:
-        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITIES[index]
+def _capability(device: torch.device) -> tuple[int, int]:
+    if device.index not in _CAPABILITIES:
+        _CAPABILITIES[device.index] = torch.cuda.get_device_capability(device)
+    return _CAPABILITIES[device.index]
 
 
 _CAPABILITIES: dict[int | None, tuple[int, int]] = {}
 
 
+def _descriptor_strides(t: torch.Tensor) -> list[int]:
+    """The strides a (B, H, N, D) descriptor of `t` gets. A dim of size 1 is only ever indexed at 0, so
+    an unaligned stride there (a view's leftover) is replaced by the packed one."""
+    strides = list(t.stride())
+    strides[-1] = 1
+    for i in range(len(strides) - 2, -1, -1):
+        if t.shape[i] == 1 and (strides[i] * t.element_size()) % 16 != 0:
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+    return strides
+
+
 def _tma_ok(*tensors: torch.Tensor) -> bool:
-    """Per-head TMA descriptors need a Hopper GPU (or the interpreter), a 16-byte aligned start for every
-    head (base address, and batch, head and row strides in 16-byte multiples, except along dims of size 1,
-    which are only ever indexed at 0) and a unit last stride."""
-    if not _on_hopper(tensors[0].device):
+    """TMA needs a Hopper GPU (or the interpreter, which emulates it), 16-byte aligned base addresses,
+    16-byte multiples for every stride but the last, and non-empty dims."""
+    if tensors[0].device.type == "cuda" and _capability(tensors[0].device)[0] < 9:
         return False
-    for t in tensors:
-        size = t.element_size()
-        if t.data_ptr() % 16 or any(st * size % 16 for st, n in zip(t.stride()[:3], t.shape[:3], strict=True) if n > 1):
-            return False
-    return True
+    return all(t.numel() > 0 and t.data_ptr() % 16 == 0
+               and all(st * t.element_size() % 16 == 0 for st in _descriptor_strides(t)[:-1])
+               for t in tensors)
 
 
-def _ensure_scratch_allocator() -> None:
-    """Device-side descriptors live in a small global-memory scratch that Triton asks an allocator for at
-    launch. Install one backed by PyTorch's caching allocator unless the program (or this thread: the
-    setting is a context variable, and autograd runs the backward in its own thread) already has one."""
-    from triton.runtime import _allocation
-    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
-        triton.set_allocator(_scratch)
+def _descriptor(t: torch.Tensor, block_rows: int, block_d: int):
+    """A (B, H, N, D) tensor descriptor whose box is one head's [block_rows, block_d] tile. Triton's
+    launcher encodes it on the host at every launch (~10 µs for four on the H200 machine's CPU)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(t, list(t.shape), _descriptor_strides(t), [1, 1, block_rows, block_d])
 
 
-def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+def _descriptors(q, k, v, o, block_m: int, block_n: int, bd: int) -> tuple:
+    return (_descriptor(q, block_m, bd), _descriptor(k, block_n, bd), _descriptor(v, block_n, bd),
+            _descriptor(o, block_m, bd))
+
+
+_last_forward_choice = ["none yet"]
+
+
+def last_forward_choice() -> str:
+    """The tiles of the most recent forward launch (the autotuner's pick, or the static one): for logs."""
+    return _last_forward_choice[0]
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -102,24 +115,32 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     _interpreter.prepare(q.device)
-    use_tma = (config is None or config.use_tma) and _tma_ok(q, k, v, o)
-    if use_tma and q.device.type == "cuda":
-        _ensure_scratch_allocator()
+    on_gpu = q.device.type == "cuda"
     if autotune is None:
-        autotune = (config is None and q.device.type == "cuda"
-                    and batch * heads_q * seqlen_q * seqlen_k * head_dim >= AUTOTUNE_MIN_WORK)
-    args = (q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+        autotune = config is None and on_gpu and batch * heads_q * seqlen_q * seqlen_k * head_dim >= AUTOTUNE_MIN_WORK
+    bd = block_d(head_dim)
+    rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
             heads_q, seqlen_q, seqlen_k, scale * LOG2E, seqlen_bucket(seqlen_q, seqlen_k))
-    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim),
-                IS_CAUSAL=is_causal, INPUT_PRECISION=_input_precision(q.dtype), USE_TMA=use_tma)
+    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
+                INPUT_PRECISION=_input_precision(q.dtype))
     if autotune:
+        with_tma = _tma_ok(q, k, v, o)
+        descs = _descriptors(q, k, v, o, *tma_tile(head_dim, q.dtype), bd) if with_tma else (None,) * 4
+
         def grid(meta):
             return triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
-        attn_fwd_autotuned[grid](*args, **meta)
+        tuner = attn_fwd_autotuned[with_tma]
+        tuner[grid](q, k, v, o, lse, *descs, *rest, **meta)
+        _last_forward_choice[0] = _as_tile_config(tuner.best_config).name
         return o, lse
-    cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma)
+    # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
+    # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
+    cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma=not on_gpu)
+    use_tma = cfg.use_tma and _tma_ok(q, k, v, o)
+    _last_forward_choice[0] = dataclasses.replace(cfg, use_tma=use_tma).name
+    descs = _descriptors(q, k, v, o, cfg.block_m, cfg.block_n, bd) if use_tma else (None,) * 4
     attn_fwd_kernel[(triton.cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
-        *args, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        q, k, v, o, lse, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse

@@ -3,7 +3,7 @@ autotuner.
 
 Small problems take the static table (`forward_config`): their kernels run for microseconds, and picking
 a config costs host time. Large forwards go through `attn_fwd_autotuned`, which times the sweep's winners
-for the head dim at hand once per (head dim, mask, data path, dtype, sequence-length bucket) and, with
+for the head dim at hand once per (head dim, mask, dtype, sequence-length bucket) and, with
 `cache_results=True`, stores the choice in Triton's cache directory, so that later processes skip the
 timing (docs/tuning.md measures what a first call costs).
 """
@@ -138,56 +138,66 @@ def _cuda_shared_memory(index: int) -> int:
 
 # ------------------------------------------------------------------------------------------- autotuning
 
-# The forward's candidates per row width (BLOCK_D * itemsize): the best few of each sweep at N=4096
-# (docs/tuning.md), as (BLOCK_M, BLOCK_N, warps, stages, warp specialisation). D=256 was not swept: its
-# candidates are the static choice and its neighbours that fit shared memory.
-FORWARD_CANDIDATES: dict[int, list[tuple[int, int, int, int, bool]]] = {
-    128: [(128, 64, 4, 3, False), (128, 64, 4, 4, False), (128, 64, 8, 3, False), (64, 128, 4, 2, False),
-          (64, 64, 4, 3, False)],
-    256: [(128, 64, 8, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 4, False), (128, 128, 8, 2, False),
-          (128, 32, 8, 3, False), (64, 64, 4, 3, False)],
-    512: [(64, 32, 4, 1, False), (64, 32, 4, 2, False), (64, 64, 4, 2, False), (128, 32, 8, 2, False),
-          (128, 64, 8, 2, False)],
+# The forward's candidates per row width (BLOCK_D * itemsize), from the sweeps at N=4096 (docs/tuning.md),
+# as (BLOCK_M, BLOCK_N, warps, stages, TMA, warp specialisation). TMA candidates all use the width's one
+# TMA tile (TMA_TILES): the host builds the tensor descriptors, whose box is the tile, before the
+# autotuner picks a config. (Per-config descriptors would need a config pre_hook, which stops Triton from
+# caching the autotuner's choice on disk; descriptors built on the device instead cost every causal
+# program a fixed start-up that measured 10-20% slower on the H200.) D=256 was not swept: its
+# candidates are the static choice and neighbours that fit shared memory.
+FORWARD_CANDIDATES: dict[int, list[tuple[int, int, int, int, bool, bool]]] = {
+    128: [(128, 64, 4, 3, True, False), (128, 64, 4, 4, True, False), (128, 64, 8, 3, True, False),
+          (128, 64, 4, 3, False, False), (128, 64, 8, 4, False, False), (64, 128, 4, 2, False, False)],
+    256: [(128, 64, 8, 3, True, True), (128, 64, 8, 3, True, False), (128, 64, 8, 4, True, False),
+          (128, 32, 8, 3, False, False), (128, 64, 8, 3, False, False)],
+    512: [(64, 32, 4, 1, True, False), (64, 32, 4, 2, True, False), (64, 32, 4, 1, False, False),
+          (64, 64, 4, 2, False, False), (128, 32, 8, 2, False, False)],
 }
+TMA_TILES = {128: (128, 64), 256: (128, 64), 512: (64, 32)}  # (BLOCK_M, BLOCK_N) of the TMA candidates
 
 # Below this much work (B * Hq * Nq * Nk * D) a forward takes tens of microseconds, the static table is
 # within noise of the best config, and the autotuner's own host cost (it keys every call) would show.
 AUTOTUNE_MIN_WORK = 2**34
 
 
-def _width_class(head_dim: int, dtype: torch.dtype) -> int:
+def width_class(head_dim: int, dtype: torch.dtype) -> int:
     width = row_bytes(head_dim, dtype)
     return next(w for w in sorted(FORWARD_CANDIDATES) if width <= w)
 
 
-def _as_tile_config(config: triton.Config, use_tma: bool) -> TileConfig:
+def tma_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    return TMA_TILES[width_class(head_dim, dtype)]
+
+
+def _as_tile_config(config: triton.Config) -> TileConfig:
     kw = config.kwargs
-    return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, use_tma,
+    return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, kw["USE_TMA"],
                       kw["WARP_SPECIALIZE"])
 
 
 def _prune_forward(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
     """Keep the candidates of this head dim's width class that fit the GPU (at least the static config)."""
     q = named_args["Q"]
-    head_dim, use_tma = meta["HEAD_DIM"], meta["USE_TMA"]
-    wanted = set(FORWARD_CANDIDATES[_width_class(head_dim, q.dtype)])
+    head_dim = meta["HEAD_DIM"]
+    wanted = set(FORWARD_CANDIDATES[width_class(head_dim, q.dtype)])
     smem = shared_memory_limit(q.device)
     kept = []
     for config in configs:
-        cfg = _as_tile_config(config, use_tma)
-        key = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.warp_specialize)
+        cfg = _as_tile_config(config)
+        key = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma, cfg.warp_specialize)
         if key in wanted and why_pruned(cfg, head_dim, q.dtype, smem) is None:
             kept.append(config)
     if not kept:
-        fallback = forward_config(head_dim, q.dtype, q.device, use_tma)
-        kept = [c for c in configs if _as_tile_config(c, use_tma) == fallback][:1] or configs[:1]
+        fallback = forward_config(head_dim, q.dtype, q.device, use_tma=False)
+        kept = [c for c in configs if _as_tile_config(c) == fallback][:1] or configs[:1]
     return kept
 
 
-def _autotune_configs() -> list[triton.Config]:
-    unique = dict.fromkeys(c for configs in FORWARD_CANDIDATES.values() for c in configs)
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPECIALIZE": ws}, num_warps=w, num_stages=s)
-            for bm, bn, w, s, ws in unique]
+def _autotune_configs(with_tma: bool) -> list[triton.Config]:
+    unique = dict.fromkeys(c for configs in FORWARD_CANDIDATES.values() for c in configs if with_tma or not c[4])
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPECIALIZE": ws},
+                          num_warps=w, num_stages=s)
+            for bm, bn, w, s, tma, ws in unique]
 
 
 def seqlen_bucket(seqlen_q: int, seqlen_k: int) -> int:
@@ -207,11 +217,18 @@ def _time_config(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 
-# The dtypes of the tensor arguments join the key automatically.
-attn_fwd_autotuned = triton.autotune(
-    configs=_autotune_configs(),
-    key=["HEAD_DIM", "IS_CAUSAL", "USE_TMA", "INPUT_PRECISION", "tuning_seqlen"],
-    prune_configs_by={"early_config_prune": _prune_forward},
-    do_bench=_time_config,
-    cache_results=True,
-)(attn_fwd_kernel)
+def _autotuned(with_tma: bool):
+    # The dtypes of the tensor arguments join the key automatically.
+    return triton.autotune(
+        configs=_autotune_configs(with_tma),
+        key=["HEAD_DIM", "IS_CAUSAL", "INPUT_PRECISION", "tuning_seqlen"],
+        prune_configs_by={"early_config_prune": _prune_forward},
+        do_bench=_time_config,
+        cache_results=True,
+    )(attn_fwd_kernel)
+
+
+# Two autotuners over the same kernel: with tensor descriptors at hand (a Hopper GPU and aligned
+# tensors) the candidates include the TMA ones; without, block pointers only. Their keys and disk caches
+# stay apart because their config lists differ.
+attn_fwd_autotuned = {True: _autotuned(with_tma=True), False: _autotuned(with_tma=False)}

@@ -90,40 +90,18 @@ def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
 
 
 @triton.jit
-def head_rows(base, seqlen, stride_row, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-              BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
-    """Where one head's (seqlen, HEAD_DIM) matrix is read from (and written to), BLOCK_ROWS rows at a time.
+def load_rows(block_ptr, desc, off_b, off_h, start, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+              CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [start, start + BLOCK_ROWS) of one head, zero past the tensor's edges.
 
-    With USE_TMA, a tensor descriptor built on the device: Hopper's TMA unit then copies each tile into
-    shared memory asynchronously, zero-fills what lies past the edges, and clips stores. (A descriptor built
-    on the host would be encoded by Triton's launcher at every call, which costs more host time than a
-    small problem's kernel.) Otherwise a block pointer to row 0, bounds-checked only where needed."""
+    With USE_TMA, through a (B, H, N, D) tensor descriptor: Hopper's TMA unit copies the tile into shared
+    memory asynchronously and zero-fills what lies out of bounds itself. Otherwise through a block pointer
+    to the head's row 0, bounds-checked only along the dims that can run past the edge."""
     if USE_TMA:
-        rows = tl.make_tensor_descriptor(base, shape=[seqlen, HEAD_DIM], strides=[stride_row, 1],
-                                         block_shape=[BLOCK_ROWS, BLOCK_D])
+        tile = desc.load([off_b, off_h, start, 0]).reshape(BLOCK_ROWS, BLOCK_D)
     else:
-        rows = head_block_ptr(base, seqlen, stride_row, 0, BLOCK_ROWS, HEAD_DIM, BLOCK_D)
-    return rows
-
-
-@triton.jit
-def load_rows(rows, start, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
-    """Rows [start, start + BLOCK_ROWS) from `head_rows`, zero past the tensor's edges. The checks apply
-    to block pointers; the TMA unit bounds-checks every copy in hardware."""
-    if USE_TMA:
-        tile = rows.load([start, 0])
-    else:
-        tile = load_tile(tl.advance(rows, (start, 0)), CHECK_ROWS, CHECK_COLS)
+        tile = load_tile(tl.advance(block_ptr, (start, 0)), CHECK_ROWS, CHECK_COLS)
     return tile
-
-
-@triton.jit
-def store_rows(rows, start, tile, USE_TMA: tl.constexpr):
-    """Store `tile` at rows [start, start + BLOCK_ROWS) of `head_rows`, dropping what lies past the edges."""
-    if USE_TMA:
-        rows.store([start, 0], tile)
-    else:
-        tl.store(tl.advance(rows, (start, 0)), tile, boundary_check=(0, 1))
 
 
 @triton.jit

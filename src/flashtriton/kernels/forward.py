@@ -19,26 +19,26 @@ masks aligned bottom-right, head dims up to 256 (padded to a power of two when n
 Rows that see no key give O = 0 and L = -inf.
 
 Tiles arrive through block pointers, or with USE_TMA through tensor descriptors (Hopper's TMA copy
-engine) built on the device; WARP_SPECIALIZE lets the compiler give the unmasked loop's loads to a
-producer warp group.
+engine); WARP_SPECIALIZE lets the compiler give the unmasked loop's loads to a producer warp group.
 """
 
 import triton
 import triton.language as tl
 
-from .common import LN2, SEQLEN_ARGS, head_rows, key_tiles_for_query_tile, load_rows, program_tile, store_rows
+from .common import LN2, SEQLEN_ARGS, head_block_ptr, key_tiles_for_query_tile, load_rows, program_tile
 
 
 @triton.jit
 def _fwd_inner(
-    acc, l_i, m_i, q, k_rows, v_rows,
+    acc, l_i, m_i, q,
+    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
     start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
-    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
 ):
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE and not MASKED):
-        k = load_rows(k_rows, start_n, MASKED, not EVEN_D, USE_TMA)
+        k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -56,7 +56,7 @@ def _fwd_inner(
         p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
         alpha = tl.exp2(m_i - m_shift)  # rescales the old state to the new running max
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_rows, start_n, MASKED, not EVEN_D, USE_TMA)
+        v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -64,8 +64,9 @@ def _fwd_inner(
 
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["tuning_seqlen"])
 def attn_fwd_kernel(
-    # pointers
+    # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None)
     Q, K, V, O, LSE,
+    desc_q, desc_k, desc_v, desc_o,
     # strides (the last dim of every tensor is contiguous); LSE is a contiguous (B, Hq, seqlen_q)
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -88,27 +89,30 @@ def attn_fwd_kernel(
     start_m = pid_m * BLOCK_M
     # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
     b64, hq64, hkv64 = off_b.to(tl.int64), off_hq.to(tl.int64), off_hkv.to(tl.int64)
-    q_rows = head_rows(Q + b64 * stride_qb + hq64 * stride_qh, seqlen_q, stride_qm,
-                       BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    k_rows = head_rows(K + b64 * stride_kb + hkv64 * stride_kh, seqlen_k, stride_kn,
-                       BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
-    v_rows = head_rows(V + b64 * stride_vb + hkv64 * stride_vh, seqlen_k, stride_vn,
-                       BLOCK_N, HEAD_DIM, BLOCK_D, USE_TMA)
+
+    q_ptr = head_block_ptr(Q + b64 * stride_qb + hq64 * stride_qh, seqlen_q, stride_qm, 0,
+                           BLOCK_M, HEAD_DIM, BLOCK_D)
+    k_ptr = head_block_ptr(K + b64 * stride_kb + hkv64 * stride_kh, seqlen_k, stride_kn, 0,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + b64 * stride_vb + hkv64 * stride_vh, seqlen_k, stride_vn, 0,
+                           BLOCK_N, HEAD_DIM, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     causal_diag = seqlen_k - seqlen_q
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    q = load_rows(q_rows, start_m, True, not EVEN_D, USE_TMA)
+    q = load_rows(q_ptr, desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D, True, not EVEN_D, USE_TMA)
 
     unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_rows, v_rows, 0, unmasked_end, offs_m, seqlen_k,
-                               causal_diag, qk_scale_log2, BLOCK_N, EVEN_D, False, IS_CAUSAL,
-                               INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_rows, v_rows, unmasked_end, end, offs_m, seqlen_k,
-                               causal_diag, qk_scale_log2, BLOCK_N, EVEN_D, True, IS_CAUSAL,
-                               INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+                               0, unmasked_end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+                               BLOCK_N, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
+                               WARP_SPECIALIZE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+                               unmasked_end, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+                               BLOCK_N, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
+                               WARP_SPECIALIZE)
 
     # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
     no_key = l_i == 0.0
@@ -116,8 +120,11 @@ def attn_fwd_kernel(
     o = (acc / l_safe[:, None]).to(O.dtype.element_ty)
     lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
 
-    o_rows = head_rows(O + b64 * stride_ob + hq64 * stride_oh, seqlen_q, stride_om,
-                       BLOCK_M, HEAD_DIM, BLOCK_D, USE_TMA)
-    store_rows(o_rows, start_m, o, USE_TMA)
+    if USE_TMA:  # the copy engine clips rows and columns past the edges
+        desc_o.store([off_b, off_hq, start_m, 0], o.reshape(1, 1, BLOCK_M, BLOCK_D))
+    else:
+        o_ptr = head_block_ptr(O + b64 * stride_ob + hq64 * stride_oh, seqlen_q, stride_om, start_m,
+                               BLOCK_M, HEAD_DIM, BLOCK_D)
+        tl.store(o_ptr, o, boundary_check=(0, 1))
     lse_ptr = LSE + (b64 * num_heads_q + hq64) * seqlen_q + offs_m
     tl.store(lse_ptr, lse, mask=offs_m < seqlen_q)
