@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Everything the H200 run checks and times, in one call:
+# Everything the H200 run checks and times, in one call, in this order (the suites come early so that a
+# run cut short by the device's time limit keeps them):
 #   1. the test suite on the GPU (larger sizes than on CPU)                 -> pytest_gpu.log
 #   2. python -m flashtriton bench for each suite: correctness against float64, then the suite's table
 #      against the peers                                                    -> <suite>.json/.md/.png, bench_<suite>.log
 #   3. with SWEEP=1, the forward tile sweep on the FlashAttention-2 paper's D=64 and D=128 shapes
 #                                                                            -> sweeps/sweep_*.csv/.md/.png
-#   4. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv
-#   5. with HOST=1, where the host time of a small call goes              -> host_overhead.json, _profile.txt
-#   6. with FIRST=1, what a first call costs (compiling, autotuning)        -> first_call.json
+#   4. with HOST=1, where the host time of a small call goes              -> host_overhead.json, _profile.txt
+#   5. with FIRST=1, what a first call costs (compiling, autotuning)        -> first_call.json
+#   6. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv
 # BENCH_ARGS passes more arguments to every bench (e.g. "--head-dims 64"); with MERGE=1 the suite's
 # committed <suite>.json is the starting point and the new rows replace or join its rows.
 # Without $OUT everything lands in benchmarks/results/h200/. With $OUT (the device tool's output folder,
 # which returns at most 8 files) it travels packed as $OUT/results.tgz, refreshed after every step so a
-# run cut short keeps what it finished: unpack it into benchmarks/results/h200/. Tables print last.
+# run cut short keeps what it finished: unpack it into benchmarks/results/h200/.
 # Usage: [SWEEP=1] [SWEEPS="<sweep args>;..."] [ROOFLINE=1] [HOST=1] [FIRST=1] [TESTS=0] [TESTS_K=expr] [BENCH_ARGS=...] [MERGE=1] bash benchmarks/h200.sh [suites] [modes]
 #   e.g. bash benchmarks/h200.sh "article paper cs336"        (modes default per suite; see --help)
 set -uo pipefail
@@ -34,6 +35,16 @@ if [ "${TESTS:-1}" = 1 ]; then  # TESTS_K narrows the GPU suite with pytest -k
   echo "pytest (GPU): $(tail -n 1 "$out/pytest_gpu.log")"
   pack
 fi
+for suite in $suites; do
+  merge=""
+  if [ "${MERGE:-0}" = 1 ]; then
+    merge=--merge
+    [ "$out" = benchmarks/results/h200 ] || cp "benchmarks/results/h200/$suite.json" "$out/" 2>/dev/null
+  fi
+  python3 -m flashtriton bench --suite "$suite" ${modes:+--modes "$modes"} --out "$out" $merge ${BENCH_ARGS:-} 2>&1 \
+    | grep -v "_warn_once\|Profiler clears events" | tee "$out/bench_$suite.log"
+  pack
+done
 if [ "${SWEEP:-0}" = 1 ]; then
   # the FlashAttention-2 paper's shapes at N=4096 unless SWEEPS lists others (';'-separated)
   sweeps=${SWEEPS:-"--heads 32 --head-dim 64;--heads 16 --head-dim 128;--heads 16 --head-dim 128 --causal"}
@@ -56,13 +67,3 @@ if [ "${ROOFLINE:-0}" = 1 ]; then
   python3 -m flashtriton roofline --out "$out" 2>&1 | tail -n 40
   pack
 fi
-for suite in $suites; do
-  merge=""
-  if [ "${MERGE:-0}" = 1 ]; then
-    merge=--merge
-    [ "$out" = benchmarks/results/h200 ] || cp "benchmarks/results/h200/$suite.json" "$out/" 2>/dev/null
-  fi
-  python3 -m flashtriton bench --suite "$suite" ${modes:+--modes "$modes"} --out "$out" $merge ${BENCH_ARGS:-} 2>&1 \
-    | grep -v "_warn_once\|Profiler clears events" | tee "$out/bench_$suite.log"
-  pack
-done
