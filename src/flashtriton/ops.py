@@ -62,6 +62,24 @@ def _capability(device: torch.device) -> tuple[int, int]:
 _CAPABILITIES: dict[int | None, tuple[int, int]] = {}
 
 
+def _l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 50 * 2**20  # the interpreter: an H100/H200's 50 MB
+    if device.index not in _L2_BYTES:
+        _L2_BYTES[device.index] = torch.cuda.get_device_properties(device).L2_cache_size
+    return _L2_BYTES[device.index]
+
+
+_L2_BYTES: dict[int | None, int] = {}
+
+
+def _heads_per_group(k: torch.Tensor, group_size: int) -> int:
+    """How many (batch, query head) pairs a causal launch groups together (see program_tile): as many as
+    have their K and V fit in three quarters of the L2 (query heads of one GQA group share theirs)."""
+    per_head = max(1, 2 * k.shape[2] * k.shape[3] * k.element_size() // group_size)
+    return max(1, 3 * _l2_bytes(k.device) // 4 // per_head)
+
+
 def _descriptor_strides(t: torch.Tensor) -> list[int]:
     """The strides a (B, H, N, D) descriptor of `t` gets. A dim of size 1 is only ever indexed at 0, so
     an unaligned stride there (a view's leftover) is replaced by the packed one."""
@@ -120,7 +138,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         autotune = config is None and on_gpu and batch * heads_q * seqlen_q * seqlen_k * head_dim >= AUTOTUNE_MIN_WORK
     bd = block_d(head_dim)
     rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            heads_q, seqlen_q, seqlen_k, scale * LOG2E, seqlen_bucket(seqlen_q, seqlen_k))
+            heads_q, seqlen_q, seqlen_k, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv),
+            seqlen_bucket(seqlen_q, seqlen_k))
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
                 INPUT_PRECISION=_input_precision(q.dtype))
     if autotune:
@@ -182,7 +201,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, dq_cfg.block_m), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E,
+        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv),
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **common,
         num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
     )

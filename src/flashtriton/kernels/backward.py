@@ -38,7 +38,7 @@ def attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is contiguous (B, H, seqlen_q)."""
-    off_b, off_h, pid_m = program_tile(False)
+    off_b, off_h, pid_m = program_tile(False, 1)
     off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
     start_m = pid_m * BLOCK_M
     o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh, seqlen_q, stride_om, start_m,
@@ -109,7 +109,7 @@ def attn_bwd_dkdv_kernel(
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    off_b, off_hkv, pid_n = program_tile(False)  # causal: key tile 0 is seen by the most queries: first
+    off_b, off_hkv, pid_n = program_tile(False, 1)  # causal: key tile 0 is seen by the most queries: first
     off_b, off_hkv = off_b.to(tl.int64), off_hkv.to(tl.int64)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -182,7 +182,7 @@ def _dq_inner(
     return dq
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS)
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["heads_per_group"])
 def attn_bwd_dq_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DQ,
@@ -195,6 +195,7 @@ def attn_bwd_dq_kernel(
     # sizes
     num_heads_q, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
+    heads_per_group,  # causal launch order (see program_tile)
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -203,7 +204,7 @@ def attn_bwd_dq_kernel(
 ):
     """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    off_b, off_hq, pid_m = program_tile(IS_CAUSAL)
+    off_b, off_hq, pid_m = program_tile(IS_CAUSAL, heads_per_group)
     off_b, off_hq = off_b.to(tl.int64), off_hq.to(tl.int64)
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M

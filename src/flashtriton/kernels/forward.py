@@ -62,7 +62,7 @@ def _fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["tuning_seqlen"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["heads_per_group", "tuning_seqlen"])
 def attn_fwd_kernel(
     # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None)
     Q, K, V, O, LSE,
@@ -75,6 +75,7 @@ def attn_fwd_kernel(
     # sizes
     num_heads_q, seqlen_q, seqlen_k,
     qk_scale_log2,  # softmax scale * log2(e)
+    heads_per_group,  # causal launch order: (batch, head) pairs that share the L2 (see program_tile)
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
     GROUP_SIZE: tl.constexpr,  # query heads per key/value head (1 unless GQA/MQA)
@@ -84,7 +85,7 @@ def attn_fwd_kernel(
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    off_b, off_hq, pid_m = program_tile(IS_CAUSAL)
+    off_b, off_hq, pid_m = program_tile(IS_CAUSAL, heads_per_group)
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
     # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
