@@ -6,11 +6,9 @@ whose last one is 1, check nothing the public API already checked, allocate outp
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
-import triton
 
 from . import _interpreter
 from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
@@ -113,12 +111,22 @@ def _descriptors(q, k, v, o, block_m: int, block_n: int, bd: int) -> tuple:
             _descriptor(o, block_m, bd))
 
 
-_last_forward_choice = ["none yet"]
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a JIT helper whose call costs the host ~5 µs
+
+
+_last_forward_choice: list = [None]  # (config or autotuner, use_tma) of the latest launch, for logs
 
 
 def last_forward_choice() -> str:
     """The tiles of the most recent forward launch (the autotuner's pick, or the static one): for logs."""
-    return _last_forward_choice[0]
+    choice, use_tma = _last_forward_choice[0] or (None, False)
+    if choice is None:
+        return "none yet"
+    if isinstance(choice, TileConfig):
+        return TileConfig(choice.block_m, choice.block_n, choice.num_warps, choice.num_stages, use_tma,
+                          use_tma and choice.warp_specialize).name
+    return _as_tile_config(choice.best_config).name
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -138,8 +146,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         autotune = config is None and on_gpu and batch * heads_q * seqlen_q * seqlen_k * head_dim >= AUTOTUNE_MIN_WORK
     bd = block_d(head_dim)
     rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            heads_q, seqlen_q, seqlen_k, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv),
-            seqlen_bucket(seqlen_q, seqlen_k))
+            heads_q, seqlen_q, seqlen_k, scale * LOG2E,
+            _heads_per_group(k, heads_q // heads_kv) if is_causal else 1, seqlen_bucket(seqlen_q, seqlen_k))
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
                 INPUT_PRECISION=_input_precision(q.dtype))
     if autotune:
@@ -147,18 +155,18 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         descs = _descriptors(q, k, v, o, *tma_tile(head_dim, q.dtype), bd) if with_tma else (None,) * 4
 
         def grid(meta):
-            return triton.cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
+            return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
         tuner[grid](q, k, v, o, lse, *descs, *rest, **meta)
-        _last_forward_choice[0] = _as_tile_config(tuner.best_config).name
+        _last_forward_choice[0] = (tuner, True)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
     cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma=not on_gpu)
     use_tma = cfg.use_tma and _tma_ok(q, k, v, o)
-    _last_forward_choice[0] = dataclasses.replace(cfg, use_tma=use_tma).name
+    _last_forward_choice[0] = (cfg, use_tma)
     descs = _descriptors(q, k, v, o, cfg.block_m, cfg.block_n, bd) if use_tma else (None,) * 4
-    attn_fwd_kernel[(triton.cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
+    attn_fwd_kernel[(_cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
         q, k, v, o, lse, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -185,23 +193,24 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32
-    attn_bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_block), heads_q, batch)](
+    attn_bwd_preprocess_kernel[(_cdiv(seqlen_q, pre_block), heads_q, batch)](
         o, do, delta, *_strides(o), *_strides(do), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block,
     )
     common = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
                   IS_CAUSAL=is_causal, INPUT_PRECISION=precision)
-    attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, dkdv_cfg.block_n), heads_kv, batch)](
+    attn_bwd_dkdv_kernel[(_cdiv(seqlen_k, dkdv_cfg.block_n), heads_kv, batch)](
         q, k, v, do, lse, delta, dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
         heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E,
         BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, **common,
         num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
     )
-    attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, dq_cfg.block_m), heads_q, batch)](
+    attn_bwd_dq_kernel[(_cdiv(seqlen_q, dq_cfg.block_m), heads_q, batch)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv),
+        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E,
+        _heads_per_group(k, heads_q // heads_kv) if is_causal else 1,
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **common,
         num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
     )

@@ -142,9 +142,9 @@ def _cuda_shared_memory(index: int) -> int:
 # as (BLOCK_M, BLOCK_N, warps, stages, TMA, warp specialisation). TMA candidates all use the width's one
 # TMA tile (TMA_TILES): the host builds the tensor descriptors, whose box is the tile, before the
 # autotuner picks a config. (Per-config descriptors would need a config pre_hook, which stops Triton from
-# caching the autotuner's choice on disk; descriptors built on the device instead cost every causal
-# program a fixed start-up that measured 10-20% slower on the H200.) D=256 was not swept: its
-# candidates are the static choice and neighbours that fit shared memory.
+# caching the autotuner's choice on disk. Descriptors built on the device would lift that limit: see
+# benchmarks/NOTES.md, entry 10.) D=256 was not swept: its candidates are the static choice and
+# neighbours that fit shared memory.
 FORWARD_CANDIDATES: dict[int, list[tuple[int, int, int, int, bool, bool]]] = {
     128: [(128, 64, 4, 3, True, False), (128, 64, 4, 4, True, False), (128, 64, 8, 3, True, False),
           (128, 64, 4, 3, False, False), (128, 64, 8, 4, False, False), (64, 128, 4, 2, False, False)],
