@@ -5,8 +5,9 @@ import torch
 
 from conftest import DEVICE, ON_GPU
 from flashtriton import FlashAttentionTriton, attention_ref, flash_attention
-from flashtriton.ops import TileConfig, attention_forward
+from flashtriton.ops import attention_forward
 from flashtriton.testing import bounded
+from flashtriton.tuning import TileConfig
 from helpers import check_against_reference, make_qkv, max_err
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -154,18 +155,21 @@ def test_float32_follows_torch_matmul_precision(precision, fp32_matmul_precision
 
 
 FWD_CONFIGS = [TileConfig(16, 16), TileConfig(32, 16, use_tma=True),
-               TileConfig(16, 32, use_tma=True, warp_specialize=True)]
+               TileConfig(16, 32, use_tma=True, warp_specialize=True),
+               TileConfig(16, 16, qk_ahead=True), TileConfig(32, 16, use_tma=True, qk_ahead=True)]
 if ON_GPU:
     FWD_CONFIGS = [TileConfig(128, 64, 4, 3), TileConfig(64, 128, 4, 2, use_tma=True),
                    TileConfig(128, 128, 8, 2, use_tma=True),
-                   TileConfig(128, 64, 8, 3, use_tma=True, warp_specialize=True)]
+                   TileConfig(128, 64, 8, 3, use_tma=True, warp_specialize=True),
+                   TileConfig(128, 64, 8, 3, use_tma=True, qk_ahead=True), TileConfig(128, 64, 4, 3, qk_ahead=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("config", FWD_CONFIGS, ids=lambda c: c.name)
 def test_forward_tile_configs(config, is_causal, dtype):
-    """Every path the forward can take (block pointers, TMA descriptors, warp specialisation, tile shapes)."""
+    """Every path the forward can take (block pointers, TMA descriptors, warp specialisation, the
+    q @ k^T-ahead loop, tile shapes)."""
     seqlen_q, seqlen_k = (700, 929) if ON_GPU else (70, 93)
     q, k, v = make_qkv(2, 2, 2, seqlen_q, seqlen_k, 64, dtype, DEVICE, requires_grad=False)
     o, lse = attention_forward(q, k, v, is_causal, 0.125, config)

@@ -71,3 +71,18 @@ def test_tma_needs_16_byte_aligned_heads_and_rows():
     assert ops._tma_ok(one_row.contiguous()) and not ops._tma_ok(one_row)  # batch stride 390 bytes
     single = torch.randn(1, 1, 1, 65, dtype=torch.float16)[..., :64]
     assert ops._tma_ok(single)
+
+
+def test_sweep_prunes_and_replots_old_csvs(tmp_path):
+    from pathlib import Path
+
+    from flashtriton.sweep import candidate_configs, heatmap, read_csv
+    keep, pruned = candidate_configs(128, torch.bfloat16, SMEM)
+    assert keep and pruned and all(why_pruned(c, 128, torch.bfloat16, SMEM) is None for c in keep)
+    assert any(c.qk_ahead for c in keep) and not any(c.qk_ahead and c.warp_specialize for c in keep)
+    # CSVs written before the qk_ahead variant existed still read, and redraw
+    old = Path(__file__).parents[1] / "benchmarks/results/h200/sweeps/sweep_B4-H16-N4096-D128-full.csv"
+    results = read_csv(old)
+    assert results and not any(r.qk_ahead for r in results)
+    if heatmap(results, tmp_path / "replot.png", "replot"):
+        assert (tmp_path / "replot.png").stat().st_size > 0

@@ -125,7 +125,7 @@ def last_forward_choice() -> str:
         return "none yet"
     if isinstance(choice, TileConfig):
         return TileConfig(choice.block_m, choice.block_n, choice.num_warps, choice.num_stages, use_tma,
-                          use_tma and choice.warp_specialize).name
+                          use_tma and choice.warp_specialize, choice.qk_ahead).name
     return _as_tile_config(choice.best_config).name
 
 
@@ -168,7 +168,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     descs = _descriptors(q, k, v, o, cfg.block_m, cfg.block_n, bd) if use_tma else (None,) * 4
     attn_fwd_kernel[(_cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
         q, k, v, o, lse, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
-        WARP_SPECIALIZE=use_tma and cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse
 

@@ -28,12 +28,15 @@ BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
 WARPS = (4, 8)
 STAGES = (2, 3, 4)
-VARIANTS = ((False, False), (True, False), (True, True))  # (use_tma, warp_specialize)
+# (use_tma, warp_specialize, qk_ahead)
+VARIANTS = ((False, False, False), (True, False, False), (True, True, False), (True, False, True))
+VARIANT_NAMES = {(False, False, False): "block pointers", (True, False, False): "TMA",
+                 (True, True, False): "TMA + warp specialisation", (True, False, True): "TMA + q k^T ahead"}
 def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int) -> tuple[list[TileConfig], list[str]]:
     """(configs worth compiling, one line per pruned config saying why)."""
     keep, pruned = [], []
-    for bm, bn, warps, stages, (tma, ws) in itertools.product(BLOCK_MS, BLOCK_NS, WARPS, STAGES, VARIANTS):
-        cfg = TileConfig(bm, bn, warps, stages, use_tma=tma, warp_specialize=ws)
+    for bm, bn, warps, stages, (tma, ws, ahead) in itertools.product(BLOCK_MS, BLOCK_NS, WARPS, STAGES, VARIANTS):
+        cfg = TileConfig(bm, bn, warps, stages, use_tma=tma, warp_specialize=ws, qk_ahead=ahead)
         reason = why_pruned(cfg, head_dim, dtype, smem_limit)
         if reason is None:
             keep.append(cfg)
@@ -55,6 +58,7 @@ class SweepResult:
     tflops: float | None
     max_diff: float | None
     status: str
+    qk_ahead: bool = False  # last, so that CSVs written before it existed still read
 
 
 def _compile_one(args) -> tuple[TileConfig, float, str]:
@@ -115,7 +119,7 @@ def run_sweep(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, 
                                              warmup=25, rep=100, return_mode="median")
                 tflops = flops / ms / 1e9
         results.append(SweepResult(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
-                                   cfg.warp_specialize, seconds, ms, tflops, diff, status))
+                                   cfg.warp_specialize, seconds, ms, tflops, diff, status, cfg.qk_ahead))
     return results, pruned
 
 
@@ -152,10 +156,10 @@ def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
     best = max((r.tflops or 0) for r in results)
     fig, axes = plt.subplots(1, len(VARIANTS), figsize=(5.2 * len(VARIANTS), 4.4), squeeze=False,
                              gridspec_kw={"wspace": 0.25})
-    for ax, (tma, ws) in zip(axes[0], VARIANTS, strict=True):
+    for ax, variant in zip(axes[0], VARIANTS, strict=True):
         grid = [[float("nan")] * len(cols) for _ in rows]
         for r in results:
-            if (r.use_tma, r.warp_specialize) == (tma, ws) and r.tflops:
+            if (r.use_tma, r.warp_specialize, r.qk_ahead) == variant and r.tflops:
                 grid[rows.index((r.block_m, r.block_n))][cols.index((r.num_warps, r.num_stages))] = r.tflops
         im = ax.imshow(grid, vmin=0, vmax=best, cmap="viridis")
         for i, row in enumerate(grid):
@@ -168,8 +172,7 @@ def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
         ax.set_xlabel("num_warps, num_stages")
         if ax is axes[0][0]:
             ax.set_ylabel("BLOCK_M x BLOCK_N")
-        ax.set_title({(False, False): "block pointers", (True, False): "TMA",
-                      (True, True): "TMA + warp specialisation"}[(tma, ws)], fontsize=9)
+        ax.set_title(VARIANT_NAMES[variant], fontsize=9)
     fig.colorbar(im, ax=axes[0].tolist(), label="TFLOP/s", shrink=0.8)
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120, bbox_inches="tight")

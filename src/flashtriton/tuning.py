@@ -30,11 +30,13 @@ class TileConfig:
     num_stages: int = 1
     use_tma: bool = False  # tensor descriptors (Hopper's TMA copy engine) instead of block pointers
     warp_specialize: bool = False  # producer/consumer warp groups for the unmasked loop (needs use_tma)
+    qk_ahead: bool = False  # the unmasked loop issues the next q @ k^T before this tile's softmax
 
     @property
     def name(self) -> str:
         return (f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
-                f"{'-tma' if self.use_tma else ''}{'-ws' if self.warp_specialize else ''}")
+                f"{'-tma' if self.use_tma else ''}{'-ws' if self.warp_specialize else ''}"
+                f"{'-qka' if self.qk_ahead else ''}")
 
 
 def block_d(head_dim: int) -> int:
@@ -96,8 +98,9 @@ def shared_memory_bytes(cfg: TileConfig, head_dim: int, dtype: torch.dtype) -> i
 
 
 def accumulator_registers(cfg: TileConfig, head_dim: int) -> float:
-    """fp32 registers per thread held by the output accumulator and the score tile."""
-    return (cfg.block_m * block_d(head_dim) + cfg.block_m * cfg.block_n) / (32 * cfg.num_warps)
+    """fp32 registers per thread held by the output accumulator and the score tile (two with qk_ahead)."""
+    score_tiles = 2 if cfg.qk_ahead else 1
+    return (cfg.block_m * block_d(head_dim) + score_tiles * cfg.block_m * cfg.block_n) / (32 * cfg.num_warps)
 
 
 def why_pruned(cfg: TileConfig, head_dim: int, dtype: torch.dtype, smem_limit: int) -> str | None:
@@ -114,6 +117,8 @@ def why_pruned(cfg: TileConfig, head_dim: int, dtype: torch.dtype, smem_limit: i
         return "warp specialisation needs 8 warps here"
     if cfg.warp_specialize and dtype.itemsize != 2:
         return "warp specialisation was only measured with 16-bit inputs"
+    if cfg.qk_ahead and cfg.warp_specialize:
+        return "qk_ahead orders the loop by hand; warp specialisation would reorder it again"
     if cfg.block_m == 64 and cfg.num_warps == 8:
         # wgmma works on 64-row slabs, one per 4-warp group: a second group would have to split the
         # columns and share each row's softmax (the Triton tutorial prunes these too).

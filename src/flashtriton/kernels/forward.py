@@ -29,6 +29,23 @@ from .common import LN2, SEQLEN_ARGS, head_block_ptr, key_tiles_for_query_tile, 
 
 
 @triton.jit
+def _softmax_update(l_i, m_i, qk, qk_scale_log2, MAY_BE_EMPTY: tl.constexpr):
+    """One score tile's step of the online softmax: returns (p, alpha, l, m) with p the tile's
+    unnormalised probabilities and alpha the factor that rescales the old state to the new running max."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
+    if MAY_BE_EMPTY:
+        # A row with no visible key so far still has m = -inf: shift it by 0 so that exp2 gives 0
+        # instead of exp2(-inf + inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_shift = m_new
+    p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+    alpha = tl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
     k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
@@ -46,17 +63,38 @@ def _fwd_inner(
             if IS_CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_diag)
             qk = tl.where(visible, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
-            # A row with no visible key so far still has m = -inf: shift it by 0 so that exp2 gives
-            # 0 instead of exp2(-inf + inf) = NaN.
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
-            m_shift = m_new
-        p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
-        alpha = tl.exp2(m_i - m_shift)  # rescales the old state to the new running max
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, MASKED)
         v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_inner_qk_ahead(
+    acc, l_i, m_i, q,
+    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    start, end, qk_scale_log2,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """The unmasked loop with the next tile's q @ k^T issued before this tile's softmax, so that the
+    tensor cores can work on it while the softmax runs (on Hopper the product is an asynchronous wgmma,
+    waited for only where its result is used, one iteration later). Holds two score tiles in registers."""
+    if start < end:
+        k = load_rows(k_ptr, desc_k, off_b, off_hkv, start, BLOCK_N, BLOCK_D, False, not EVEN_D, USE_TMA)
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        for start_n in tl.range(start, end - BLOCK_N, BLOCK_N):
+            k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n + BLOCK_N, BLOCK_N, BLOCK_D, False,
+                          not EVEN_D, USE_TMA)
+            qk_next = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+            p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, False)
+            v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, False, not EVEN_D, USE_TMA)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+            m_i = m_new
+            qk = qk_next
+        p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, False)
+        v = load_rows(v_ptr, desc_v, off_b, off_hkv, end - BLOCK_N, BLOCK_N, BLOCK_D, False, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -83,6 +121,7 @@ def attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    QK_AHEAD: tl.constexpr = False,  # issue the next tile's q @ k^T before this tile's softmax
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     off_b, off_hq, pid_m = program_tile(IS_CAUSAL, heads_per_group)
@@ -106,10 +145,15 @@ def attn_fwd_kernel(
     q = load_rows(q_ptr, desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D, True, not EVEN_D, USE_TMA)
 
     unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
-                               0, unmasked_end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
-                               BLOCK_N, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
-                               WARP_SPECIALIZE)
+    if QK_AHEAD:
+        acc, l_i, m_i = _fwd_inner_qk_ahead(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+                                            0, unmasked_end, qk_scale_log2,
+                                            BLOCK_N, BLOCK_D, EVEN_D, INPUT_PRECISION, USE_TMA)
+    else:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+                                   0, unmasked_end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+                                   BLOCK_N, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
+                                   WARP_SPECIALIZE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                unmasked_end, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
                                BLOCK_N, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
