@@ -62,15 +62,17 @@ def test_autotuned_forward_matches_reference_and_keys_by_bucket(is_causal):
 
 
 def test_tma_needs_16_byte_aligned_heads_and_rows():
+    def tma_ok(t):
+        return ops._tma_strides(t) is not None
     q = torch.randn(2, 3, 17, 64, dtype=torch.float16)
-    assert ops._tma_ok(q)
+    assert tma_ok(q)
     wide = torch.randn(2, 3, 17, 65, dtype=torch.float16)[..., :64]  # rows 130 bytes apart
-    assert not ops._tma_ok(wide)
-    assert not ops._tma_ok(torch.randn(2 * 3 * 17 * 64 + 1, dtype=torch.float16)[1:].view(2, 3, 17, 64))
+    assert not tma_ok(wide)
+    assert not tma_ok(torch.randn(2 * 3 * 17 * 64 + 1, dtype=torch.float16)[1:].view(2, 3, 17, 64))
     one_row = torch.randn(2, 3, 1, 65, dtype=torch.float16)[..., :64]  # a size-1 dim's stride never counts
-    assert ops._tma_ok(one_row.contiguous()) and not ops._tma_ok(one_row)  # batch stride 390 bytes
+    assert tma_ok(one_row.contiguous()) and not tma_ok(one_row)  # batch stride 390 bytes
     single = torch.randn(1, 1, 1, 65, dtype=torch.float16)[..., :64]
-    assert ops._tma_ok(single)
+    assert tma_ok(single)
 
 
 def test_sweep_prunes_and_replots_old_csvs(tmp_path):

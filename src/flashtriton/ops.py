@@ -89,26 +89,28 @@ def _descriptor_strides(t: torch.Tensor) -> list[int]:
     return strides
 
 
-def _tma_ok(*tensors: torch.Tensor) -> bool:
-    """TMA needs a Hopper GPU (or the interpreter, which emulates it), 16-byte aligned base addresses,
-    16-byte multiples for every stride but the last, and non-empty dims."""
+def _tma_strides(*tensors: torch.Tensor) -> list[list[int]] | None:
+    """Each tensor's descriptor strides if all of them can be read through TMA, else None. TMA needs a
+    Hopper GPU (or the interpreter, which emulates it), 16-byte aligned base addresses, 16-byte multiples
+    for every stride but the last, and non-empty dims."""
     if tensors[0].device.type == "cuda" and _capability(tensors[0].device)[0] < 9:
-        return False
-    return all(t.numel() > 0 and t.data_ptr() % 16 == 0
-               and all(st * t.element_size() % 16 == 0 for st in _descriptor_strides(t)[:-1])
-               for t in tensors)
+        return None
+    all_strides = []
+    for t in tensors:
+        strides, size = _descriptor_strides(t), t.element_size()
+        if t.numel() == 0 or t.data_ptr() % 16 or any(st * size % 16 for st in strides[:-1]):
+            return None
+        all_strides.append(strides)
+    return all_strides
 
 
-def _descriptor(t: torch.Tensor, block_rows: int, block_d: int):
-    """A (B, H, N, D) tensor descriptor whose box is one head's [block_rows, block_d] tile. Triton's
-    launcher encodes it on the host at every launch (~10 µs for four on the H200 machine's CPU)."""
+def _descriptors(tensors: tuple, strides: list[list[int]], block_m: int, block_n: int, bd: int) -> tuple:
+    """(B, H, N, D) tensor descriptors of q, k, v, o whose boxes are one head's [rows, bd] tile. Triton's
+    launcher encodes them on the host at every launch (~10 µs for four on the H200 machine's CPU)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor(t, list(t.shape), _descriptor_strides(t), [1, 1, block_rows, block_d])
-
-
-def _descriptors(q, k, v, o, block_m: int, block_n: int, bd: int) -> tuple:
-    return (_descriptor(q, block_m, bd), _descriptor(k, block_n, bd), _descriptor(v, block_n, bd),
-            _descriptor(o, block_m, bd))
+    rows = (block_m, block_n, block_n, block_m)
+    return tuple(TensorDescriptor(t, list(t.shape), st, [1, 1, r, bd])
+                 for t, st, r in zip(tensors, strides, rows, strict=True))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -151,8 +153,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
                 INPUT_PRECISION=_input_precision(q.dtype))
     if autotune:
-        with_tma = _tma_ok(q, k, v, o)
-        descs = _descriptors(q, k, v, o, *tma_tile(head_dim, q.dtype), bd) if with_tma else (None,) * 4
+        strides = _tma_strides(q, k, v, o)
+        with_tma = strides is not None
+        descs = _descriptors((q, k, v, o), strides, *tma_tile(head_dim, q.dtype), bd) if with_tma else (None,) * 4
 
         def grid(meta):
             return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
@@ -163,9 +166,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
     cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma=not on_gpu)
-    use_tma = cfg.use_tma and _tma_ok(q, k, v, o)
+    strides = _tma_strides(q, k, v, o) if cfg.use_tma else None
+    use_tma = strides is not None
     _last_forward_choice[0] = (cfg, use_tma)
-    descs = _descriptors(q, k, v, o, cfg.block_m, cfg.block_n, bd) if use_tma else (None,) * 4
+    descs = _descriptors((q, k, v, o), strides, cfg.block_m, cfg.block_n, bd) if use_tma else (None,) * 4
     attn_fwd_kernel[(_cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
         q, k, v, o, lse, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
