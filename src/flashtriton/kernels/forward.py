@@ -19,7 +19,8 @@ masks aligned bottom-right, head dims up to 256 (padded to a power of two when n
 Rows that see no key give O = 0 and L = -inf.
 
 Tiles arrive through block pointers, or with USE_TMA through tensor descriptors (Hopper's TMA copy
-engine); WARP_SPECIALIZE lets the compiler give the unmasked loop's loads to a producer warp group.
+engine); WARP_SPECIALIZE lets the compiler give the unmasked loop's loads to a producer warp group;
+QK_AHEAD (experimental, off by default) issues the next tile's q @ K^T before this tile's softmax.
 """
 
 import triton
