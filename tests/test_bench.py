@@ -2,7 +2,7 @@
 
 import json
 
-from flashtriton.bench import SUITES, Row, Shape, article_table, provider_table, write_results
+from flashtriton.bench import SUITES, Row, Shape, article_table, memory_table, provider_table, write_results
 
 
 def test_suites_match_their_definitions():
@@ -13,6 +13,7 @@ def test_suites_match_their_definitions():
     assert len(paper) == 2 * 2 * 6
     assert all(s.batch * s.seqlen_q == 16384 and s.heads_q * s.head_dim == 2048 for s in paper)
     assert SUITES["cs336"]() == [Shape(1, 16, 16, 16384, 16384, 64, True)]
+    assert [s.seqlen_q for s in SUITES["memory"]()] == [16384, 65536]
 
 
 def test_flops_follow_the_papers_convention():
@@ -55,6 +56,23 @@ def test_results_of_a_suite_timed_in_parts_merge(tmp_path):
     assert len(json.loads((tmp_path / "paper.json").read_text())["rows"]) == 1
 
 
+def test_peak_memory_is_tabled_and_out_of_memory_is_said(tmp_path):
+    def row(provider, n, peak):
+        return Row(provider, "memory", 1, 16, 16, n, n, 64, "bf16", True, "fwd_bwd", 1.0, 1.0, peak_mem_mb=peak)
+    rows = [row("flashtriton", 16384, 100.4), row("sdpa_math", 16384, 40960.0), row("flashtriton", 65536, 400.0)]
+    unavailable = [{"provider": "sdpa_math", "mode": "check", "batch": 1, "heads_q": 16, "heads_kv": 16,
+                    "seqlen_q": 65536, "seqlen_k": 65536, "head_dim": 64, "causal": True,
+                    "reason": "CUDA out of memory. Tried to allocate 128.00 GiB"}]
+    table = memory_table(rows, unavailable)
+    assert "| 1 | 16 | 16384 | 64 | yes | 100 | 40960 |" in table
+    assert "| 1 | 16 | 65536 | 64 | yes | 400 | OOM |" in table
+    meta = {"gpu": "test", "torch": "x", "triton": "y", "commit": "z", "date": "d", "unavailable": unavailable}
+    write_results(tmp_path, "memory", rows, meta)
+    assert "| 400 | OOM |" in (tmp_path / "memory.md").read_text()
+    data = json.loads((tmp_path / "memory.json").read_text())
+    assert data["rows"][0]["peak_mem_mb"] == 100.4 and data["meta"]["unavailable"] == unavailable
+
+
 def test_roofline_bookkeeping(tmp_path):
     from flashtriton.roofline import Ceilings, Point, minimal_bytes, write_report
 
@@ -68,3 +86,26 @@ def test_roofline_bookkeeping(tmp_path):
     text = (tmp_path / "roofline.md").read_text()
     assert "| flashtriton | D64-N4096-full | fwd | 400 | 57% |" in text and "ncu is not on the PATH" in text
     assert (tmp_path / "roofline.png").exists()
+
+
+def test_peak_memory_measures_one_forward_and_backward(monkeypatch):
+    """The GPU-only measurement's flow, with torch.cuda's counters faked on CPU."""
+    import torch
+
+    from flashtriton import bench
+
+    calls = []
+    counters = iter([1000, 1000 + 5 * 2**20])  # memory_allocated before, then the peak
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: next(counters))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: next(counters))
+
+    def run(q, k, v, causal):
+        calls.append("run")
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    monkeypatch.setitem(bench.PROVIDERS, "fake", bench.Provider(run))
+    q, k, v = (torch.randn(1, 1, 8, 4, requires_grad=True) for _ in range(3))
+    q.grad = torch.ones_like(q)
+    assert bench.peak_memory_mb("fake", Shape(1, 1, 1, 8, 8, 4, False), q, k, v) == 5.0
+    assert calls == ["reset", "run"] and q.grad is None and k.grad is None  # gradients left cleared

@@ -20,13 +20,15 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="check correctness, then time against the peers (GPU)")
-    bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336"],
+    bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336", "memory"],
                        help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
-                            "cs336: B=1, H=16, N=16384, D=64 causal")
+                            "cs336: B=1, H=16, N=16384, D=64 causal; memory: peak memory of forward + "
+                            "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers)")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex",
-                       help="comma-separated providers to race (default: %(default)s)")
+                       help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
     bench.add_argument("--modes", default=None,
-                       help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336)")
+                       help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336; "
+                            "fwd_bwd for memory)")
     bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
     bench.add_argument("--seqlens", default=None, help="comma-separated: time only these N of the suite")
     bench.add_argument("--head-dims", default=None, help="comma-separated: time only these D of the suite")
@@ -165,6 +167,7 @@ def _bench_gpu(args: argparse.Namespace) -> int:
         article_table,
         check_correctness,
         environment,
+        memory_table,
         provider_table,
         run_suite,
         sdpa_default_backend,
@@ -193,12 +196,17 @@ def _bench_gpu(args: argparse.Namespace) -> int:
     seqlens, head_dims = (None if arg is None else {int(x) for x in arg.split(",")}
                           for arg in (args.seqlens, args.head_dims))
     print(f"\nTiming suite '{args.suite}' (plain SDPA dispatches to {meta['sdpa_backend']}):")
+    unavailable: list[dict] = []
     rows = run_suite(args.suite, providers, modes, keep=lambda s: (seqlens is None or s.seqlen_q in seqlens)
-                     and (head_dims is None or s.head_dim in head_dims))
+                     and (head_dims is None or s.head_dim in head_dims), unavailable=unavailable)
+    if unavailable:
+        meta["unavailable"] = unavailable
     if args.out is not None:
         rows = write_results(args.out, args.suite, rows, meta, merge=args.merge)
         print(f"\nwrote {args.out}/{args.suite}.json, .md, .png")
     print(f"\n{provider_table(rows)}")
+    if any(r.peak_mem_mb is not None for r in rows) or unavailable:
+        print(f"\nPeak memory of one forward + backward beyond its inputs (MiB):\n{memory_table(rows, unavailable)}")
     if args.suite == "article" and "sdpa" in providers:
         print(f"\nThe article's table (forward, B=4, H=8, D=64, bf16; SDPA = {meta['sdpa_backend']}):")
         print(article_table(rows))

@@ -61,9 +61,14 @@ def cs336_suite() -> list[Shape]:
     return [Shape(1, 16, 16, 16384, 16384, 64, True)]
 
 
+def memory_suite() -> list[Shape]:
+    """Peak memory of forward + backward at long contexts: the CS336 shape at N = 16k and 64k."""
+    return [Shape(1, 16, 16, n, n, 64, True) for n in (16384, 65536)]
+
+
 SUITES: dict[str, Callable[[], list[Shape]]] = {"article": article_suite, "paper": paper_suite,
-                                                "cs336": cs336_suite}
-DEFAULT_MODES = {"article": ["fwd"], "paper": ["fwd"], "cs336": ["fwd", "bwd", "fwd_bwd"]}
+                                                "cs336": cs336_suite, "memory": memory_suite}
+DEFAULT_MODES = {"article": ["fwd"], "paper": ["fwd"], "cs336": ["fwd", "bwd", "fwd_bwd"], "memory": ["fwd_bwd"]}
 
 
 # ---------------------------------------------------------------------------------------------- providers
@@ -119,6 +124,7 @@ PROVIDERS: dict[str, Provider] = {
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
     "flex": _flex(),  # PyTorch's own Triton-generated attention
+    "sdpa_math": _sdpa("MATH"),  # plain attention: materialises the (N, N) scores
 }
 
 
@@ -156,6 +162,7 @@ class Row:
     max_err_vs_fp32: float | None = None
     spread: float = 0.0  # |difference| of two back-to-back timings, relative to their mean
     ms_graph: float | None = None  # forward replayed from a CUDA graph: the GPU's time without launch overhead
+    peak_mem_mb: float | None = None  # fwd_bwd: memory one call allocates at its peak, beyond q, k, v, dO
 
 
 def _time(fn: Callable[[], object], grad_to_none=None) -> float:
@@ -195,11 +202,41 @@ def time_provider(name: str, shape: Shape, mode: str, q, k, v, graph: bool = Fal
         return _time(lambda: fn(q, k, v, shape.causal).backward(do), grad_to_none=[q, k, v])
 
 
+def peak_memory_mb(name: str, shape: Shape, q, k, v) -> float:
+    """MiB that one forward + backward allocates at its peak on top of what exists before it (the inputs
+    and dO): activations, saved tensors, workspaces and the gradients."""
+    provider = PROVIDERS[name]
+    with provider.context():
+        do = torch.randn_like(q)
+        for x in (q, k, v):
+            x.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        provider.run(q, k, v, shape.causal).backward(do)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        for x in (q, k, v):
+            x.grad = None
+    return peak / 2**20
+
+
 def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bfloat16,
-              log: Callable[[str], None] = print, keep: Callable[[Shape], bool] = lambda shape: True) -> list[Row]:
-    """Time every shape of `suite` that `keep` accepts."""
+              log: Callable[[str], None] = print, keep: Callable[[Shape], bool] = lambda shape: True,
+              unavailable: list[dict] | None = None) -> list[Row]:
+    """Time every shape of `suite` that `keep` accepts. A provider that cannot run a shape (unsupported,
+    or out of memory, as plain attention is at long contexts) is logged and, if given, noted in
+    `unavailable` instead of timed."""
     warm_up_gpu()
     rows = []
+
+    def skip(name: str, shape: Shape, mode: str, exc: Exception) -> None:
+        reason = str(exc).splitlines()[0][:200]
+        log(f"  {name} unavailable for {shape} ({mode}): {reason}")
+        if unavailable is not None:
+            unavailable.append({"provider": name, "mode": mode, **asdict(shape), "reason": reason})
+        torch.cuda.empty_cache()
+
     for shape in filter(keep, SUITES[suite]()):
         q, k, v = make_qkv(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.seqlen_k,
                            shape.head_dim, dtype, "cuda")
@@ -211,22 +248,30 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                     with PROVIDERS[name].context():
                         out = PROVIDERS[name].run(q, k, v, shape.causal)
                     errors[name] = (out.float() - ref).abs().max().item()
+                    del out
                     if name == "flashtriton":
                         log(f"  {shape}: flashtriton runs {last_forward_choice()}")
-                except RuntimeError as exc:  # a backend that does not support this shape or GPU
-                    log(f"  {name} unavailable for {shape}: {str(exc).splitlines()[0]}")
+                except RuntimeError as exc:  # unsupported here, or out of memory
+                    skip(name, shape, "check", exc)
             del ref
         for mode in modes:
             for name in errors:
-                first, second = (time_provider(name, shape, mode, q, k, v) for _ in range(2))
+                try:
+                    first, second = (time_provider(name, shape, mode, q, k, v) for _ in range(2))
+                    ms_graph = time_provider(name, shape, mode, q, k, v, graph=True) if mode == "fwd" else None
+                    peak = peak_memory_mb(name, shape, q, k, v) if mode == "fwd_bwd" else None
+                except torch.cuda.OutOfMemoryError as exc:
+                    skip(name, shape, mode, exc)
+                    continue
                 ms = (first + second) / 2
-                ms_graph = time_provider(name, shape, mode, q, k, v, graph=True) if mode == "fwd" else None
                 rows.append(Row(name, suite, shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
                                 shape.seqlen_k, shape.head_dim, DTYPE_NAMES[dtype], shape.causal, mode, ms,
-                                shape.flops(mode) / ms / 1e9, errors[name], abs(first - second) / ms, ms_graph))
-                graph_note = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
+                                shape.flops(mode) / ms / 1e9, errors[name], abs(first - second) / ms, ms_graph,
+                                peak))
+                notes = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
+                notes += f" peak {peak:.0f} MiB" if peak is not None else ""
                 log(f"  {name:<12} {mode:<7} N={shape.seqlen_q:<6} causal={shape.causal!s:<5} "
-                    f"{ms:8.3f} ms (+-{50 * rows[-1].spread:.1f}%){graph_note} {rows[-1].tflops:7.1f} TFLOP/s  "
+                    f"{ms:8.3f} ms (+-{50 * rows[-1].spread:.1f}%){notes} {rows[-1].tflops:7.1f} TFLOP/s  "
                     f"err {errors[name]:.1e}")
     return rows
 
@@ -305,6 +350,26 @@ def provider_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def memory_table(rows: list[Row], unavailable: list[dict] = ()) -> str:
+    """Peak extra memory of forward + backward per provider (MiB), one line per shape; '-' where a
+    provider did not run and 'OOM' where it ran out of memory."""
+    mem = [r for r in rows if r.peak_mem_mb is not None]
+    providers = list(dict.fromkeys([r.provider for r in mem] + [u["provider"] for u in unavailable]))
+    keys = list(dict.fromkeys((r.B, r.Hq, r.Nq, r.D, r.causal) for r in mem))
+    keys += [k for k in dict.fromkeys((u["batch"], u["heads_q"], u["seqlen_q"], u["head_dim"], u["causal"])
+                                      for u in unavailable) if k not in keys]
+    peaks = {(r.B, r.Hq, r.Nq, r.D, r.causal, r.provider): r.peak_mem_mb for r in mem}
+    oom = {(u["batch"], u["heads_q"], u["seqlen_q"], u["head_dim"], u["causal"], u["provider"])
+           for u in unavailable if "out of memory" in u["reason"].lower()}
+    lines = ["| B | H | N | D | causal | " + " | ".join(providers) + " |", "|" + "---|" * (5 + len(providers))]
+    for key in keys:
+        cells = [f"{peaks[(*key, p)]:.0f}" if (*key, p) in peaks else "OOM" if (*key, p) in oom else "-"
+                 for p in providers]
+        b, h, n, d, causal = key
+        lines.append(f"| {b} | {h} | {n} | {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[Row], path: Path, title: str) -> bool:
     """TFLOP/s against N per provider, one panel per (head dim, causal, mode). Needs matplotlib."""
     plt = pyplot()
@@ -365,6 +430,9 @@ def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict, merge:
         md += ["Forward, B=4, H=8, D=64, bf16; SDPA is plain `F.scaled_dot_product_attention` "
                f"({meta.get('sdpa_backend', '?')} on this GPU).", "", article_table(rows), ""]
     md += ["TFLOP/s of every provider:", "", provider_table(rows), ""]
+    if any(r.peak_mem_mb is not None for r in rows) or meta.get("unavailable"):
+        md += ["Peak memory of one forward + backward beyond its inputs (MiB; `torch.cuda.max_memory_allocated`):",
+               "", memory_table(rows, meta.get("unavailable", [])), ""]
     (out_dir / f"{suite}.md").write_text("\n".join(md))
     plot(rows, out_dir / f"{suite}.png", f"{suite} suite, {meta['gpu']}")
     return rows
