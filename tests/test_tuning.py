@@ -88,3 +88,23 @@ def test_sweep_prunes_and_replots_old_csvs(tmp_path):
     assert results and not any(r.qk_ahead for r in results)
     if heatmap(results, tmp_path / "replot.png", "replot"):
         assert (tmp_path / "replot.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+def test_backward_sweep_keeps_the_default_and_varies_one_kernel(kernel, monkeypatch):
+    from flashtriton import sweep
+    from flashtriton.tuning import backward_configs, why_pruned_backward
+
+    keep, pruned = sweep.candidate_configs(64, torch.bfloat16, SMEM, kernel)
+    default = backward_configs(64, torch.bfloat16, torch.device("cuda"))[0 if kernel == "dkdv" else 1]
+    assert default in keep and pruned
+    assert all(c == default or why_pruned_backward(kernel, c, 64, torch.bfloat16, SMEM) is None for c in keep)
+    assert any("8 warps on 64 resident rows" in p for p in pruned)
+    # the sweep's run: the config reaches the kernel it names, the other keeps its static tiles
+    seen = {}
+    monkeypatch.setattr(sweep, "attention_backward", lambda *a: seen.setdefault("configs", a[-1]))
+    q = torch.randn(1, 1, 8, 64)
+    cfg = TileConfig(16, 16)
+    sweep._run(kernel, cfg, q, q, q, False, 1.0, (q, q[..., 0], q))
+    static = backward_configs(64, q.dtype, q.device)
+    assert seen["configs"] == ((cfg, static[1]) if kernel == "dkdv" else (static[0], cfg))

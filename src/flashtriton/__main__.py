@@ -35,12 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--merge", action="store_true",
                        help="keep the rows of an earlier <suite>.json in --out that this run does not replace")
 
-    sweep = sub.add_parser("sweep", help="time the forward over tile configurations (GPU); CSV + heatmap")
+    sweep = sub.add_parser("sweep", help="time the forward's (or a backward kernel's) tile configurations "
+                                         "(GPU); CSV + heatmap")
     sweep.add_argument("--batch", type=int, default=4)
     sweep.add_argument("--heads", type=int, default=8)
     sweep.add_argument("--seqlen", type=int, default=4096)
     sweep.add_argument("--head-dim", type=int, default=64)
     sweep.add_argument("--causal", action="store_true")
+    sweep.add_argument("--kernel", default="fwd", choices=["fwd", "dkdv", "dq"],
+                       help="the forward (default), or one of the backward's kernels (the other keeps its tiles)")
     sweep.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
     sweep.add_argument("--out", type=Path, default=Path("."), help="folder for the CSV, PNG and summary")
     sweep.add_argument("--replot", type=Path, default=None, metavar="CSV",
@@ -122,27 +125,31 @@ def _sweep(args: argparse.Namespace) -> int:
         return 0
 
     shape = f"B{args.batch}-H{args.heads}-N{args.seqlen}-D{args.head_dim}-{'causal' if args.causal else 'full'}"
-    print(f"Sweeping the forward's tiles on {shape}, bf16")
+    what = {"fwd": "forward", "dkdv": "backward's dK/dV", "dq": "backward's dQ"}[args.kernel]
+    print(f"Sweeping the {what} tiles on {shape}, bf16")
     start = time.perf_counter()
-    results, pruned = run_sweep(args.batch, args.heads, args.seqlen, args.head_dim, args.causal)
+    results, pruned = run_sweep(args.batch, args.heads, args.seqlen, args.head_dim, args.causal,
+                                kernel=args.kernel)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"sweep_{shape}"
+    stem = args.out / (f"sweep_{shape}" if args.kernel == "fwd" else f"sweep_{args.kernel}_{shape}")
     write_csv(results, stem.with_suffix(".csv"))
-    heatmap(results, stem.with_suffix(".png"), f"forward TFLOP/s, {shape}, bf16")
+    title = "forward TFLOP/s" if args.kernel == "fwd" else f"backward TFLOP/s ({what} tiles varied)"
+    heatmap(results, stem.with_suffix(".png"), f"{title}, {shape}, bf16")
     timed = sorted((r for r in results if r.tflops), key=lambda r: -r.tflops)
     compile_s = [r.compile_s for r in results if r.status != "compile error" and r.compile_s > 0]
-    lines = [f"# Forward tile sweep, {shape}, bf16", "",
+    lines = [f"# Tile sweep of the {what} kernel, {shape}, bf16", "",
              f"{len(results)} configs compiled and timed in {time.perf_counter() - start:.0f} s; "
              f"compile + first run per config: median {statistics.median(compile_s):.1f} s, "
              f"max {max(compile_s):.1f} s." if compile_s else "", "",
-             "| BLOCK_M | BLOCK_N | warps | stages | TMA | warp spec. | ms | TFLOP/s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "" if args.kernel == "fwd" else "Times are of the whole backward, the other kernel on its static tiles.",
+             "| BLOCK_M | BLOCK_N | warps | stages | TMA | warp spec. | q k^T ahead | ms | TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.block_m} | {r.block_n} | {r.num_warps} | {r.num_stages} | {r.use_tma} | {r.warp_specialize} "
-              f"| {r.ms:.3f} | {r.tflops:.0f} |" for r in timed[:12]]
+              f"| {r.qk_ahead} | {r.ms:.3f} | {r.tflops:.0f} |" for r in timed[:12]]
     failed = [r for r in results if not r.tflops]
     lines += ["", f"Not timed ({len(failed)}):"] + [f"- M{r.block_m} N{r.block_n} w{r.num_warps} s{r.num_stages} "
-                                                      f"tma={r.use_tma} ws={r.warp_specialize}: {r.status}"
-                                                      for r in failed]
+                                                      f"tma={r.use_tma} ws={r.warp_specialize} qka={r.qk_ahead}: "
+                                                      f"{r.status}" for r in failed]
     lines += ["", f"Pruned before compiling ({len(pruned)}):"] + [f"- {p}" for p in pruned]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:16 + 2]))

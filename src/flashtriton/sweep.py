@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from .ops import attention_forward
+from .ops import attention_backward, attention_forward
 from .plotting import pyplot
-from .tuning import TileConfig, why_pruned
+from .tuning import TileConfig, backward_configs, why_pruned, why_pruned_backward
 
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
@@ -32,16 +32,32 @@ STAGES = (2, 3, 4)
 VARIANTS = ((False, False, False), (True, False, False), (True, True, False), (True, False, True))
 VARIANT_NAMES = {(False, False, False): "block pointers", (True, False, False): "TMA",
                  (True, True, False): "TMA + warp specialisation", (True, False, True): "TMA + q k^T ahead"}
-def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int) -> tuple[list[TileConfig], list[str]]:
-    """(configs worth compiling, one line per pruned config saying why)."""
+# The backward kernels' tiles as (BLOCK_M, BLOCK_N): dK/dV keeps BLOCK_N key rows resident and streams
+# short query tiles; dQ keeps BLOCK_M query rows and streams short key tiles.
+BACKWARD_TILES = {"dkdv": ((16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128)),
+                  "dq": ((64, 16), (64, 32), (64, 64), (128, 16), (128, 32), (128, 64))}
+KERNELS = ("fwd", "dkdv", "dq")
+
+
+def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int,
+                      kernel: str = "fwd") -> tuple[list[TileConfig], list[str]]:
+    """(configs worth compiling, one line per pruned config saying why) for the forward or one of the
+    backward kernels. A backward kernel's static default is always kept, as the yardstick."""
     keep, pruned = [], []
-    for bm, bn, warps, stages, (tma, ws, ahead) in itertools.product(BLOCK_MS, BLOCK_NS, WARPS, STAGES, VARIANTS):
-        cfg = TileConfig(bm, bn, warps, stages, use_tma=tma, warp_specialize=ws, qk_ahead=ahead)
-        reason = why_pruned(cfg, head_dim, dtype, smem_limit)
-        if reason is None:
-            keep.append(cfg)
-        else:
-            pruned.append(f"{cfg.name}: {reason}")
+    if kernel == "fwd":
+        for bm, bn, warps, stages, (tma, ws, ahead) in itertools.product(BLOCK_MS, BLOCK_NS, WARPS, STAGES,
+                                                                         VARIANTS):
+            cfg = TileConfig(bm, bn, warps, stages, use_tma=tma, warp_specialize=ws, qk_ahead=ahead)
+            reason = why_pruned(cfg, head_dim, dtype, smem_limit)
+            (keep.append(cfg) if reason is None else pruned.append(f"{cfg.name}: {reason}"))
+        return keep, pruned
+    default = backward_configs(head_dim, dtype, torch.device("cuda"))[KERNELS.index(kernel) - 1]
+    for (bm, bn), warps, stages in itertools.product(BACKWARD_TILES[kernel], WARPS, (1, 2, 3)):
+        cfg = TileConfig(bm, bn, warps, stages)
+        reason = None if cfg == default else why_pruned_backward(kernel, cfg, head_dim, dtype, smem_limit)
+        (keep.append(cfg) if reason is None else pruned.append(f"{cfg.name}: {reason}"))
+    if default not in keep:
+        keep.append(default)
     return keep, pruned
 
 
@@ -58,16 +74,34 @@ class SweepResult:
     tflops: float | None
     max_diff: float | None
     status: str
-    qk_ahead: bool = False  # last, so that CSVs written before it existed still read
+    qk_ahead: bool = False  # the fields from here on came later: CSVs written before them still read
+    kernel: str = "fwd"  # fwd, dkdv or dq
+
+
+def _run(kernel: str, cfg: TileConfig | None, q, k, v, causal: bool, scale: float, saved=None):
+    """The forward with `cfg`, or the backward with `cfg` for one of its kernels and the static choice
+    for the other (`saved` = (o, lse, do) from the forward)."""
+    if kernel == "fwd":
+        return attention_forward(q, k, v, causal, scale, cfg)
+    o, lse, do = saved
+    configs = None
+    if cfg is not None:
+        default_dkdv, default_dq = backward_configs(q.shape[-1], q.dtype, q.device)
+        configs = (cfg, default_dq) if kernel == "dkdv" else (default_dkdv, cfg)
+    return attention_backward(do, q, k, v, o, lse, causal, scale, configs)
 
 
 def _compile_one(args) -> tuple[TileConfig, float, str]:
     """Worker: compile one config by running it on a small input with the same layout."""
-    cfg, head_dim, dtype, causal = args
+    cfg, head_dim, dtype, causal, kernel = args
     try:
         q = torch.randn(1, 1, 256, head_dim, device="cuda", dtype=dtype)
+        saved = None
+        if kernel != "fwd":
+            o, lse = attention_forward(q, q, q, causal, 1.0)
+            saved = (o, lse, torch.randn_like(q))
         start = time.perf_counter()
-        attention_forward(q, q, q, causal, 1.0, cfg)
+        _run(kernel, cfg, q, q, q, causal, 1.0, saved)
         torch.cuda.synchronize()
         return cfg, time.perf_counter() - start, "ok"
     except Exception as exc:  # a config the compiler rejects is a result, not a crash
@@ -83,12 +117,14 @@ def _progress(items: Iterable, total: int, desc: str):
 
 
 def run_sweep(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, dtype=torch.bfloat16,
-              jobs: int | None = None, log=print) -> tuple[list[SweepResult], list[str]]:
+              jobs: int | None = None, log=print, kernel: str = "fwd") -> tuple[list[SweepResult], list[str]]:
+    """Compile every candidate of `kernel` in parallel, check each against the static choice's output,
+    and time it: the forward alone, or the whole backward with one of its kernels varied."""
     import triton
     import triton.testing
 
     props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
-    configs, pruned = candidate_configs(head_dim, dtype, props["max_shared_mem"])
+    configs, pruned = candidate_configs(head_dim, dtype, props["max_shared_mem"], kernel)
     log(f"{len(configs)} configs to compile and time, {len(pruned)} pruned "
         f"(shared memory per block: {props['max_shared_mem'] // 1024} KB)")
 
@@ -96,30 +132,38 @@ def run_sweep(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, 
     compiled = {}
     ctx = torch.multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        work = pool.map(_compile_one, [(c, head_dim, dtype, causal) for c in configs])
+        work = pool.map(_compile_one, [(c, head_dim, dtype, causal, kernel) for c in configs])
         for cfg, seconds, status in _progress(work, len(configs), "compile"):
             compiled[cfg] = (seconds, status)
 
     q = torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype)
     k, v = torch.randn_like(q), torch.randn_like(q)
     scale = head_dim ** -0.5
-    reference, _ = attention_forward(q, k, v, causal, scale)  # the default configuration
+    saved = None
+    if kernel != "fwd":
+        o, lse = attention_forward(q, k, v, causal, scale)
+        saved = (o, lse, torch.randn_like(q))
+    reference = _run(kernel, None, q, k, v, causal, scale, saved)  # the static choice
     flops = 4.0 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+    flops *= 1.0 if kernel == "fwd" else 2.5
     results = []
     for cfg in _progress(configs, len(configs), "time"):
         seconds, status = compiled[cfg]
         ms = tflops = diff = None
         if status == "ok":
-            out, _ = attention_forward(q, k, v, causal, scale, cfg)
-            diff = (out.float() - reference.float()).abs().max().item()
+            out = _run(kernel, cfg, q, k, v, causal, scale, saved)
+            # every output (O and L, or dQ, dK, dV) relative to its largest reference value
+            diff = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
+                       for a, b in zip(out, reference, strict=True))
             if diff > 2e-2:
                 status = "wrong result"
             else:
-                ms = triton.testing.do_bench(lambda cfg=cfg: attention_forward(q, k, v, causal, scale, cfg),
+                ms = triton.testing.do_bench(lambda cfg=cfg: _run(kernel, cfg, q, k, v, causal, scale, saved),
                                              warmup=25, rep=100, return_mode="median")
                 tflops = flops / ms / 1e9
         results.append(SweepResult(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma,
-                                   cfg.warp_specialize, seconds, ms, tflops, diff, status, cfg.qk_ahead))
+                                   cfg.warp_specialize, seconds, ms, tflops, diff, status, cfg.qk_ahead,
+                                   kernel))
     return results, pruned
 
 
@@ -151,12 +195,13 @@ def heatmap(results: list[SweepResult], path: Path, title: str) -> bool:
     plt = pyplot()
     if plt is None:
         return False
-    rows = list(itertools.product(BLOCK_MS, BLOCK_NS))
-    cols = list(itertools.product(WARPS, STAGES))
+    rows = sorted({(r.block_m, r.block_n) for r in results})
+    cols = sorted({(r.num_warps, r.num_stages) for r in results})
+    variants = [v for v in VARIANTS if any((r.use_tma, r.warp_specialize, r.qk_ahead) == v for r in results)]
     best = max((r.tflops or 0) for r in results)
-    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(5.2 * len(VARIANTS), 4.4), squeeze=False,
+    fig, axes = plt.subplots(1, len(variants), figsize=(5.2 * len(variants), 4.4), squeeze=False,
                              gridspec_kw={"wspace": 0.25})
-    for ax, variant in zip(axes[0], VARIANTS, strict=True):
+    for ax, variant in zip(axes[0], variants, strict=True):
         grid = [[float("nan")] * len(cols) for _ in rows]
         for r in results:
             if (r.use_tma, r.warp_specialize, r.qk_ahead) == variant and r.tflops:

@@ -126,6 +126,40 @@ def why_pruned(cfg: TileConfig, head_dim: int, dtype: torch.dtype, smem_limit: i
     return None
 
 
+def backward_shared_memory_bytes(kernel: str, cfg: TileConfig, head_dim: int, dtype: torch.dtype) -> int:
+    """dK/dV ("dkdv") keeps a K and a V tile resident and streams Q and dO `num_stages` deep; dQ ("dq") the
+    reverse. Plus one [BLOCK_M, BLOCK_N] tile (P or dS) staged for a product."""
+    d = row_bytes(head_dim, dtype)
+    resident, streamed = (cfg.block_n, cfg.block_m) if kernel == "dkdv" else (cfg.block_m, cfg.block_n)
+    return 2 * resident * d + 2 * cfg.num_stages * streamed * d + cfg.block_m * cfg.block_n * dtype.itemsize
+
+
+def backward_registers(kernel: str, cfg: TileConfig, head_dim: int) -> float:
+    """fp32 registers per thread held by the accumulators (dK and dV, or dQ) and two score-sized tiles."""
+    resident = cfg.block_n if kernel == "dkdv" else cfg.block_m
+    accumulators = (2 if kernel == "dkdv" else 1) * resident * block_d(head_dim)
+    return (accumulators + 2 * cfg.block_m * cfg.block_n) / (32 * cfg.num_warps)
+
+
+BACKWARD_SPILL_GUARD = 200  # the dK/dV kernel's defaults already sit near 255 registers (sm90_kernels.md)
+
+
+def why_pruned_backward(kernel: str, cfg: TileConfig, head_dim: int, dtype: torch.dtype,
+                        smem_limit: int) -> str | None:
+    """Why a dK/dV or dQ config cannot run well, or None. Their products have the resident tile's rows as
+    wgmma's M, so 8 warps (two warp groups) need at least 128 of them."""
+    smem = backward_shared_memory_bytes(kernel, cfg, head_dim, dtype)
+    if smem > smem_limit:
+        return f"{smem // 1024} KB of shared memory > {smem_limit // 1024} KB"
+    regs = backward_registers(kernel, cfg, head_dim)
+    if regs > BACKWARD_SPILL_GUARD:
+        return f"{regs:.0f} accumulator registers per thread would spill"
+    resident = cfg.block_n if kernel == "dkdv" else cfg.block_m
+    if cfg.num_warps == 8 and resident < 128:
+        return f"8 warps on {resident} resident rows"
+    return None
+
+
 HOPPER_SHARED_MEMORY = 232448  # bytes one block may use on an H100/H200 (227 KB)
 
 
