@@ -104,11 +104,10 @@ def _tma_strides(*tensors: torch.Tensor) -> list[list[int]] | None:
     return all_strides
 
 
-def _descriptors(tensors: tuple, strides: list[list[int]], block_m: int, block_n: int, bd: int) -> tuple:
-    """(B, H, N, D) tensor descriptors of q, k, v, o whose boxes are one head's [rows, bd] tile. Triton's
-    launcher encodes them on the host at every launch (~10 µs for four on the H200 machine's CPU)."""
+def _descriptors(tensors: tuple, strides: list[list[int]], rows: tuple, bd: int) -> tuple:
+    """(B, H, N, D) tensor descriptors whose boxes are one head's [rows, bd] tile. Triton's launcher
+    encodes them on the host at every launch (~10 µs for four on the H200 machine's CPU)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    rows = (block_m, block_n, block_n, block_m)
     return tuple(TensorDescriptor(t, list(t.shape), st, [1, 1, r, bd])
                  for t, st, r in zip(tensors, strides, rows, strict=True))
 
@@ -155,7 +154,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if autotune:
         strides = _tma_strides(q, k, v, o)
         with_tma = strides is not None
-        descs = _descriptors((q, k, v, o), strides, *tma_tile(head_dim, q.dtype), bd) if with_tma else (None,) * 4
+        bm, bn = tma_tile(head_dim, q.dtype)
+        descs = _descriptors((q, k, v, o), strides, (bm, bn, bn, bm), bd) if with_tma else (None,) * 4
 
         def grid(meta):
             return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
@@ -169,7 +169,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     strides = _tma_strides(q, k, v, o) if cfg.use_tma else None
     use_tma = strides is not None
     _last_forward_choice[0] = (cfg, use_tma)
-    descs = _descriptors((q, k, v, o), strides, cfg.block_m, cfg.block_n, bd) if use_tma else (None,) * 4
+    rows = (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)
+    descs = _descriptors((q, k, v, o), strides, rows, bd) if use_tma else (None,) * 4
     attn_fwd_kernel[(_cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
         q, k, v, o, lse, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
@@ -204,19 +205,29 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     )
     common = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
                   IS_CAUSAL=is_causal, INPUT_PRECISION=precision)
+    # TMA in the backward is opt-in (a config with use_tma) until it is measured.
+    strides = _tma_strides(q, k, v, do) if dkdv_cfg.use_tma or dq_cfg.use_tma else None
+
+    def descriptors(cfg: TileConfig) -> tuple:  # of q, k, v, dO, or four Nones
+        if not (cfg.use_tma and strides):
+            return (None,) * 4
+        return _descriptors((q, k, v, do), strides, (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m), bd)
+
+    dkdv_descs = descriptors(dkdv_cfg)
     attn_bwd_dkdv_kernel[(_cdiv(seqlen_k, dkdv_cfg.block_n), heads_kv, batch)](
-        q, k, v, do, lse, delta, dk, dv,
+        q, k, v, do, lse, delta, dk, dv, *dkdv_descs,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
         heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E,
-        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, **common,
+        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, **common, USE_TMA=dkdv_descs[0] is not None,
         num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
     )
+    dq_descs = descriptors(dq_cfg)
     attn_bwd_dq_kernel[(_cdiv(seqlen_q, dq_cfg.block_m), heads_q, batch)](
-        q, k, v, do, lse, delta, dq,
+        q, k, v, do, lse, delta, dq, *dq_descs,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E,
         _heads_per_group(k, heads_q // heads_kv) if is_causal else 1,
-        BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **common,
+        BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **common, USE_TMA=dq_descs[0] is not None,
         num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
     )
     return dq, dk, dv

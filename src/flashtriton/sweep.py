@@ -52,8 +52,8 @@ def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int,
             (keep.append(cfg) if reason is None else pruned.append(f"{cfg.name}: {reason}"))
         return keep, pruned
     default = backward_configs(head_dim, dtype, torch.device("cuda"))[KERNELS.index(kernel) - 1]
-    for (bm, bn), warps, stages in itertools.product(BACKWARD_TILES[kernel], WARPS, (1, 2, 3)):
-        cfg = TileConfig(bm, bn, warps, stages)
+    for (bm, bn), warps, stages, tma in itertools.product(BACKWARD_TILES[kernel], WARPS, (1, 2, 3), (False, True)):
+        cfg = TileConfig(bm, bn, warps, stages, use_tma=tma)
         reason = None if cfg == default else why_pruned_backward(kernel, cfg, head_dim, dtype, smem_limit)
         (keep.append(cfg) if reason is None else pruned.append(f"{cfg.name}: {reason}"))
     if default not in keep:

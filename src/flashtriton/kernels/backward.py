@@ -54,9 +54,10 @@ def attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_inner(
     dk, dv, k, v,
-    q_ptr, do_ptr, lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, causal_diag, qk_scale_log2,
-    BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
+    lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, causal_diag, qk_scale_log2,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
     ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands."""
@@ -64,8 +65,12 @@ def _dkdv_inner(
     do_ptr = tl.advance(do_ptr, (start, 0))
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-        do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+        if USE_TMA:
+            q = desc_q.load([off_b, off_hq, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+            do = desc_do.load([off_b, off_hq, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        else:
+            q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+            do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
         if MASKED:
             # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
             lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
@@ -91,6 +96,8 @@ def _dkdv_inner(
 def attn_bwd_dkdv_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DK, DV,
+    # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
+    desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -106,6 +113,7 @@ def attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr = False,  # experimental, not yet measured: loads through the TMA copy engine
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -119,8 +127,12 @@ def attn_bwd_dkdv_kernel(
                            BLOCK_N, HEAD_DIM, BLOCK_D)
     v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, start_n,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
-    k = load_tile(k_ptr, True, not EVEN_D)  # [BLOCK_N, BLOCK_D], resident
-    v = load_tile(v_ptr, True, not EVEN_D)
+    if USE_TMA:
+        k = desc_k.load([off_b.to(tl.int32), off_hkv.to(tl.int32), start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = desc_v.load([off_b.to(tl.int32), off_hkv.to(tl.int32), start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        k = load_tile(k_ptr, True, not EVEN_D)  # [BLOCK_N, BLOCK_D], resident
+        v = load_tile(v_ptr, True, not EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -135,15 +147,16 @@ def attn_bwd_dkdv_kernel(
         row = (off_b * num_heads_kv * GROUP_SIZE + off_hq) * seqlen_q
         lse_ptr = LSE + row
         delta_ptr = DELTA + row
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, start, unmasked_start,
-                             offs_n, seqlen_q, causal_diag, qk_scale_log2,
-                             BLOCK_M, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, unmasked_start, unmasked_end,
-                             offs_n, seqlen_q, causal_diag, qk_scale_log2,
-                             BLOCK_M, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, ragged_start, seqlen_q,
-                             offs_n, seqlen_q, causal_diag, qk_scale_log2,
-                             BLOCK_M, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION)
+        hq32 = off_hq.to(tl.int32)  # descriptor coordinates are 32-bit
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, off_b.to(tl.int32), hq32,
+                             lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, causal_diag,
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, off_b.to(tl.int32), hq32,
+                             lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, causal_diag,
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, off_b.to(tl.int32), hq32,
+                             lse_ptr, delta_ptr, ragged_start, seqlen_q, offs_n, seqlen_q, causal_diag,
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
 
     dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh, seqlen_k, stride_dkn, start_n,
                             BLOCK_N, HEAD_DIM, BLOCK_D)
@@ -156,16 +169,21 @@ def attn_bwd_dkdv_kernel(
 @triton.jit
 def _dq_inner(
     dq, q, do, lse_log2, delta,
-    k_ptr, v_ptr, start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
-    BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over key tiles [start, end)."""
     k_ptr = tl.advance(k_ptr, (start, 0))
     v_ptr = tl.advance(v_ptr, (start, 0))
     for start_n in range(start, end, BLOCK_N):
-        k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
-        v = load_tile(v_ptr, MASKED, not EVEN_D)
+        if USE_TMA:
+            k = desc_k.load([off_b, off_hkv, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = desc_v.load([off_b, off_hkv, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        else:
+            k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
+            v = load_tile(v_ptr, MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         p = tl.exp2(qk * qk_scale_log2 - lse_log2[:, None])
         if MASKED:
@@ -186,6 +204,8 @@ def _dq_inner(
 def attn_bwd_dq_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DQ,
+    # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
+    desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -201,6 +221,7 @@ def attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr = False,  # experimental, not yet measured: loads through the TMA copy engine
 ):
     """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -218,8 +239,13 @@ def attn_bwd_dq_kernel(
                            BLOCK_N, HEAD_DIM, BLOCK_D)
     v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, 0,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
-    q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], resident
-    do = load_tile(do_ptr, True, not EVEN_D)
+    b32, hq32, hkv32 = off_b.to(tl.int32), off_hq.to(tl.int32), off_hkv.to(tl.int32)  # descriptor coords
+    if USE_TMA:
+        q = desc_q.load([b32, hq32, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        do = desc_do.load([b32, hq32, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+    else:
+        q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], resident
+        do = load_tile(do_ptr, True, not EVEN_D)
     row_in_range = offs_m < seqlen_q
     # Rows past seqlen_q load L = D = 0 (finite) and dO = 0; they are never stored.
     row = (off_b * num_heads_q + off_hq) * seqlen_q
@@ -229,10 +255,12 @@ def attn_bwd_dq_kernel(
 
     unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     causal_diag = seqlen_k - seqlen_q
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, 0, unmasked_end, offs_m, seqlen_k, causal_diag,
-                   qk_scale_log2, BLOCK_N, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, unmasked_end, end, offs_m, seqlen_k, causal_diag,
-                   qk_scale_log2, BLOCK_N, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, 0, unmasked_end,
+                   offs_m, seqlen_k, causal_diag, qk_scale_log2,
+                   BLOCK_N, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_end, end,
+                   offs_m, seqlen_k, causal_diag, qk_scale_log2,
+                   BLOCK_N, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
 
     dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh, seqlen_q, stride_dqm, start_m,
                             BLOCK_M, HEAD_DIM, BLOCK_D)
