@@ -36,7 +36,7 @@ def test_resource_model_prunes_what_cannot_run_well():
 def test_autotuner_candidates_follow_the_head_dim(head_dim, dtype, with_tma):
     q = torch.empty(1, 1, 8, head_dim, dtype=dtype)
     configs = tuning.attn_fwd_autotuned[with_tma].configs
-    cfgs = [tuning._as_tile_config(c) for c in tuning._prune_forward(configs, {"Q": q}, HEAD_DIM=head_dim)]
+    cfgs = [tuning.tile_config_of(c) for c in tuning._prune_forward(configs, {"Q": q}, HEAD_DIM=head_dim)]
     wanted = tuning.FORWARD_CANDIDATES[tuning.width_class(head_dim, dtype)]
     assert cfgs and all((c.block_m, c.block_n, c.num_warps, c.num_stages, c.use_tma, c.warp_specialize) in wanted
                         for c in cfgs)

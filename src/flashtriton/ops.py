@@ -16,12 +16,12 @@ from .kernels.forward import attn_fwd_kernel
 from .tuning import (
     AUTOTUNE_MIN_WORK,
     TileConfig,
-    _as_tile_config,
     attn_fwd_autotuned,
     backward_configs,
     block_d,
     forward_config,
     seqlen_bucket,
+    tile_config_of,
     tma_tile,
 )
 from .validation import check_inputs, check_scale, last_dim_contiguous
@@ -127,7 +127,7 @@ def last_forward_choice() -> str:
     if isinstance(choice, TileConfig):
         return TileConfig(choice.block_m, choice.block_n, choice.num_warps, choice.num_stages, use_tma,
                           use_tma and choice.warp_specialize, choice.qk_ahead).name
-    return _as_tile_config(choice.best_config).name
+    return tile_config_of(choice.best_config).name
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,

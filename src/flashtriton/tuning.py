@@ -208,7 +208,7 @@ def tma_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
     return TMA_TILES[width_class(head_dim, dtype)]
 
 
-def _as_tile_config(config: triton.Config) -> TileConfig:
+def tile_config_of(config: triton.Config) -> TileConfig:
     kw = config.kwargs
     return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, kw["USE_TMA"],
                       kw["WARP_SPECIALIZE"])
@@ -222,13 +222,13 @@ def _prune_forward(configs: list[triton.Config], named_args: dict, **meta) -> li
     smem = shared_memory_limit(q.device)
     kept = []
     for config in configs:
-        cfg = _as_tile_config(config)
+        cfg = tile_config_of(config)
         key = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma, cfg.warp_specialize)
         if key in wanted and why_pruned(cfg, head_dim, q.dtype, smem) is None:
             kept.append(config)
     if not kept:
         fallback = forward_config(head_dim, q.dtype, q.device, use_tma=False)
-        kept = [c for c in configs if _as_tile_config(c) == fallback][:1] or configs[:1]
+        kept = [c for c in configs if tile_config_of(c) == fallback][:1] or configs[:1]
     return kept
 
 
