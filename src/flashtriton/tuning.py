@@ -209,6 +209,7 @@ def tma_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
 
 
 def tile_config_of(config: triton.Config) -> TileConfig:
+    """The TileConfig that one of the autotuner's configs stands for."""
     kw = config.kwargs
     return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, kw["USE_TMA"],
                       kw["WARP_SPECIALIZE"])
