@@ -108,3 +108,11 @@ def test_backward_sweep_keeps_the_default_and_varies_one_kernel(kernel, monkeypa
     sweep._run(kernel, cfg, q, q, q, False, 1.0, (q, q[..., 0], q))
     static = backward_configs(64, q.dtype, q.device)
     assert seen["configs"] == ((cfg, static[1]) if kernel == "dkdv" else (static[0], cfg))
+
+
+def test_autotuning_by_default_only_for_large_work_and_can_be_switched_off(monkeypatch):
+    monkeypatch.delenv("FLASHTRITON_AUTOTUNE", raising=False)
+    assert ops._autotune_by_default(tuning.AUTOTUNE_MIN_WORK)
+    assert not ops._autotune_by_default(tuning.AUTOTUNE_MIN_WORK - 1)
+    monkeypatch.setenv("FLASHTRITON_AUTOTUNE", "0")
+    assert not ops._autotune_by_default(tuning.AUTOTUNE_MIN_WORK)

@@ -7,6 +7,7 @@ whose last one is 1, check nothing the public API already checked, allocate outp
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -116,6 +117,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a JIT helper whose call costs the host ~5 µs
 
 
+def _autotune_by_default(work: int) -> bool:
+    """Autotune forwards of at least AUTOTUNE_MIN_WORK (B * Hq * Nq * Nk * D), unless the environment sets
+    FLASHTRITON_AUTOTUNE=0: then every call takes the static tiles, so that outputs do not depend on what
+    a machine's timing picked (different tiles sum in a different order)."""
+    return work >= AUTOTUNE_MIN_WORK and os.environ.get("FLASHTRITON_AUTOTUNE", "1") != "0"
+
+
 _last_forward_choice: list = [None]  # (config or autotuner, use_tma) of the latest launch, for logs
 
 
@@ -144,7 +152,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     _interpreter.prepare(q.device)
     on_gpu = q.device.type == "cuda"
     if autotune is None:
-        autotune = config is None and on_gpu and batch * heads_q * seqlen_q * seqlen_k * head_dim >= AUTOTUNE_MIN_WORK
+        autotune = config is None and on_gpu and _autotune_by_default(batch * heads_q * seqlen_q * seqlen_k * head_dim)
     bd = block_d(head_dim)
     rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
             heads_q, seqlen_q, seqlen_k, scale * LOG2E,
