@@ -23,6 +23,7 @@ from .common import (
     SEQLEN_ARGS,
     head_block_ptr,
     key_tiles_for_query_tile,
+    load_desc_rows,
     load_tile,
     program_tile,
     query_tiles_for_key_tile,
@@ -66,8 +67,8 @@ def _dkdv_inner(
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         if USE_TMA:
-            q = desc_q.load([off_b, off_hq, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-            do = desc_do.load([off_b, off_hq, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+            q = load_desc_rows(desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
+            do = load_desc_rows(desc_do, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
         else:
             q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
             do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
@@ -117,8 +118,8 @@ def attn_bwd_dkdv_kernel(
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    off_b, off_hkv, pid_n = program_tile(False, 1)  # causal: key tile 0 is seen by the most queries: first
-    off_b, off_hkv = off_b.to(tl.int64), off_hkv.to(tl.int64)
+    b32, hkv32, pid_n = program_tile(False, 1)  # causal: key tile 0 is seen by the most queries: first
+    off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     causal_diag = seqlen_k - seqlen_q
@@ -128,8 +129,8 @@ def attn_bwd_dkdv_kernel(
     v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, start_n,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
     if USE_TMA:
-        k = desc_k.load([off_b.to(tl.int32), off_hkv.to(tl.int32), start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        v = desc_v.load([off_b.to(tl.int32), off_hkv.to(tl.int32), start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        k = load_desc_rows(desc_k, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
+        v = load_desc_rows(desc_v, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
     else:
         k = load_tile(k_ptr, True, not EVEN_D)  # [BLOCK_N, BLOCK_D], resident
         v = load_tile(v_ptr, True, not EVEN_D)
@@ -147,14 +148,14 @@ def attn_bwd_dkdv_kernel(
         row = (off_b * num_heads_kv * GROUP_SIZE + off_hq) * seqlen_q
         lse_ptr = LSE + row
         delta_ptr = DELTA + row
-        hq32 = off_hq.to(tl.int32)  # descriptor coordinates are 32-bit
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, off_b.to(tl.int32), hq32,
+        hq32 = off_hq.to(tl.int32)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, causal_diag,
                              qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, off_b.to(tl.int32), hq32,
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, causal_diag,
                              qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, off_b.to(tl.int32), hq32,
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, ragged_start, seqlen_q, offs_n, seqlen_q, causal_diag,
                              qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
 
@@ -179,8 +180,8 @@ def _dq_inner(
     v_ptr = tl.advance(v_ptr, (start, 0))
     for start_n in range(start, end, BLOCK_N):
         if USE_TMA:
-            k = desc_k.load([off_b, off_hkv, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-            v = desc_v.load([off_b, off_hkv, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            k = load_desc_rows(desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D)
+            v = load_desc_rows(desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D)
         else:
             k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
             v = load_tile(v_ptr, MASKED, not EVEN_D)
@@ -241,8 +242,8 @@ def attn_bwd_dq_kernel(
                            BLOCK_N, HEAD_DIM, BLOCK_D)
     b32, hq32, hkv32 = off_b.to(tl.int32), off_hq.to(tl.int32), off_hkv.to(tl.int32)  # descriptor coords
     if USE_TMA:
-        q = desc_q.load([b32, hq32, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
-        do = desc_do.load([b32, hq32, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        q = load_desc_rows(desc_q, b32, hq32, start_m, BLOCK_M, BLOCK_D)
+        do = load_desc_rows(desc_do, b32, hq32, start_m, BLOCK_M, BLOCK_D)
     else:
         q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], resident
         do = load_tile(do_ptr, True, not EVEN_D)

@@ -109,10 +109,17 @@ def load_rows(block_ptr, desc, off_b, off_h, start, BLOCK_ROWS: tl.constexpr, BL
     memory asynchronously and zero-fills what lies out of bounds itself. Otherwise through a block pointer
     to the head's row 0, bounds-checked only along the dims that can run past the edge."""
     if USE_TMA:
-        tile = desc.load([off_b, off_h, start, 0]).reshape(BLOCK_ROWS, BLOCK_D)
+        tile = load_desc_rows(desc, off_b, off_h, start, BLOCK_ROWS, BLOCK_D)
     else:
         tile = load_tile(tl.advance(block_ptr, (start, 0)), CHECK_ROWS, CHECK_COLS)
     return tile
+
+
+@triton.jit
+def load_desc_rows(desc, off_b, off_h, start, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [start, start + BLOCK_ROWS) of head (off_b, off_h) through a (B, H, N, D) tensor descriptor
+    (32-bit coordinates); the TMA unit zero-fills what lies past the edges."""
+    return desc.load([off_b, off_h, start, 0]).reshape(BLOCK_ROWS, BLOCK_D)
 
 
 @triton.jit
