@@ -6,6 +6,8 @@ whose last one is 1, check nothing the public API already checked, allocate outp
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
 
@@ -52,31 +54,20 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride()[:3]
 
 
-def _capability(device: torch.device) -> tuple[int, int]:
-    if device.index not in _CAPABILITIES:
-        _CAPABILITIES[device.index] = torch.cuda.get_device_capability(device)
-    return _CAPABILITIES[device.index]
+@functools.cache
+def _cuda_properties(index: int):
+    return torch.cuda.get_device_properties(index)
 
 
-_CAPABILITIES: dict[int | None, tuple[int, int]] = {}
-
-
-def _l2_bytes(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 50 * 2**20  # the interpreter: an H100/H200's 50 MB
-    if device.index not in _L2_BYTES:
-        _L2_BYTES[device.index] = torch.cuda.get_device_properties(device).L2_cache_size
-    return _L2_BYTES[device.index]
-
-
-_L2_BYTES: dict[int | None, int] = {}
-
-
-def _heads_per_group(k: torch.Tensor, group_size: int) -> int:
+def _heads_per_group(k: torch.Tensor, group_size: int, is_causal: bool) -> int:
     """How many (batch, query head) pairs a causal launch groups together (see program_tile): as many as
-    have their K and V fit in three quarters of the L2 (query heads of one GQA group share theirs)."""
+    have their K and V fit in three quarters of the L2 (query heads of one GQA group share theirs).
+    Non-causal launches ignore it."""
+    if not is_causal:
+        return 1
+    l2_bytes = _cuda_properties(k.device.index).L2_cache_size if k.device.type == "cuda" else 50 * 2**20
     per_head = max(1, 2 * k.shape[2] * k.shape[3] * k.element_size() // group_size)
-    return max(1, 3 * _l2_bytes(k.device) // 4 // per_head)
+    return max(1, 3 * l2_bytes // 4 // per_head)
 
 
 def _descriptor_strides(t: torch.Tensor) -> list[int]:
@@ -94,7 +85,8 @@ def _tma_strides(*tensors: torch.Tensor) -> list[list[int]] | None:
     """Each tensor's descriptor strides if all of them can be read through TMA, else None. TMA needs a
     Hopper GPU (or the interpreter, which emulates it), 16-byte aligned base addresses, 16-byte multiples
     for every stride but the last, and non-empty dims."""
-    if tensors[0].device.type == "cuda" and _capability(tensors[0].device)[0] < 9:
+    device = tensors[0].device
+    if device.type == "cuda" and _cuda_properties(device.index).major < 9:
         return None
     all_strides = []
     for t in tensors:
@@ -124,18 +116,19 @@ def _autotune_by_default(work: int) -> bool:
     return work >= AUTOTUNE_MIN_WORK and os.environ.get("FLASHTRITON_AUTOTUNE", "1") != "0"
 
 
-_last_forward_choice: list = [None]  # (config or autotuner, use_tma) of the latest launch, for logs
+# The latest forward launch, for logs: (static config, whether it got TMA) or (autotuner, None). Kept
+# raw because building a TileConfig per call would cost the hot path microseconds.
+_last_forward_choice: list = [None]
 
 
 def last_forward_choice() -> str:
     """The tiles of the most recent forward launch (the autotuner's pick, or the static one): for logs."""
-    choice, use_tma = _last_forward_choice[0] or (None, False)
-    if choice is None:
+    if _last_forward_choice[0] is None:
         return "none yet"
-    if isinstance(choice, TileConfig):
-        return TileConfig(choice.block_m, choice.block_n, choice.num_warps, choice.num_stages, use_tma,
-                          use_tma and choice.warp_specialize, choice.qk_ahead).name
-    return tile_config_of(choice.best_config).name
+    choice, use_tma = _last_forward_choice[0]
+    if use_tma is None:
+        return tile_config_of(choice.best_config).name
+    return dataclasses.replace(choice, use_tma=use_tma, warp_specialize=use_tma and choice.warp_specialize).name
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -155,8 +148,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         autotune = config is None and on_gpu and _autotune_by_default(batch * heads_q * seqlen_q * seqlen_k * head_dim)
     bd = block_d(head_dim)
     rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            heads_q, seqlen_q, seqlen_k, scale * LOG2E,
-            _heads_per_group(k, heads_q // heads_kv) if is_causal else 1, seqlen_bucket(seqlen_q, seqlen_k))
+            heads_q, seqlen_q, seqlen_k, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv, is_causal),
+            seqlen_bucket(seqlen_q, seqlen_k))
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
                 INPUT_PRECISION=_input_precision(q.dtype))
     if autotune:
@@ -169,7 +162,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
             return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
         tuner[grid](q, k, v, o, lse, *descs, *rest, **meta)
-        _last_forward_choice[0] = (tuner, True)
+        _last_forward_choice[0] = (tuner, None)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
@@ -233,8 +226,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     attn_bwd_dq_kernel[(_cdiv(seqlen_q, dq_cfg.block_m), heads_q, batch)](
         q, k, v, do, lse, delta, dq, *dq_descs,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E,
-        _heads_per_group(k, heads_q // heads_kv) if is_causal else 1,
+        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv, is_causal),
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **common, USE_TMA=dq_descs[0] is not None,
         num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
     )
