@@ -1,10 +1,12 @@
-"""The forward's tile sweep (the article's part 2): time every tile configuration on one shape.
+"""Tile sweeps (the article's part 2): time every tile configuration of one kernel on one shape.
 
-Configurations are BLOCK_M x BLOCK_N x num_warps x num_stages x {block pointers, TMA, TMA + warp
-specialisation}. Those that cannot fit an SM's shared memory or would spill registers are skipped before
+The forward's configurations are BLOCK_M x BLOCK_N x num_warps x num_stages x {block pointers, TMA, TMA +
+warp specialisation, TMA + q k^T ahead}; a backward kernel's (dK/dV or dQ) are its tile shapes x
+num_warps x num_stages x {block pointers, TMA}, timed as the whole backward with the other kernel on its
+static tiles. Those that cannot fit an SM's shared memory or would spill registers are skipped before
 compiling (the arithmetic is in docs/tuning.md). The rest are compiled in parallel worker processes (each
 compile is CPU-bound; Triton's on-disk cache hands the binaries to the timing process), checked against
-the default configuration's output, and timed with `triton.testing.do_bench`.
+the static configuration's output, and timed with `triton.testing.do_bench`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from .ops import attention_backward, attention_forward
 from .plotting import pyplot
-from .tuning import TileConfig, backward_configs, why_pruned, why_pruned_backward
+from .tuning import TileConfig, backward_configs, shared_memory_limit, why_pruned, why_pruned_backward
 
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)
@@ -36,7 +38,6 @@ VARIANT_NAMES = {(False, False, False): "block pointers", (True, False, False): 
 # short query tiles; dQ keeps BLOCK_M query rows and streams short key tiles.
 BACKWARD_TILES = {"dkdv": ((16, 64), (16, 128), (32, 64), (32, 128), (64, 64), (64, 128)),
                   "dq": ((64, 16), (64, 32), (64, 64), (128, 16), (128, 32), (128, 64))}
-KERNELS = ("fwd", "dkdv", "dq")
 
 
 def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int,
@@ -49,13 +50,19 @@ def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int,
                                                                          VARIANTS):
             cfg = TileConfig(bm, bn, warps, stages, use_tma=tma, warp_specialize=ws, qk_ahead=ahead)
             reason = why_pruned(cfg, head_dim, dtype, smem_limit)
-            (keep.append(cfg) if reason is None else pruned.append(f"{cfg.name}: {reason}"))
+            if reason is None:
+                keep.append(cfg)
+            else:
+                pruned.append(f"{cfg.name}: {reason}")
         return keep, pruned
-    default = backward_configs(head_dim, dtype, torch.device("cuda"))[KERNELS.index(kernel) - 1]
+    default = dict(zip(("dkdv", "dq"), backward_configs(head_dim, dtype, torch.device("cuda")), strict=True))[kernel]
     for (bm, bn), warps, stages, tma in itertools.product(BACKWARD_TILES[kernel], WARPS, (1, 2, 3), (False, True)):
         cfg = TileConfig(bm, bn, warps, stages, use_tma=tma)
-        reason = None if cfg == default else why_pruned_backward(kernel, cfg, head_dim, dtype, smem_limit)
-        (keep.append(cfg) if reason is None else pruned.append(f"{cfg.name}: {reason}"))
+        reason = why_pruned_backward(kernel, cfg, head_dim, dtype, smem_limit)
+        if reason is None or cfg == default:
+            keep.append(cfg)
+        else:
+            pruned.append(f"{cfg.name}: {reason}")
     if default not in keep:
         keep.append(default)
     return keep, pruned
@@ -123,10 +130,10 @@ def run_sweep(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, 
     import triton
     import triton.testing
 
-    props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
-    configs, pruned = candidate_configs(head_dim, dtype, props["max_shared_mem"], kernel)
+    smem_limit = shared_memory_limit(torch.device("cuda", torch.cuda.current_device()))
+    configs, pruned = candidate_configs(head_dim, dtype, smem_limit, kernel)
     log(f"{len(configs)} configs to compile and time, {len(pruned)} pruned "
-        f"(shared memory per block: {props['max_shared_mem'] // 1024} KB)")
+        f"(shared memory per block: {smem_limit // 1024} KB)")
 
     jobs = jobs or max(1, min(8, (os.cpu_count() or 2) // 2))
     compiled = {}

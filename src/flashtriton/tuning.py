@@ -178,19 +178,19 @@ def _cuda_shared_memory(index: int) -> int:
 # ------------------------------------------------------------------------------------------- autotuning
 
 # The forward's candidates per row width (BLOCK_D * itemsize), from the sweeps at N=4096 (docs/tuning.md),
-# as (BLOCK_M, BLOCK_N, warps, stages, TMA, warp specialisation). TMA candidates all use the width's one
+# (TileConfig: BLOCK_M, BLOCK_N, warps, stages, TMA, warp specialisation). TMA candidates use the width's one
 # TMA tile (TMA_TILES): the host builds the tensor descriptors, whose box is the tile, before the
 # autotuner picks a config. (Per-config descriptors would need a config pre_hook, which stops Triton from
 # caching the autotuner's choice on disk. Descriptors built on the device would lift that limit: see
 # benchmarks/NOTES.md, entry 10.) D=256 was not swept: its candidates are the static choice and
 # neighbours that fit shared memory.
-FORWARD_CANDIDATES: dict[int, list[tuple[int, int, int, int, bool, bool]]] = {
-    128: [(128, 64, 4, 3, True, False), (128, 64, 4, 4, True, False), (128, 64, 8, 3, True, False),
-          (128, 64, 4, 3, False, False), (128, 64, 8, 4, False, False), (64, 128, 4, 2, False, False)],
-    256: [(128, 64, 8, 3, True, True), (128, 64, 8, 3, True, False), (128, 64, 8, 4, True, False),
-          (128, 32, 8, 3, False, False), (128, 64, 8, 3, False, False)],
-    512: [(64, 32, 4, 1, True, False), (64, 32, 4, 2, True, False), (64, 32, 4, 1, False, False),
-          (64, 64, 4, 2, False, False), (128, 32, 8, 2, False, False)],
+FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
+    128: [TileConfig(128, 64, 4, 3, True), TileConfig(128, 64, 4, 4, True), TileConfig(128, 64, 8, 3, True),
+          TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 4), TileConfig(64, 128, 4, 2)],
+    256: [TileConfig(128, 64, 8, 3, True, True), TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 8, 4, True),
+          TileConfig(128, 32, 8, 3), TileConfig(128, 64, 8, 3)],
+    512: [TileConfig(64, 32, 4, 1, True), TileConfig(64, 32, 4, 2, True), TileConfig(64, 32, 4, 1),
+          TileConfig(64, 64, 4, 2), TileConfig(128, 32, 8, 2)],
 }
 TMA_TILES = {128: (128, 64), 256: (128, 64), 512: (64, 32)}  # (BLOCK_M, BLOCK_N) of the TMA candidates
 
@@ -221,12 +221,8 @@ def _prune_forward(configs: list[triton.Config], named_args: dict, **meta) -> li
     head_dim = meta["HEAD_DIM"]
     wanted = set(FORWARD_CANDIDATES[width_class(head_dim, q.dtype)])
     smem = shared_memory_limit(q.device)
-    kept = []
-    for config in configs:
-        cfg = tile_config_of(config)
-        key = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.use_tma, cfg.warp_specialize)
-        if key in wanted and why_pruned(cfg, head_dim, q.dtype, smem) is None:
-            kept.append(config)
+    kept = [config for config in configs if (cfg := tile_config_of(config)) in wanted
+            and why_pruned(cfg, head_dim, q.dtype, smem) is None]
     if not kept:
         fallback = forward_config(head_dim, q.dtype, q.device, use_tma=False)
         kept = [c for c in configs if tile_config_of(c) == fallback][:1] or configs[:1]
@@ -234,10 +230,10 @@ def _prune_forward(configs: list[triton.Config], named_args: dict, **meta) -> li
 
 
 def _autotune_configs(with_tma: bool) -> list[triton.Config]:
-    unique = dict.fromkeys(c for configs in FORWARD_CANDIDATES.values() for c in configs if with_tma or not c[4])
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPECIALIZE": ws},
-                          num_warps=w, num_stages=s)
-            for bm, bn, w, s, tma, ws in unique]
+    unique = dict.fromkeys(c for configs in FORWARD_CANDIDATES.values() for c in configs if with_tma or not c.use_tma)
+    return [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "USE_TMA": c.use_tma,
+                           "WARP_SPECIALIZE": c.warp_specialize}, num_warps=c.num_warps, num_stages=c.num_stages)
+            for c in unique]
 
 
 def seqlen_bucket(seqlen_q: int, seqlen_k: int) -> int:
