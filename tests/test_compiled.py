@@ -8,16 +8,20 @@ import sys
 import pytest
 
 
-@pytest.fixture(scope="module")
-def reports():
+def _inspect(*flags: str) -> list[dict]:
     # inspect compiles real kernels, so it runs in its own process without TRITON_INTERPRET.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--head-dims", "64", "--json"],
+    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--head-dims", "64", "--json", *flags],
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return _inspect()
 
 
 def test_matrix_products_use_hopper_wgmma(reports):
@@ -30,3 +34,13 @@ def test_forward_does_not_spill(reports):
     for r in reports:
         if r["kernel"] == "attn_fwd_kernel":
             assert r["stack_bytes"] == 0 and r["local_bytes"] == 0, r
+
+
+def test_opt_in_variants_compile_to_wgmma_without_spills():
+    """The q k^T-ahead forward and the backward's TMA loads (not defaults yet) on the same tiles."""
+    reports = _inspect("--qk-ahead", "--backward-tma")
+    names = {r["kernel"]: r["config"] for r in reports}
+    assert names["attn_fwd_kernel"].endswith("-qka") and names["attn_bwd_dkdv_kernel"].endswith("-tma")
+    for r in reports:
+        if r["kernel"] != "attn_bwd_preprocess_kernel":
+            assert r["hgmma"] > 0 and r["hmma"] == 0 and r["stack_bytes"] + r["local_bytes"] == 0, r

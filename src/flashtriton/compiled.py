@@ -16,6 +16,7 @@ Triton ships `cuobjdump` and `nvdisasm` with its NVIDIA backend, so this runs on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import subprocess
@@ -124,11 +125,15 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
 
 
 def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
-                     use_tma: bool = True, target: GPUTarget = HOPPER) -> list[KernelReport]:
-    """Compile the forward and backward kernels with the tiles a GPU call of this shape would use."""
+                     use_tma: bool = True, target: GPUTarget = HOPPER, qk_ahead: bool = False,
+                     backward_tma: bool = False) -> list[KernelReport]:
+    """Compile the forward and backward kernels with the static tiles of a GPU call of this shape, or with
+    the opt-in variants (`qk_ahead` forward, `backward_tma`) on the same tiles."""
     cuda = torch.device("cuda")
-    fwd_cfg = ops.forward_config(head_dim, dtype, cuda, use_tma)
-    bwd_cfgs = ops.backward_configs(head_dim, dtype, cuda)
+    fwd_cfg = dataclasses.replace(ops.forward_config(head_dim, dtype, cuda, use_tma), qk_ahead=qk_ahead)
+    if qk_ahead:
+        fwd_cfg = dataclasses.replace(fwd_cfg, warp_specialize=False)  # the two do not combine
+    bwd_cfgs = tuple(dataclasses.replace(c, use_tma=backward_tma) for c in ops.backward_configs(head_dim, dtype, cuda))
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     reports = []
     with _offline(target) as compiled:
