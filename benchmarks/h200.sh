@@ -13,7 +13,11 @@
 # committed <suite>.json is the starting point and the new rows replace or join its rows.
 # Without $OUT everything lands in benchmarks/results/h200/. With $OUT (the device tool's output folder,
 # which returns at most 8 files) it travels packed as $OUT/results.tgz, refreshed after every step so a
-# run cut short keeps what it finished: unpack it into benchmarks/results/h200/.
+# run cut short keeps what it finished: unpack it into benchmarks/results/h200/. PACK renames the archive, so
+# that runs on several GPUs of one machine can go side by side, e.g. on two:
+#   CUDA_VISIBLE_DEVICES=0 PACK=gpu0.tgz bash benchmarks/h200.sh cs336 & \
+#   CUDA_VISIBLE_DEVICES=1 PACK=gpu1.tgz TESTS=0 bash benchmarks/h200.sh paper; wait
+# and a suite split across them joins again with benchmarks/merge_results.py.
 # Usage: [SWEEP=1] [SWEEPS="<sweep args>;..."] [ROOFLINE=1] [HOST=1] [FIRST=1] [TESTS=0] [TESTS_K=expr] [BENCH_ARGS=...] [MERGE=1] bash benchmarks/h200.sh [suites] [modes]
 #   e.g. bash benchmarks/h200.sh "article paper cs336"        (modes default per suite; see --help)
 set -uo pipefail
@@ -24,7 +28,7 @@ mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # The device copy of the tree has no .git: pass FLASHTRITON_COMMIT=$(git rev-parse --short HEAD) in.
 export FLASHTRITON_COMMIT=${FLASHTRITON_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-pack() { [ -z "${OUT:-}" ] || tar czf "$OUT/results.tgz" -C "$out" . ; }
+pack() { [ -z "${OUT:-}" ] || tar czf "$OUT/${PACK:-results.tgz}" -C "$out" . ; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"

@@ -5,10 +5,10 @@ import torch
 
 from conftest import DEVICE, ON_GPU
 from flashtriton import FlashAttentionTriton, attention_ref, flash_attention
-from flashtriton.ops import attention_backward, attention_forward
+from flashtriton.ops import attention_forward
 from flashtriton.testing import bounded
 from flashtriton.tuning import TileConfig
-from helpers import check_against_reference, make_qkv, max_err
+from helpers import WithBackwardTiles, check_against_reference, make_qkv, max_err
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # Odd sizes on purpose: ragged last tiles, a single row, Nq != Nk both ways.
@@ -180,29 +180,12 @@ def test_forward_tile_configs(config, is_causal, dtype):
         assert check.ok, str(check)
 
 
-class _WithBackwardTiles(torch.autograd.Function):
-    """The kernels with chosen backward tiles (the public API takes the static or tuned ones)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, is_causal, configs):
-        o, lse = attention_forward(q, k, v, is_causal, q.shape[-1] ** -0.5)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.configs = is_causal, configs
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        grads = attention_backward(do, q, k, v, o, lse, ctx.is_causal, q.shape[-1] ** -0.5, ctx.configs)
-        return *grads, None, None
-
-
 BWD_CONFIGS = [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True)),
                (TileConfig(16, 32), TileConfig(32, 16, use_tma=True))]
 if ON_GPU:
     BWD_CONFIGS = [(TileConfig(32, 128, 4, 3, use_tma=True), TileConfig(128, 32, 4, 3, use_tma=True)),
-                   (TileConfig(64, 128, 8, 2, use_tma=True), TileConfig(128, 64, 8, 2))]
+                   (TileConfig(64, 128, 8, 2, use_tma=True), TileConfig(128, 64, 8, 2)),
+                   (TileConfig(64, 64, 4, 3, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True))]
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -211,7 +194,7 @@ if ON_GPU:
 def test_backward_tile_configs(configs, seqlen_q, seqlen_k, is_causal):
     """The backward's data paths (block pointers, and the experimental TMA loads) with GQA and odd sizes."""
     q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, 64, torch.bfloat16, DEVICE)
-    check_against_reference(lambda q, k, v: _WithBackwardTiles.apply(q, k, v, is_causal, configs),
+    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, is_causal, configs),
                             q, k, v, is_causal)
 
 

@@ -7,7 +7,7 @@ from conftest import DEVICE
 from flashtriton import attention_ref, ops, tuning
 from flashtriton.testing import bounded
 from flashtriton.tuning import TileConfig, why_pruned
-from helpers import make_qkv
+from helpers import WithBackwardTiles, check_against_reference, make_qkv
 
 SMEM = tuning.HOPPER_SHARED_MEMORY
 
@@ -58,6 +58,40 @@ def test_autotuned_forward_matches_reference_and_keys_by_bucket(is_causal):
         for check in (bounded("O", o, o64, low_o, q.dtype), bounded("L", lse, lse64, low_lse, q.dtype)):
             assert check.ok, str(check)
     assert len(tuner.cache) == 2  # (17, 29) and (3, 31) share a bucket: tuned once
+
+
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+@pytest.mark.parametrize("head_dim,dtype,with_tma", [(64, torch.bfloat16, True), (64, torch.bfloat16, False),
+                                                     (128, torch.bfloat16, True), (96, torch.float32, True),
+                                                     (256, torch.float16, True)])
+def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dtype, with_tma):
+    q = torch.empty(1, 1, 8, head_dim, dtype=dtype)
+    autotuned = {"dkdv": tuning.attn_bwd_dkdv_autotuned, "dq": tuning.attn_bwd_dq_autotuned}[kernel]
+    configs = autotuned[with_tma].configs
+    cfgs = [tuning.tile_config_of(c) for c in autotuned[with_tma].early_config_prune(configs, {"Q": q},
+                                                                                      HEAD_DIM=head_dim)]
+    wanted = tuning.BACKWARD_CANDIDATES[kernel][tuning.width_class(head_dim, dtype)]
+    assert cfgs and all(c in wanted for c in cfgs)
+    static = tuning.backward_configs(head_dim, dtype, torch.device("cuda"))[0 if kernel == "dkdv" else 1]
+    assert all(c == static or tuning.why_pruned_backward(kernel, c, head_dim, dtype, SMEM) is None for c in cfgs)
+    tile = tuning.backward_tma_tile(kernel, head_dim, dtype)
+    assert any(c.use_tma for c in cfgs) == (with_tma and tile is not None)
+    assert all((c.block_m, c.block_n) == tile for c in cfgs if c.use_tma)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_autotuned_backward_matches_reference_and_keys_by_bucket(is_causal):
+    tuners = (tuning.attn_bwd_dkdv_autotuned[True], tuning.attn_bwd_dq_autotuned[True])
+    for tuner in tuners:
+        tuner.cache.clear()
+    for seqlen_q, seqlen_k in [(17, 29), (3, 31), (63, 97)]:  # buckets 32, 32, 128
+        q, k, v = make_qkv(1, 4, 2, seqlen_q, seqlen_k, 64, torch.float16, DEVICE)
+        check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, is_causal, None, True),
+                                q, k, v, is_causal)
+        names = {kernel: {c.name for c in tuning.BACKWARD_CANDIDATES[kernel][128]} for kernel in ("dkdv", "dq")}
+        dkdv_name, dq_name = ops.last_backward_choice().removeprefix("dK/dV ").split(", dQ ")
+        assert dkdv_name in names["dkdv"] and dq_name in names["dq"]
+    assert all(len(tuner.cache) == 2 for tuner in tuners)  # (17, 29) and (3, 31) share a bucket
 
 
 def test_tma_needs_16_byte_aligned_heads_and_rows():

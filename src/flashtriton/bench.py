@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .api import flash_attention
-from .ops import last_forward_choice
+from .ops import last_backward_choice, last_forward_choice
 from .plotting import pyplot
 from .testing import compare_with_reference, make_qkv
 
@@ -270,6 +270,7 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                                 peak))
                 notes = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
                 notes += f" peak {peak:.0f} MiB" if peak is not None else ""
+                notes += f" [{last_backward_choice()}]" if name == "flashtriton" and mode != "fwd" else ""
                 log(f"  {name:<12} {mode:<7} N={shape.seqlen_q:<6} causal={shape.causal!s:<5} "
                     f"{ms:8.3f} ms (+-{50 * rows[-1].spread:.1f}%){notes} {rows[-1].tflops:7.1f} TFLOP/s  "
                     f"err {errors[name]:.1e}")

@@ -19,8 +19,11 @@ from .kernels.forward import attn_fwd_kernel
 from .tuning import (
     AUTOTUNE_MIN_WORK,
     TileConfig,
+    attn_bwd_dkdv_autotuned,
+    attn_bwd_dq_autotuned,
     attn_fwd_autotuned,
     backward_configs,
+    backward_tma_tile,
     block_d,
     forward_config,
     seqlen_bucket,
@@ -180,12 +183,30 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     return o, lse
 
 
+# The latest backward launch's tiles, for logs: ((dK/dV, dQ) static configs, whether they got TMA) or
+# ((dK/dV, dQ) autotuners, None).
+_last_backward_choice: list = [None]
+
+
+def last_backward_choice() -> str:
+    """The tiles of the most recent backward's two kernels: for logs."""
+    if _last_backward_choice[0] is None:
+        return "none yet"
+    choices, use_tma = _last_backward_choice[0]
+    if use_tma is None:
+        names = [tile_config_of(tuner.best_config).name for tuner in choices]
+    else:
+        names = [dataclasses.replace(cfg, use_tma=cfg.use_tma and use_tma).name for cfg in choices]
+    return f"dK/dV {names[0]}, dQ {names[1]}"
+
+
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
-                       configs: tuple[TileConfig, TileConfig] | None = None,
+                       configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer.
-    `configs` = (dK/dV config, dQ config) overrides the tile choice."""
+    """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
+    a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
+    overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
@@ -195,8 +216,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         return dq.zero_(), dk.zero_(), dv.zero_()
     _interpreter.prepare(q.device)
     bd = block_d(head_dim)
-    precision = _input_precision(q.dtype)
-    dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
+    if autotune is None:
+        autotune = (configs is None and q.device.type == "cuda"
+                    and _autotune_by_default(batch * heads_q * seqlen_q * seqlen_k * head_dim))
 
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32
@@ -204,32 +226,53 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         o, do, delta, *_strides(o), *_strides(do), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block,
     )
-    common = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
-                  IS_CAUSAL=is_causal, INPUT_PRECISION=precision)
-    # TMA in the backward is opt-in (a config with use_tma) until it is measured.
-    strides = _tma_strides(q, k, v, do) if dkdv_cfg.use_tma or dq_cfg.use_tma else None
+    group = heads_q // heads_kv
+    meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
+                INPUT_PRECISION=_input_precision(q.dtype))
+    bucket = seqlen_bucket(seqlen_q, seqlen_k)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv)
+    dkdv_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+                 heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E, bucket)
+    dq_args = (q, k, v, do, lse, delta, dq)
+    dq_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+               heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E, _heads_per_group(k, group, is_causal), bucket)
 
-    def descriptors(cfg: TileConfig) -> tuple:  # of q, k, v, dO, or four Nones
-        if not (cfg.use_tma and strides):
+    def dkdv_grid(meta):
+        return _cdiv(seqlen_k, meta["BLOCK_N"]), heads_kv, batch
+
+    def dq_grid(meta):
+        return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
+
+    def descriptors(tile: tuple[int, int] | None) -> tuple:  # of q, k, v, dO at (BLOCK_M, BLOCK_N), or Nones
+        if tile is None or strides is None:
             return (None,) * 4
-        return _descriptors((q, k, v, do), strides, (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m), bd)
+        bm, bn = tile
+        return _descriptors((q, k, v, do), strides, (bm, bn, bn, bm), bd)
 
-    dkdv_descs = descriptors(dkdv_cfg)
-    attn_bwd_dkdv_kernel[(_cdiv(seqlen_k, dkdv_cfg.block_n), heads_kv, batch)](
-        q, k, v, do, lse, delta, dk, dv, *dkdv_descs,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-        heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E,
-        BLOCK_M=dkdv_cfg.block_m, BLOCK_N=dkdv_cfg.block_n, **common, USE_TMA=dkdv_descs[0] is not None,
-        num_warps=dkdv_cfg.num_warps, num_stages=dkdv_cfg.num_stages,
-    )
-    dq_descs = descriptors(dq_cfg)
-    attn_bwd_dq_kernel[(_cdiv(seqlen_q, dq_cfg.block_m), heads_q, batch)](
-        q, k, v, do, lse, delta, dq, *dq_descs,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-        heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv, is_causal),
-        BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **common, USE_TMA=dq_descs[0] is not None,
-        num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
-    )
+    if autotune:
+        # Each kernel's TMA candidates share one tile, so the descriptors exist before the pick.
+        strides = _tma_strides(q, k, v, do)
+        tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
+        tuners = []
+        for tile, autotuned, grid, args, rest in ((tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest),
+                                                   (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest)):
+            descs = descriptors(tile)
+            tuner = autotuned[descs[0] is not None]
+            tuner[grid](*args, *descs, *rest, **meta)
+            tuners.append(tuner)
+        _last_backward_choice[0] = (tuple(tuners), None)
+        return dq, dk, dv
+
+    dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
+    strides = _tma_strides(q, k, v, do) if dkdv_cfg.use_tma or dq_cfg.use_tma else None
+    _last_backward_choice[0] = ((dkdv_cfg, dq_cfg), strides is not None)
+    for cfg, kernel, grid, args, rest in ((dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest),
+                                          (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest)):
+        descs = descriptors((cfg.block_m, cfg.block_n) if cfg.use_tma else None)
+        kernel[grid(dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))](
+            *args, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            USE_TMA=descs[0] is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     return dq, dk, dv
 
 

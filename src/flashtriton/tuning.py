@@ -1,11 +1,12 @@
-"""Tile configurations: the static table, the resource model that prunes configurations, and the forward's
-autotuner.
+"""Tile configurations: the static tables, the resource model that prunes configurations, and the
+autotuners of the forward and of the backward's two kernels.
 
-Small problems take the static table (`forward_config`): their kernels run for microseconds, and picking
-a config costs host time. Large forwards go through `attn_fwd_autotuned`, which times the sweep's winners
-for the head dim at hand once per (head dim, mask, dtype, sequence-length bucket) and, with
-`cache_results=True`, stores the choice in Triton's cache directory, so that later processes skip the
-timing (docs/tuning.md measures what a first call costs).
+Small problems take the static tables (`forward_config`, `backward_configs`): their kernels run for
+microseconds, and picking a config costs host time. Large ones go through `attn_fwd_autotuned`,
+`attn_bwd_dkdv_autotuned` and `attn_bwd_dq_autotuned`, which time the sweeps' winners for the head dim
+at hand once per (head dim, mask, dtype, sequence-length bucket) and, with `cache_results=True`, store
+the choice in Triton's cache directory, so that later processes skip the timing (docs/tuning.md measures
+what a first call costs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import triton
 import triton.testing
 
 from . import _interpreter
+from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from .kernels.forward import attn_fwd_kernel
 
 
@@ -72,16 +74,19 @@ def _forward_config(head_dim: int, dtype: torch.dtype, device_type: str, use_tma
 
 
 def backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
-    """(dK/dV config, dQ config). dK/dV keeps a tall key tile and streams short query tiles; dQ the reverse."""
+    """(dK/dV config, dQ config) for problems too small to autotune: the backward sweeps' best block-pointer
+    tiles (benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*). dK/dV keeps BLOCK_N key rows resident
+    and streams BLOCK_M query rows; dQ the reverse."""
     if device.type != "cuda":
         return TileConfig(block_m=16, block_n=32), TileConfig(block_m=32, block_n=16)
     width = row_bytes(head_dim, dtype)
     if width <= 128:
-        return (TileConfig(block_m=32, block_n=128, num_warps=4, num_stages=3),
-                TileConfig(block_m=128, block_n=32, num_warps=4, num_stages=3))
+        return (TileConfig(block_m=32, block_n=64, num_warps=4, num_stages=3),
+                TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3))
     if width <= 256:
-        return (TileConfig(block_m=32, block_n=128, num_warps=8, num_stages=2),
-                TileConfig(block_m=128, block_n=32, num_warps=8, num_stages=2))
+        return (TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=2),
+                TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3))
+    # D = 256, not swept: dK and dV of 64 rows need two warp groups to stay in registers
     return (TileConfig(block_m=16, block_n=64, num_warps=8, num_stages=1),
             TileConfig(block_m=64, block_n=16, num_warps=8, num_stages=1))
 
@@ -194,8 +199,26 @@ FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
 }
 TMA_TILES = {128: (128, 64), 256: (128, 64), 512: (64, 32)}  # (BLOCK_M, BLOCK_N) of the TMA candidates
 
+# The backward kernels' candidates, from their sweeps (cs336's shape at D=64, the paper's N=4096 at D=128;
+# benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the two best TMA configs on the width's TMA
+# tile and the two best block-pointer ones. D=256 keeps its one static config.
+BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
+    "dkdv": {128: [TileConfig(64, 64, 4, 3, True), TileConfig(64, 64, 4, 2, True),
+                   TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
+             256: [TileConfig(64, 64, 4, 2, True), TileConfig(64, 64, 4, 3, True),
+                   TileConfig(64, 64, 4, 2), TileConfig(64, 128, 8, 2)],
+             512: [TileConfig(16, 64, 8, 1)]},
+    "dq": {128: [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 4, 3, True),
+                 TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3)],
+           256: [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 8, 2, True),
+                 TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2)],
+           512: [TileConfig(64, 16, 8, 1)]},
+}
+BACKWARD_TMA_TILES = {"dkdv": {128: (64, 64), 256: (64, 64)}, "dq": {128: (128, 64), 256: (128, 64)}}
+
 # Below this much work (B * Hq * Nq * Nk * D) a forward takes tens of microseconds, the static table is
 # within noise of the best config, and the autotuner's own host cost (it keys every call) would show.
+# The backward uses the same threshold.
 AUTOTUNE_MIN_WORK = 2**34
 
 
@@ -208,31 +231,56 @@ def tma_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
     return TMA_TILES[width_class(head_dim, dtype)]
 
 
+def backward_tma_tile(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[int, int] | None:
+    """The (BLOCK_M, BLOCK_N) of a backward kernel's TMA candidates, or None if it has none."""
+    return BACKWARD_TMA_TILES[kernel].get(width_class(head_dim, dtype))
+
+
 def tile_config_of(config: triton.Config) -> TileConfig:
     """The TileConfig that one of the autotuner's configs stands for."""
     kw = config.kwargs
     return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, kw["USE_TMA"],
-                      kw["WARP_SPECIALIZE"])
+                      kw.get("WARP_SPECIALIZE", False))
 
 
-def _prune_forward(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
-    """Keep the candidates of this head dim's width class that fit the GPU (at least the static config)."""
-    q = named_args["Q"]
-    head_dim = meta["HEAD_DIM"]
-    wanted = set(FORWARD_CANDIDATES[width_class(head_dim, q.dtype)])
-    smem = shared_memory_limit(q.device)
-    kept = [config for config in configs if (cfg := tile_config_of(config)) in wanted
-            and why_pruned(cfg, head_dim, q.dtype, smem) is None]
+_GPU = torch.device("cuda")  # the static tables' GPU rows are the fallback (the interpreter runs them too)
+
+
+def _keep_candidates(configs: list[triton.Config], wanted: list[TileConfig], fits, fallback: TileConfig,
+                     ) -> list[triton.Config]:
+    """The autotuner's configs that stand for `wanted` TileConfigs and fit; else the static fallback."""
+    kept = [config for config in configs if (cfg := tile_config_of(config)) in wanted and fits(cfg)]
     if not kept:
-        fallback = forward_config(head_dim, q.dtype, q.device, use_tma=False)
         kept = [c for c in configs if tile_config_of(c) == fallback][:1] or configs[:1]
     return kept
 
 
-def _autotune_configs(with_tma: bool) -> list[triton.Config]:
-    unique = dict.fromkeys(c for configs in FORWARD_CANDIDATES.values() for c in configs if with_tma or not c.use_tma)
+def _prune_forward(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
+    """Keep the candidates of this head dim's width class that fit the GPU (at least the static config)."""
+    q, head_dim = named_args["Q"], meta["HEAD_DIM"]
+    smem = shared_memory_limit(q.device)
+    return _keep_candidates(configs, FORWARD_CANDIDATES[width_class(head_dim, q.dtype)],
+                            lambda cfg: why_pruned(cfg, head_dim, q.dtype, smem) is None,
+                            forward_config(head_dim, q.dtype, _GPU, use_tma=False))
+
+
+def _backward_pruner(kernel: str):
+    def prune(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
+        """Keep this backward kernel's candidates for the head dim's width class that fit the GPU."""
+        q, head_dim = named_args["Q"], meta["HEAD_DIM"]
+        smem = shared_memory_limit(q.device)
+        static = backward_configs(head_dim, q.dtype, _GPU)[0 if kernel == "dkdv" else 1]
+        return _keep_candidates(configs, BACKWARD_CANDIDATES[kernel][width_class(head_dim, q.dtype)],
+                                lambda cfg: why_pruned_backward(kernel, cfg, head_dim, q.dtype, smem) is None
+                                or cfg == static, static)
+    return prune
+
+
+def _triton_configs(candidates: list[TileConfig], with_tma: bool, forward: bool) -> list[triton.Config]:
+    unique = dict.fromkeys(c for c in candidates if with_tma or not c.use_tma)
     return [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "USE_TMA": c.use_tma,
-                           "WARP_SPECIALIZE": c.warp_specialize}, num_warps=c.num_warps, num_stages=c.num_stages)
+                           **({"WARP_SPECIALIZE": c.warp_specialize} if forward else {})},
+                          num_warps=c.num_warps, num_stages=c.num_stages)
             for c in unique]
 
 
@@ -253,18 +301,28 @@ def _time_config(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 
-def _autotuned(with_tma: bool):
+def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
     # The dtypes of the tensor arguments join the key automatically.
     return triton.autotune(
-        configs=_autotune_configs(with_tma),
+        configs=_triton_configs(candidates, with_tma, forward=kernel is attn_fwd_kernel),
         key=["HEAD_DIM", "IS_CAUSAL", "INPUT_PRECISION", "tuning_seqlen"],
-        prune_configs_by={"early_config_prune": _prune_forward},
+        prune_configs_by={"early_config_prune": prune},
         do_bench=_time_config,
         cache_results=True,
-    )(attn_fwd_kernel)
+    )(kernel)
 
 
-# Two autotuners over the same kernel: with tensor descriptors at hand (a Hopper GPU and aligned
-# tensors) the candidates include the TMA ones; without, block pointers only. Their keys and disk caches
-# stay apart because their config lists differ.
-attn_fwd_autotuned = {True: _autotuned(with_tma=True), False: _autotuned(with_tma=False)}
+def _all(candidates_by_width: dict[int, list[TileConfig]]) -> list[TileConfig]:
+    return [c for configs in candidates_by_width.values() for c in configs]
+
+
+# Two autotuners per kernel: with tensor descriptors at hand (a Hopper GPU and aligned tensors) the
+# candidates include the TMA ones; without, block pointers only. Their keys and disk caches stay apart
+# because their config lists differ. The backward kernels overwrite their outputs, so timing them on the
+# real arguments is harmless.
+attn_fwd_autotuned = {tma: _autotuned(attn_fwd_kernel, _all(FORWARD_CANDIDATES), tma, _prune_forward)
+                      for tma in (True, False)}
+attn_bwd_dkdv_autotuned = {tma: _autotuned(attn_bwd_dkdv_kernel, _all(BACKWARD_CANDIDATES["dkdv"]), tma,
+                                           _backward_pruner("dkdv")) for tma in (True, False)}
+attn_bwd_dq_autotuned = {tma: _autotuned(attn_bwd_dq_kernel, _all(BACKWARD_CANDIDATES["dq"]), tma,
+                                         _backward_pruner("dq")) for tma in (True, False)}

@@ -93,7 +93,7 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS)
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["tuning_seqlen"])
 def attn_bwd_dkdv_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -109,12 +109,13 @@ def attn_bwd_dkdv_kernel(
     # sizes
     num_heads_kv, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
+    tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr = False,  # experimental, not yet measured: loads through the TMA copy engine
+    USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -201,7 +202,7 @@ def _dq_inner(
     return dq
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["heads_per_group"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["heads_per_group", "tuning_seqlen"])
 def attn_bwd_dq_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DQ,
@@ -217,12 +218,13 @@ def attn_bwd_dq_kernel(
     num_heads_q, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
     heads_per_group,  # causal launch order (see program_tile)
+    tuning_seqlen,  # the autotuner's key, as in the dK/dV kernel
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr = False,  # experimental, not yet measured: loads through the TMA copy engine
+    USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
 ):
     """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
