@@ -270,9 +270,12 @@ def _backward_pruner(kernel: str):
         q, head_dim = named_args["Q"], meta["HEAD_DIM"]
         smem = shared_memory_limit(q.device)
         static = backward_configs(head_dim, q.dtype, _GPU)[0 if kernel == "dkdv" else 1]
-        return _keep_candidates(configs, BACKWARD_CANDIDATES[kernel][width_class(head_dim, q.dtype)],
+        kept = _keep_candidates(configs, BACKWARD_CANDIDATES[kernel][width_class(head_dim, q.dtype)],
                                 lambda cfg: why_pruned_backward(kernel, cfg, head_dim, q.dtype, smem) is None
                                 or cfg == static, static)
+        if meta.get("ATOMIC_DQ") == 2:  # the dQ buffer's descriptor has the TMA candidates' tile
+            kept = [c for c in kept if c.kwargs["USE_TMA"]]
+        return kept
     return prune
 
 
@@ -301,12 +304,13 @@ def _time_config(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 
-def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
+def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune, extra_key=(), reset_to_zero=None):
     # The dtypes of the tensor arguments join the key automatically.
     return triton.autotune(
         configs=_triton_configs(candidates, with_tma, forward=kernel is attn_fwd_kernel),
-        key=["HEAD_DIM", "IS_CAUSAL", "INPUT_PRECISION", "tuning_seqlen"],
+        key=["HEAD_DIM", "IS_CAUSAL", "INPUT_PRECISION", "tuning_seqlen", *extra_key],
         prune_configs_by={"early_config_prune": prune},
+        reset_to_zero=reset_to_zero,
         do_bench=_time_config,
         cache_results=True,
     )(kernel)
@@ -322,7 +326,9 @@ def _all(candidates_by_width: dict[int, list[TileConfig]]) -> list[TileConfig]:
 # real arguments is harmless.
 attn_fwd_autotuned = {tma: _autotuned(attn_fwd_kernel, _all(FORWARD_CANDIDATES), tma, _prune_forward)
                       for tma in (True, False)}
+# With atomics for dQ, every timed run adds into the dQ buffer: the autotuner zeroes it before each.
 attn_bwd_dkdv_autotuned = {tma: _autotuned(attn_bwd_dkdv_kernel, _all(BACKWARD_CANDIDATES["dkdv"]), tma,
-                                           _backward_pruner("dkdv")) for tma in (True, False)}
+                                           _backward_pruner("dkdv"), extra_key=["ATOMIC_DQ"],
+                                           reset_to_zero=["DQ_ACC"]) for tma in (True, False)}
 attn_bwd_dq_autotuned = {tma: _autotuned(attn_bwd_dq_kernel, _all(BACKWARD_CANDIDATES["dq"]), tma,
                                          _backward_pruner("dq")) for tma in (True, False)}
