@@ -16,13 +16,13 @@ def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0):
 
 class WithBackwardTiles(torch.autograd.Function):
     """The kernels with chosen backward tiles, or the backward's autotuners forced on (the public API
-    picks by problem size): `WithBackwardTiles.apply(q, k, v, is_causal, configs, autotune, deterministic)`."""
+    picks by problem size): `WithBackwardTiles.apply(q, k, v, is_causal, configs, autotune)`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, configs, autotune=None, deterministic=True):
+    def forward(ctx, q, k, v, is_causal, configs, autotune=None):
         o, lse = attention_forward(q, k, v, is_causal, q.shape[-1] ** -0.5)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.configs, ctx.autotune, ctx.deterministic = is_causal, configs, autotune, deterministic
+        ctx.is_causal, ctx.configs, ctx.autotune = is_causal, configs, autotune
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -30,5 +30,5 @@ class WithBackwardTiles(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         grads = attention_backward(do, q, k, v, o, lse, ctx.is_causal, q.shape[-1] ** -0.5, ctx.configs,
-                                   ctx.autotune, ctx.deterministic)
-        return *grads, None, None, None, None
+                                   ctx.autotune)
+        return *grads, None, None, None

@@ -65,9 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16, fp32")
     inspect.add_argument("--no-tma", action="store_true", help="the block-pointer forward instead of TMA")
     inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
-    inspect.add_argument("--backward-tma", action="store_true", help="the backward with its TMA loads")
-    inspect.add_argument("--atomic-dq", action="store_true",
-                         help="the non-deterministic backward: dQ added up with atomics by the dK/dV kernel")
+    inspect.add_argument("--backward-tma", action="store_true", help="the backward with its opt-in TMA loads")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     return parser
 
@@ -113,8 +111,7 @@ def _inspect(args: argparse.Namespace) -> int:
         for head_dim in (int(d) for d in args.head_dims.split(",")):
             for causal in (False, True):
                 reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,
-                                            qk_ahead=args.qk_ahead, backward_tma=args.backward_tma,
-                                            atomic_dq=args.atomic_dq)
+                                            qk_ahead=args.qk_ahead, backward_tma=args.backward_tma)
     print(json.dumps([asdict(r) for r in reports]) if args.json else markdown(reports))
     return 0
 

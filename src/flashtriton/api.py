@@ -15,7 +15,6 @@ def flash_attention(
     is_causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
-    deterministic: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact softmax attention, `softmax(q @ k^T * scale) @ v`, without materialising the scores.
 
@@ -35,10 +34,6 @@ def flash_attention(
 
         scale: softmax scale; defaults to 1 / sqrt(D).
         return_lse: also return the logsumexp of each query row's scaled scores.
-        deterministic: with True (the default) the backward gives bitwise identical gradients on every
-            run. False lets it add dQ up with float32 atomics in whatever order the GPU runs the key
-            tiles: two of the backward's seven matrix products fewer, gradients equally accurate but
-            not bitwise reproducible (benchmarks/NOTES.md measures the gain).
 
     Returns:
         o: (B, Hq, Nq, D), q's dtype; and with `return_lse`, lse: (B, Hq, Nq) float32, natural log,
@@ -48,18 +43,18 @@ def flash_attention(
     256. float32 dot products use TF32 when PyTorch's float32 matmuls do
     (`torch.backends.cuda.matmul.fp32_precision`, or the legacy `allow_tf32`). Any strides work; a tensor
     whose last dim is not contiguous is copied once. The flash_attn layout (B, N, H, D) is supported
-    without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v.
+    without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the backward is
+    deterministic.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):  # the rest is checked once, in flash_attention_forward
         if isinstance(x, torch.Tensor) and x.dim() != 4:
             raise ValueError(
                 f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
                 "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
-    for name, flag in (("return_lse", return_lse), ("deterministic", deterministic)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
-        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, deterministic)
+        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse)
     # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
     _, _, _, o, lse, _ = flash_attention_forward(q, k, v, is_causal, scale)
     return (o, lse) if return_lse else o

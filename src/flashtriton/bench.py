@@ -120,9 +120,6 @@ def _flex() -> Provider:
 
 PROVIDERS: dict[str, Provider] = {
     "flashtriton": Provider(lambda q, k, v, causal: flash_attention(q, k, v, is_causal=causal)),
-    # the same forward; the backward adds dQ up with atomics (not bitwise reproducible)
-    "flashtriton_nondet": Provider(lambda q, k, v, causal: flash_attention(q, k, v, is_causal=causal,
-                                                                          deterministic=False)),
     "sdpa": _sdpa(),  # whatever PyTorch dispatches to by default (cuDNN on Hopper with torch >= 2.5)
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
@@ -273,7 +270,7 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                                 peak))
                 notes = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
                 notes += f" peak {peak:.0f} MiB" if peak is not None else ""
-                notes += f" [{last_backward_choice()}]" if name.startswith("flashtriton") and mode != "fwd" else ""
+                notes += f" [{last_backward_choice()}]" if name == "flashtriton" and mode != "fwd" else ""
                 log(f"  {name:<12} {mode:<7} N={shape.seqlen_q:<6} causal={shape.causal!s:<5} "
                     f"{ms:8.3f} ms (+-{50 * rows[-1].spread:.1f}%){notes} {rows[-1].tflops:7.1f} TFLOP/s  "
                     f"err {errors[name]:.1e}")
@@ -339,7 +336,7 @@ def provider_table(rows: list[Row]) -> str:
     providers = list(dict.fromkeys(r.provider for r in rows))
     keys = list(dict.fromkeys((r.B, r.Hq, r.Nq, r.D, r.causal, r.mode) for r in rows))
     by_key = {(r.B, r.Hq, r.Nq, r.D, r.causal, r.mode, r.provider): r for r in rows}
-    peers = [p for p in providers if not p.startswith("flashtriton")]  # not our own variants
+    peers = [p for p in providers if p != "flashtriton"]
     lines = ["| B | H | N | D | causal | mode | " + " | ".join(providers) + " | "
              + " | ".join(f"ours/{p}" for p in peers) + " |"]
     lines.append("|" + "---|" * (6 + len(providers) + len(peers)))

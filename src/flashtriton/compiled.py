@@ -126,10 +126,9 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
 
 def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                      use_tma: bool = True, target: GPUTarget = HOPPER, qk_ahead: bool = False,
-                     backward_tma: bool = False, atomic_dq: bool = False) -> list[KernelReport]:
+                     backward_tma: bool = False) -> list[KernelReport]:
     """Compile the forward and backward kernels with the static tiles of a GPU call of this shape, or with
-    the opt-in variants (`qk_ahead` forward, `backward_tma`, `atomic_dq`: the non-deterministic backward,
-    whose dK/dV kernel also adds up dQ, through the TMA unit if `backward_tma`) on the same tiles."""
+    the opt-in variants (`qk_ahead` forward, `backward_tma`) on the same tiles."""
     cuda = torch.device("cuda")
     fwd_cfg = dataclasses.replace(ops.forward_config(head_dim, dtype, cuda, use_tma), qk_ahead=qk_ahead)
     if qk_ahead:
@@ -139,15 +138,11 @@ def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
     reports = []
     with _offline(target) as compiled:
         o, lse = ops.attention_forward(q, q, q, causal, head_dim ** -0.5, fwd_cfg)
-        ops.attention_backward(q, q, q, q, q, torch.zeros(1, 2, seqlen), causal, head_dim ** -0.5, bwd_cfgs,
-                               deterministic=not atomic_dq)
+        ops.attention_backward(q, q, q, q, q, torch.zeros(1, 2, seqlen), causal, head_dim ** -0.5, bwd_cfgs)
     names = {"attn_fwd_kernel": fwd_cfg.name, "attn_bwd_preprocess_kernel": "-",
              "attn_bwd_dkdv_kernel": bwd_cfgs[0].name, "attn_bwd_dq_kernel": bwd_cfgs[1].name}
-    if atomic_dq:
-        names["attn_bwd_dkdv_kernel"] += f" atomic dQ ({'TMA' if backward_tma else 'element-wise'})"
     for name in KERNELS:
-        if name in compiled:  # with atomic_dq, no dQ kernel
-            reports.append(_report(name, compiled[name], head_dim, dtype, causal, names[name]))
+        reports.append(_report(name, compiled[name], head_dim, dtype, causal, names[name]))
     return reports
 
 

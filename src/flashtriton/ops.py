@@ -197,20 +197,16 @@ def last_backward_choice() -> str:
         names = [tile_config_of(tuner.best_config).name for tuner in choices]
     else:
         names = [dataclasses.replace(cfg, use_tma=cfg.use_tma and use_tma).name for cfg in choices]
-    if len(names) == 1:  # deterministic=False: the dK/dV kernel also made dQ
-        return f"dK/dV {names[0]} with atomic dQ"
     return f"dK/dV {names[0]}, dQ {names[1]}"
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
                        configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
-                       deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns dq, dk, dv shaped like q, k, v. Deterministic by default: every element has a single writer,
-    and for a given choice of tiles the summation order is fixed. With `deterministic=False` the dK/dV
-    kernel adds dQ up with atomics and the dQ kernel does not run (kernels/backward.py). `configs` =
-    (dK/dV config, dQ config) overrides the tile choice; `autotune` forces the autotuners on or off
-    (default: as the forward)."""
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
+    a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
+    overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
@@ -234,14 +230,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
                 INPUT_PRECISION=_input_precision(q.dtype))
     bucket = seqlen_bucket(seqlen_q, seqlen_k)
-    if deterministic:
-        dq_acc, atomic_dq = _placeholder(q.device), 0
-    else:
-        dq_acc = torch.zeros((batch, heads_q, seqlen_q, head_dim), device=q.device, dtype=torch.float32)
-        # The TMA unit's bulk reduction on a GPU; element-wise atomics in the interpreter, which lacks it.
-        atomic_dq = 2 if not _interpreter.is_active() and _tma_strides(dq_acc) is not None else 1
-    dkdv_meta = dict(meta, ATOMIC_DQ=atomic_dq)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, dq_acc)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv)
     dkdv_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
                  heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E, bucket)
     dq_args = (q, k, v, do, lse, delta, dq)
@@ -260,50 +249,31 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         bm, bn = tile
         return _descriptors((q, k, v, do), strides, (bm, bn, bn, bm), bd)
 
-    def dkdv_descriptors(tile: tuple[int, int] | None) -> tuple:  # and the dQ buffer's, for its reduction
-        descs = descriptors(tile)
-        if atomic_dq != 2:
-            return (*descs, None)
-        return (*descs, _descriptors((dq_acc,), [list(dq_acc.stride())], (tile[0],), bd)[0])
-
     if autotune:
         # Each kernel's TMA candidates share one tile, so the descriptors exist before the pick.
         strides = _tma_strides(q, k, v, do)
         tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
-        if atomic_dq == 2 and (tiles[0] is None or strides is None):
-            atomic_dq = dkdv_meta["ATOMIC_DQ"] = 1  # the reduction's descriptor needs the TMA candidates
-        descs = dkdv_descriptors(tiles[0])
-        tuner = attn_bwd_dkdv_autotuned[descs[0] is not None]
-        tuner[dkdv_grid](*dkdv_args, *descs, *dkdv_rest, **dkdv_meta)
-        tuners = [tuner]
-        if not atomic_dq:
-            descs = descriptors(tiles[1])
-            tuners.append(attn_bwd_dq_autotuned[descs[0] is not None])
-            tuners[1][dq_grid](*dq_args, *descs, *dq_rest, **meta)
+        tuners = []
+        for tile, autotuned, grid, args, rest in ((tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest),
+                                                   (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest)):
+            descs = descriptors(tile)
+            tuner = autotuned[descs[0] is not None]
+            tuner[grid](*args, *descs, *rest, **meta)
+            tuners.append(tuner)
         _last_backward_choice[0] = (tuple(tuners), None)
-        return (dq_acc.to(q.dtype) if atomic_dq else dq), dk, dv
+        return dq, dk, dv
 
     dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
     strides = _tma_strides(q, k, v, do) if dkdv_cfg.use_tma or dq_cfg.use_tma else None
-    if atomic_dq == 2 and not (dkdv_cfg.use_tma and strides):
-        atomic_dq = dkdv_meta["ATOMIC_DQ"] = 1
     _last_backward_choice[0] = ((dkdv_cfg, dq_cfg), strides is not None)
-    launches = [(dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest, dkdv_descriptors, dkdv_meta)]
-    if not atomic_dq:
-        launches.append((dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest, descriptors, meta))
-    for cfg, kernel, grid, args, rest, make_descriptors, kernel_meta in launches:
-        descs = make_descriptors((cfg.block_m, cfg.block_n) if cfg.use_tma else None)
+    for cfg, kernel, grid, args, rest in ((dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest),
+                                          (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest)):
+        descs = descriptors((cfg.block_m, cfg.block_n) if cfg.use_tma else None)
         kernel[grid(dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))](
-            *args, *descs, *rest, **kernel_meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            *args, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             USE_TMA=descs[0] is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-    return (dq_acc.to(q.dtype) if atomic_dq else dq), dk, dv
-
-
-@functools.cache
-def _placeholder(device: torch.device) -> torch.Tensor:
-    """A float32 stand-in for the dQ buffer where the kernels do not use it (the autotuner zeroes it)."""
-    return torch.zeros(1, device=device, dtype=torch.float32)
+    return dq, dk, dv
 
 
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
@@ -334,20 +304,17 @@ def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, i
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton, forward and backward.
 
-    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False, deterministic=True)`
-    returns O, or `(O, L)` with `return_lse=True` (L carries no gradient); `deterministic=False` lets the
-    backward add dQ up with atomics (faster, not bitwise reproducible). Q: (..., Nq, d), K and V: (..., Nk, d), with
+    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False)` returns O, or
+    `(O, L)` with `return_lse=True` (L carries no gradient). Q: (..., Nq, d), K and V: (..., Nk, d), with
     equal leading dims except that a 4-D (or larger) input may have fewer key/value heads (dim -3) than
     query heads (GQA). O: like Q; L: Q.shape[:-1], float32, natural log. Saves exactly `Q, K, V, O, L`.
     """
 
     @staticmethod
-    def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False, deterministic=True):
-        if not isinstance(deterministic, bool):
-            raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
+    def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False):
         Q, K, V, O, L, scale = flash_attention_forward(Q, K, V, is_causal, scale)
         ctx.save_for_backward(Q, K, V, O, L)
-        ctx.is_causal, ctx.scale, ctx.deterministic = is_causal, scale, deterministic
+        ctx.is_causal, ctx.scale = is_causal, scale
         if return_lse:
             ctx.mark_non_differentiable(L)
             return O, L
@@ -358,6 +325,5 @@ class FlashAttentionTriton(torch.autograd.Function):
         Q, K, V, O, L = ctx.saved_tensors
         q4 = _as_4d(Q)
         dq, dk, dv = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O),
-                                        L.view(q4.shape[:-1]), ctx.is_causal, ctx.scale,
-                                        deterministic=ctx.deterministic)
-        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None, None
+                                        L.view(q4.shape[:-1]), ctx.is_causal, ctx.scale)
+        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None

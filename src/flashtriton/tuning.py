@@ -199,14 +199,16 @@ FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
 }
 TMA_TILES = {128: (128, 64), 256: (128, 64), 512: (64, 32)}  # (BLOCK_M, BLOCK_N) of the TMA candidates
 
-# The backward kernels' candidates, from their sweeps (cs336's shape at D=64, the paper's N=4096 at D=128;
-# benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the two best TMA configs on the width's TMA
-# tile and the two best block-pointer ones. D=256 keeps its one static config.
+# The backward kernels' candidates, from their sweeps (cs336's shape at D=64, the paper's N=4096 at D=128,
+# both masks; benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the two best TMA configs on the
+# width's TMA tile and the best block-pointer ones (at D=128 causal, dK/dV's best tile is 64 x 128 with 8
+# warps: 2.06 ms on TMA, 2.11 on block pointers, against 2.16 for 64 x 64 on TMA). D=256 keeps its one
+# static config.
 BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
     "dkdv": {128: [TileConfig(64, 64, 4, 3, True), TileConfig(64, 64, 4, 2, True),
                    TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
              256: [TileConfig(64, 64, 4, 2, True), TileConfig(64, 64, 4, 3, True),
-                   TileConfig(64, 64, 4, 2), TileConfig(64, 128, 8, 2)],
+                   TileConfig(64, 64, 4, 2), TileConfig(64, 128, 8, 3), TileConfig(64, 128, 8, 2)],
              512: [TileConfig(16, 64, 8, 1)]},
     "dq": {128: [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 4, 3, True),
                  TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3)],
@@ -270,12 +272,9 @@ def _backward_pruner(kernel: str):
         q, head_dim = named_args["Q"], meta["HEAD_DIM"]
         smem = shared_memory_limit(q.device)
         static = backward_configs(head_dim, q.dtype, _GPU)[0 if kernel == "dkdv" else 1]
-        kept = _keep_candidates(configs, BACKWARD_CANDIDATES[kernel][width_class(head_dim, q.dtype)],
+        return _keep_candidates(configs, BACKWARD_CANDIDATES[kernel][width_class(head_dim, q.dtype)],
                                 lambda cfg: why_pruned_backward(kernel, cfg, head_dim, q.dtype, smem) is None
                                 or cfg == static, static)
-        if meta.get("ATOMIC_DQ") == 2:  # the dQ buffer's descriptor has the TMA candidates' tile
-            kept = [c for c in kept if c.kwargs["USE_TMA"]]
-        return kept
     return prune
 
 
@@ -304,13 +303,12 @@ def _time_config(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 
-def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune, extra_key=(), reset_to_zero=None):
+def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
     # The dtypes of the tensor arguments join the key automatically.
     return triton.autotune(
         configs=_triton_configs(candidates, with_tma, forward=kernel is attn_fwd_kernel),
-        key=["HEAD_DIM", "IS_CAUSAL", "INPUT_PRECISION", "tuning_seqlen", *extra_key],
+        key=["HEAD_DIM", "IS_CAUSAL", "INPUT_PRECISION", "tuning_seqlen"],
         prune_configs_by={"early_config_prune": prune},
-        reset_to_zero=reset_to_zero,
         do_bench=_time_config,
         cache_results=True,
     )(kernel)
@@ -326,9 +324,7 @@ def _all(candidates_by_width: dict[int, list[TileConfig]]) -> list[TileConfig]:
 # real arguments is harmless.
 attn_fwd_autotuned = {tma: _autotuned(attn_fwd_kernel, _all(FORWARD_CANDIDATES), tma, _prune_forward)
                       for tma in (True, False)}
-# With atomics for dQ, every timed run adds into the dQ buffer: the autotuner zeroes it before each.
 attn_bwd_dkdv_autotuned = {tma: _autotuned(attn_bwd_dkdv_kernel, _all(BACKWARD_CANDIDATES["dkdv"]), tma,
-                                           _backward_pruner("dkdv"), extra_key=["ATOMIC_DQ"],
-                                           reset_to_zero=["DQ_ACC"]) for tma in (True, False)}
+                                           _backward_pruner("dkdv")) for tma in (True, False)}
 attn_bwd_dq_autotuned = {tma: _autotuned(attn_bwd_dq_kernel, _all(BACKWARD_CANDIDATES["dq"]), tma,
                                          _backward_pruner("dq")) for tma in (True, False)}

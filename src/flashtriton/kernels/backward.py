@@ -9,16 +9,10 @@ P = exp(S - L) without the softmax's running state. With D = rowsum(dO * O) (the
     dK  = scale * dS^T Q
     dQ  = scale * dS K
 
-By default two kernels split the work so that every output has exactly one writer and the result is
-deterministic (no atomics): `attn_bwd_dkdv_kernel` keeps a key/value tile resident and streams the query
-tiles that see it (for GQA, of every query head in its group); `attn_bwd_dq_kernel` keeps a query tile
-resident and streams the key/value tiles it sees, like the forward, recomputing P and dP. Both mask only
-the causal band and ragged tiles.
-
-With ATOMIC_DQ the dK/dV kernel also computes each tile's share of dQ = scale * dS K and adds it into a
-float32 buffer with atomics (FlashAttention-2's scheme): five matrix products per tile pair instead of
-seven, but the order in which key tiles add up differs from run to run, so dQ is not bitwise
-reproducible. ATOMIC_DQ = 1 adds element by element, 2 through the TMA unit's bulk reduction.
+Two kernels split the work so that every output has exactly one writer and the result is deterministic
+(no atomics): `attn_bwd_dkdv_kernel` keeps a key/value tile resident and streams the query tiles that see
+it (for GQA, of every query head in its group); `attn_bwd_dq_kernel` keeps a query tile resident and
+streams the key/value tiles it sees, like the forward. Both mask only the causal band and ragged tiles.
 """
 
 import triton
@@ -63,14 +57,11 @@ def _dkdv_inner(
     dk, dv, k, v,
     q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
     lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, causal_diag, qk_scale_log2,
-    dq_acc_ptr, desc_dq_acc, scale,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
-    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """Accumulate dK and dV of one key tile over query tiles [start, end), and with ATOMIC_DQ add this key
-    tile's share of dQ into the float32 buffer. Works on transposed tiles ([BLOCK_N, BLOCK_M]) so the
-    resident K and V are the left operands."""
+    """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
+    ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands."""
     q_ptr = tl.advance(q_ptr, (start, 0))
     do_ptr = tl.advance(do_ptr, (start, 0))
     for start_m in range(start, end, BLOCK_M):
@@ -95,17 +86,8 @@ def _dkdv_inner(
             p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_diag, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-        dk = tl.dot(ds_t, q, dk, input_precision=INPUT_PRECISION)
-        if ATOMIC_DQ:
-            # Rows past seqlen_q and padded head-dim columns add zeros; the stores below skip them anyway.
-            dq = tl.dot(tl.trans(ds_t), k, input_precision=INPUT_PRECISION) * scale  # [BLOCK_M, BLOCK_D]
-            if ATOMIC_DQ == 2:
-                desc_dq_acc.atomic_add([off_b, off_hq, start_m, 0], dq.reshape(1, 1, BLOCK_M, BLOCK_D))
-            else:
-                offs_d = tl.arange(0, BLOCK_D)
-                tl.atomic_add(dq_acc_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq, sem="relaxed",
-                              mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
         q_ptr = tl.advance(q_ptr, (BLOCK_M, 0))
         do_ptr = tl.advance(do_ptr, (BLOCK_M, 0))
     return dk, dv
@@ -113,11 +95,10 @@ def _dkdv_inner(
 
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["tuning_seqlen"])
 def attn_bwd_dkdv_kernel(
-    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q); DQ_ACC (B, Hq, seqlen_q, HEAD_DIM) float32,
-    # contiguous and zeroed, is only used with ATOMIC_DQ
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
-    # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA, and of DQ_ACC when ATOMIC_DQ == 2
-    desc_q, desc_k, desc_v, desc_do, desc_dq_acc,
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
+    desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -135,10 +116,8 @@ def attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
-    ATOMIC_DQ: tl.constexpr = 0,  # 0: dQ is left to attn_bwd_dq_kernel; 1, 2: atomics (module docstring)
 ):
-    """One program per (key tile, key/value head, batch): writes dK and dV of that tile (and with ATOMIC_DQ
-    adds its share of dQ)."""
+    """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     b32, hkv32, pid_n = program_tile(False, 1)  # causal: key tile 0 is seen by the most queries: first
     off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
@@ -171,22 +150,15 @@ def attn_bwd_dkdv_kernel(
         lse_ptr = LSE + row
         delta_ptr = DELTA + row
         hq32 = off_hq.to(tl.int32)
-        dq_acc_ptr = DQ_ACC + row * HEAD_DIM
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, causal_diag,
-                             qk_scale_log2, dq_acc_ptr, desc_dq_acc, scale,
-                             BLOCK_M, BLOCK_D, HEAD_DIM, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
-                             ATOMIC_DQ)
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, causal_diag,
-                             qk_scale_log2, dq_acc_ptr, desc_dq_acc, scale,
-                             BLOCK_M, BLOCK_D, HEAD_DIM, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
-                             ATOMIC_DQ)
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, ragged_start, seqlen_q, offs_n, seqlen_q, causal_diag,
-                             qk_scale_log2, dq_acc_ptr, desc_dq_acc, scale,
-                             BLOCK_M, BLOCK_D, HEAD_DIM, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
-                             ATOMIC_DQ)
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
 
     dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh, seqlen_k, stride_dkn, start_n,
                             BLOCK_N, HEAD_DIM, BLOCK_D)
