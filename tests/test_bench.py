@@ -1,6 +1,7 @@
 """The benchmark's bookkeeping (suites, FLOP counts, tables, result files); timing itself needs a GPU."""
 
 import json
+from pathlib import Path
 
 from flashtriton.bench import SUITES, Row, Shape, article_table, memory_table, provider_table, write_results
 
@@ -88,6 +89,30 @@ def test_roofline_bookkeeping(tmp_path):
     assert (tmp_path / "roofline.png").exists()
 
 
+def test_ncu_profiles_the_kernel_it_is_asked_for(tmp_path, monkeypatch):
+    """The ncu command line (no ncu here: the subprocess is faked): the backward's kernels are profiled
+    from a target that runs the backward inside the NVTX range."""
+    import subprocess
+
+    import pytest
+
+    from flashtriton import roofline
+
+    seen = []
+    monkeypatch.setattr(roofline.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(roofline.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(
+        cmd, 0, stdout='"Section Name","Metric Name","Metric Unit","Metric Value"\n"SOL","Duration","us","12"\n',
+        stderr=""))
+    for kernel in roofline.PROFILED_KERNELS:
+        rows = roofline.ncu_summary(128, False, tmp_path / f"{kernel}.csv", kernel)
+        assert rows == [{"section": "SOL", "metric": "Duration", "unit": "us", "value": "12"}]
+        cmd = seen[-1]
+        assert cmd[cmd.index("--kernel-name") + 1] == kernel
+        assert ("--backward" in cmd) == (kernel != "attn_fwd_kernel")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        roofline.ncu_summary(64, False, tmp_path / "x.csv", "attn_bwd_kernel")
+
+
 def test_peak_memory_measures_one_forward_and_backward(monkeypatch):
     """The GPU-only measurement's flow, with torch.cuda's counters faked on CPU."""
     import torch
@@ -109,3 +134,27 @@ def test_peak_memory_measures_one_forward_and_backward(monkeypatch):
     q.grad = torch.ones_like(q)
     assert bench.peak_memory_mb("fake", Shape(1, 1, 1, 8, 8, 4, False), q, k, v) == 5.0
     assert calls == ["reset", "run"] and q.grad is None and k.grad is None  # gradients left cleared
+
+
+def test_merge_results_script_keeps_every_runs_meta(tmp_path):
+    """benchmarks/merge_results.py: later files replace earlier rows, and the meta lists every run whose
+    rows remain, in order."""
+    import subprocess
+    import sys
+
+    def row(provider, d, ms):
+        return Row(provider, "paper", 4, 2048 // d, 2048 // d, 4096, 4096, d, "bf16", False, "fwd", ms, 1.0)
+    files = []
+    for name, rows in (("a", [row("flashtriton", 64, 1.0), row("sdpa", 64, 2.0)]),
+                       ("b", [row("flashtriton", 128, 3.0)]), ("c", [row("flashtriton", 64, 0.5)])):
+        meta = {"gpu": "test", "torch": "x", "triton": "y", "commit": name, "date": "d"}
+        write_results(tmp_path / name, "paper", rows, meta)
+        files.append(str(tmp_path / name / "paper.json"))
+    script = Path(__file__).parent.parent / "benchmarks" / "merge_results.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), *files], check=True,
+                   capture_output=True)
+    data = json.loads((tmp_path / "out" / "paper.json").read_text())
+    assert sorted((r["provider"], r["D"], r["ms"]) for r in data["rows"]) == [
+        ("flashtriton", 64, 0.5), ("flashtriton", 128, 3.0), ("sdpa", 64, 2.0)]
+    assert data["meta"]["commit"] == "c"
+    assert [(m["commit"], m["rows"]) for m in data["meta"]["merged"]] == [("b", 1), ("a", 1)]

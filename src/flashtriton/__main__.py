@@ -58,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     roofline.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
     roofline.add_argument("--head-dim", type=int, default=64, help=argparse.SUPPRESS)
     roofline.add_argument("--causal", action="store_true", help=argparse.SUPPRESS)
+    roofline.add_argument("--backward", action="store_true", help=argparse.SUPPRESS)
 
     inspect = sub.add_parser("inspect", help="compile the kernels for sm_90 (no GPU needed): registers, "
                                              "spills, shared memory, HGMMA/HMMA counts")
@@ -72,10 +73,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def _roofline(args: argparse.Namespace) -> int:
     from .bench import PROVIDERS, environment, warm_up_gpu
-    from .roofline import measure_ceilings, measure_points, ncu_summary, run_profile_target, write_report
+    from .roofline import (
+        PROFILED_KERNELS,
+        measure_ceilings,
+        measure_points,
+        ncu_summary,
+        run_profile_target,
+        write_report,
+    )
 
     if args.profile_target:
-        run_profile_target(args.head_dim, args.causal)
+        run_profile_target(args.head_dim, args.causal, args.backward)
         return 0
     providers = [p for p in args.providers.split(",") if p]
     unknown = [p for p in providers if p not in PROVIDERS]
@@ -90,8 +98,10 @@ def _roofline(args: argparse.Namespace) -> int:
     if not args.no_ncu:
         args.out.mkdir(parents=True, exist_ok=True)
         for head_dim in (64, 128):
-            name = f"D{head_dim}-N4096-full"
-            profiles[name] = ncu_summary(head_dim, False, args.out / f"ncu_{name}.csv")
+            for kernel in PROFILED_KERNELS:
+                name = f"{kernel.removeprefix('attn_').removesuffix('_kernel')} D{head_dim}-N4096-full"
+                profiles[name] = ncu_summary(head_dim, False, args.out / f"ncu_{name.replace(' ', '_')}.csv",
+                                             kernel)
     write_report(args.out, ceilings, points, profiles, environment())
     print((args.out / "roofline.md").read_text())
     return 0

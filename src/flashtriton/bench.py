@@ -412,9 +412,9 @@ def merge_rows(path: Path, rows: list[Row], meta: dict) -> list[Row]:
     old = json.loads(path.read_text())
     new_keys = {_row_key(asdict(r)) for r in rows}
     kept = [Row(**r) for r in old["rows"] if _row_key(r) not in new_keys]
-    if kept:
+    if kept:  # the runs behind the kept rows, after any already listed
         earlier = old["meta"].pop("merged", [])
-        meta["merged"] = earlier + [dict(old["meta"], rows=len(kept))]
+        meta["merged"] = meta.get("merged", []) + earlier + [dict(old["meta"], rows=len(kept))]
     return kept + rows
 
 

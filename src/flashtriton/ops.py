@@ -113,7 +113,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _autotune_by_default(work: int) -> bool:
-    """Autotune forwards of at least AUTOTUNE_MIN_WORK (B * Hq * Nq * Nk * D), unless the environment sets
+    """Autotune forwards and backwards of at least AUTOTUNE_MIN_WORK (B * Hq * Nq * Nk * D), unless the environment sets
     FLASHTRITON_AUTOTUNE=0: then every call takes the static tiles, so that outputs do not depend on what
     a machine's timing picked (different tiles sum in a different order)."""
     return work >= AUTOTUNE_MIN_WORK and os.environ.get("FLASHTRITON_AUTOTUNE", "1") != "0"

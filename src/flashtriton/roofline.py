@@ -4,8 +4,9 @@
 8192^3 product) and the device-to-device copy bandwidth (bytes read plus written), times our forward and
 backward and the peers on a few shapes, and plots TFLOP/s against arithmetic intensity (FLOPs per byte of
 the fewest bytes the operation must move: every input read once, every output written once). Where Nsight
-Compute (`ncu`) is on the PATH it also profiles one forward launch and keeps the metrics that say why a
-kernel sits where it does: tensor-pipe activity, achieved occupancy, shared-memory bank conflicts.
+Compute (`ncu`) is on the PATH it also profiles one launch of the forward and of each backward kernel and
+keeps the metrics that say why a kernel sits where it does: tensor-pipe activity, achieved occupancy,
+shared-memory bank conflicts.
 """
 
 from __future__ import annotations
@@ -124,32 +125,46 @@ def plot(ceilings: Ceilings, points: list[Point], path: Path, title: str) -> boo
     return True
 
 
-def run_profile_target(head_dim: int, causal: bool) -> None:
-    """What ncu profiles: warm-up calls (the first one may autotune, launching every candidate), then
-    the forward once more inside the NVTX range that ncu filters on."""
+# The kernels ncu can profile: the forward, and the backward's two (see kernels/backward.py).
+PROFILED_KERNELS = ("attn_fwd_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel")
+
+
+def run_profile_target(head_dim: int, causal: bool, backward: bool = False) -> None:
+    """What ncu profiles: warm-up calls (the first ones may autotune, launching every candidate), then
+    the forward (and with `backward`, the backward) once more inside the NVTX range that ncu filters on."""
     from .api import flash_attention
     heads = 2048 // head_dim
-    q, k, v = make_qkv(4, heads, heads, 4096, 4096, head_dim, torch.bfloat16, "cuda", requires_grad=False)
+    q, k, v = make_qkv(4, heads, heads, 4096, 4096, head_dim, torch.bfloat16, "cuda", requires_grad=backward)
+    do = torch.randn_like(q)
+
+    def step():
+        o = flash_attention(q, k, v, is_causal=causal)
+        if backward:
+            o.backward(do)
     for _ in range(3):
-        flash_attention(q, k, v, is_causal=causal)
+        step()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push(NVTX_RANGE)
-    flash_attention(q, k, v, is_causal=causal)
+    step()
     torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
 
 
-def ncu_summary(head_dim: int, causal: bool, raw_csv: Path) -> list[dict] | str:
-    """Profile one forward launch with Nsight Compute; the rows of NCU_KEEP, or why there are none."""
+def ncu_summary(head_dim: int, causal: bool, raw_csv: Path, kernel: str = "attn_fwd_kernel") -> list[dict] | str:
+    """Profile one launch of `kernel` (one of PROFILED_KERNELS) with Nsight Compute; the rows of NCU_KEEP,
+    or why there are none."""
+    if kernel not in PROFILED_KERNELS:
+        raise ValueError(f"kernel must be one of {PROFILED_KERNELS}, got {kernel!r}")
     ncu = shutil.which("ncu")
     if ncu is None:
         return "ncu is not on the PATH"
     cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
-           "--kernel-name", "attn_fwd_kernel", "--launch-count", "1", "--csv", "--page", "details"]
+           "--kernel-name", kernel, "--launch-count", "1", "--csv", "--page", "details"]
     for section in NCU_SECTIONS:
         cmd += ["--section", section]
     cmd += [sys.executable, "-m", "flashtriton", "roofline", "--profile-target", "--head-dim", str(head_dim)]
     cmd += ["--causal"] if causal else []
+    cmd += ["--backward"] if kernel != "attn_fwd_kernel" else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
                                                                   os.environ.get("PYTHONPATH")])))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -178,7 +193,7 @@ def write_report(out: Path, ceilings: Ceilings, points: list[Point], profiles: d
     md += [f"| {p.provider} | {p.shape} | {p.mode} | {p.tflops:.0f} | "
            f"{100 * p.tflops / ceilings.matmul_tflops:.0f}% | {p.intensity:.0f} |" for p in points]
     for name, profile in profiles.items():
-        md += ["", f"## Nsight Compute: forward, {name}", ""]
+        md += ["", f"## Nsight Compute: {name}", ""]
         if isinstance(profile, str):
             md.append(profile)
         else:
