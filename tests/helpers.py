@@ -8,21 +8,21 @@ from flashtriton.testing import compare_with_reference, make_qkv, max_err
 __all__ = ["WithBackwardTiles", "check_against_reference", "make_qkv", "max_err"]
 
 
-def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0):
-    checks = compare_with_reference(fn, q, k, v, is_causal, scale, factor)
+def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0, window_size=(-1, -1)):
+    checks = compare_with_reference(fn, q, k, v, is_causal, scale, factor, window_size)
     failed = [str(c) for c in checks if not c.ok]
     assert not failed, "; ".join(failed)
 
 
 class WithBackwardTiles(torch.autograd.Function):
     """The kernels with chosen backward tiles, or the backward's autotuners forced on (the public API
-    picks by problem size): `WithBackwardTiles.apply(q, k, v, is_causal, configs, autotune)`."""
+    picks by problem size): `WithBackwardTiles.apply(q, k, v, is_causal, configs, autotune, window)`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, configs, autotune=None):
-        o, lse = attention_forward(q, k, v, is_causal, q.shape[-1] ** -0.5)
+    def forward(ctx, q, k, v, is_causal, configs, autotune=None, window=(-1, -1)):
+        o, lse = attention_forward(q, k, v, is_causal, q.shape[-1] ** -0.5, window=window)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.configs, ctx.autotune = is_causal, configs, autotune
+        ctx.is_causal, ctx.configs, ctx.autotune, ctx.window = is_causal, configs, autotune, window
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -30,5 +30,5 @@ class WithBackwardTiles(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         grads = attention_backward(do, q, k, v, o, lse, ctx.is_causal, q.shape[-1] ** -0.5, ctx.configs,
-                                   ctx.autotune)
-        return *grads, None, None, None
+                                   ctx.autotune, window=ctx.window)
+        return *grads, None, None, None, None

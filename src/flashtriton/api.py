@@ -15,6 +15,7 @@ def flash_attention(
     is_causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact softmax attention, `softmax(q @ k^T * scale) @ v`, without materialising the scores.
 
@@ -34,6 +35,16 @@ def flash_attention(
 
         scale: softmax scale; defaults to 1 / sqrt(D).
         return_lse: also return the logsumexp of each query row's scaled scores.
+        window_size: (left, right) sliding window, aligned like the causal mask: query i sees key j iff
+            i + Nk - Nq - left <= j <= i + Nk - Nq + right; -1 leaves a side unbounded. With is_causal
+            the band is the intersection (right becomes 0). Key tiles outside the band are skipped::
+
+                Nq = Nk = 5, window_size=(2, 0)     Nq = Nk = 5, window_size=(1, 1)
+                q0  x . . . .                       q0  x x . . .
+                q1  x x . . .                       q1  x x x . .
+                q2  x x x . .                       q2  . x x x .
+                q3  . x x x .                       q3  . . x x x
+                q4  . . x x x                       q4  . . . x x
 
     Returns:
         o: (B, Hq, Nq, D), q's dtype; and with `return_lse`, lse: (B, Hq, Nq) float32, natural log,
@@ -54,7 +65,7 @@ def flash_attention(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
-        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse)
+        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, window_size)
     # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
-    _, _, _, o, lse, _ = flash_attention_forward(q, k, v, is_causal, scale)
+    _, _, _, o, lse, _, _ = flash_attention_forward(q, k, v, is_causal, scale, window_size)
     return (o, lse) if return_lse else o

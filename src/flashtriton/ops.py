@@ -30,7 +30,7 @@ from .tuning import (
     tile_config_of,
     tma_tile,
 )
-from .validation import check_inputs, check_scale, last_dim_contiguous
+from .validation import check_inputs, check_scale, check_window, last_dim_contiguous
 
 LOG2E = math.log2(math.e)
 
@@ -62,11 +62,21 @@ def _cuda_properties(index: int):
     return torch.cuda.get_device_properties(index)
 
 
-def _heads_per_group(k: torch.Tensor, group_size: int, is_causal: bool) -> int:
+def _band(is_causal: bool, window: tuple[int, int]) -> tuple[bool, bool, int, int]:
+    """(MASK_LEFT, MASK_RIGHT, window_left, window_right) for the kernels. Query i sees key j iff
+    i + d - left <= j <= i + d + right with d = Nk - Nq, a side with -1 being unbounded; causal caps the
+    right side at 0 (the band is the intersection of both masks)."""
+    left, right = window
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left >= 0, right >= 0, max(left, 0), max(right, 0)
+
+
+def _heads_per_group(k: torch.Tensor, group_size: int, causal_order: bool) -> int:
     """How many (batch, query head) pairs a causal launch groups together (see program_tile): as many as
     have their K and V fit in three quarters of the L2 (query heads of one GQA group share theirs).
-    Non-causal launches ignore it."""
-    if not is_causal:
+    Other launches (not `causal_order`: no band, or one bounded on the left) ignore it."""
+    if not causal_order:
         return 1
     l2_bytes = _cuda_properties(k.device.index).L2_cache_size if k.device.type == "cuda" else 50 * 2**20
     per_head = max(1, 2 * k.shape[2] * k.shape[3] * k.element_size() // group_size)
@@ -136,9 +146,10 @@ def last_forward_choice() -> str:
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       config: TileConfig | None = None, autotune: bool | None = None,
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      window: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests);
-    `autotune` forces the autotuner on or off (default: on for large problems on a GPU)."""
+    `autotune` forces the autotuner on or off (default: on for large problems on a GPU); `window` is the
+    sliding window (left, right), -1 for unbounded (see _band)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -150,11 +161,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if autotune is None:
         autotune = config is None and on_gpu and _autotune_by_default(batch * heads_q * seqlen_q * seqlen_k * head_dim)
     bd = block_d(head_dim)
+    mask_left, mask_right, window_left, window_right = _band(is_causal, window)
     rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            heads_q, seqlen_q, seqlen_k, scale * LOG2E, _heads_per_group(k, heads_q // heads_kv, is_causal),
-            seqlen_bucket(seqlen_q, seqlen_k))
-    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
-                INPUT_PRECISION=_input_precision(q.dtype))
+            heads_q, seqlen_q, seqlen_k, window_left, window_right, scale * LOG2E,
+            _heads_per_group(k, heads_q // heads_kv, mask_right and not mask_left), seqlen_bucket(seqlen_q, seqlen_k))
+    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left,
+                MASK_RIGHT=mask_right, INPUT_PRECISION=_input_precision(q.dtype))
     if autotune:
         strides = _tma_strides(q, k, v, o)
         with_tma = strides is not None
@@ -203,7 +215,7 @@ def last_backward_choice() -> str:
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
                        configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       window: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
     a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
     overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward)."""
@@ -227,15 +239,17 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block,
     )
     group = heads_q // heads_kv
-    meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, IS_CAUSAL=is_causal,
+    mask_left, mask_right, window_left, window_right = _band(is_causal, window)
+    meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
                 INPUT_PRECISION=_input_precision(q.dtype))
     bucket = seqlen_bucket(seqlen_q, seqlen_k)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv)
     dkdv_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-                 heads_kv, seqlen_q, seqlen_k, scale, scale * LOG2E, bucket)
+                 heads_kv, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, bucket)
     dq_args = (q, k, v, do, lse, delta, dq)
     dq_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-               heads_q, seqlen_q, seqlen_k, scale, scale * LOG2E, _heads_per_group(k, group, is_causal), bucket)
+               heads_q, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E,
+               _heads_per_group(k, group, mask_right and not mask_left), bucket)
 
     def dkdv_grid(meta):
         return _cdiv(seqlen_k, meta["BLOCK_N"]), heads_kv, batch
@@ -287,34 +301,40 @@ def _as_4d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[-3:])
 
 
+NO_WINDOW = (-1, -1)
+
+
 def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                            scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                          torch.Tensor, torch.Tensor, float]:
-    """Validate, then run the forward on (..., N, d) tensors: returns (Q, K, V, O, L, scale), with Q, K,
-    V as the kernels read them (copied only if their last dim was not contiguous). No autograd."""
+                            scale: float | None, window_size: tuple[int, int] = NO_WINDOW,
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                       float, tuple[int, int]]:
+    """Validate, then run the forward on (..., N, d) tensors: returns (Q, K, V, O, L, scale, window), with
+    Q, K, V as the kernels read them (copied only if their last dim was not contiguous). No autograd."""
     check_inputs(Q, K, V, is_causal=is_causal)
     scale = check_scale(scale, Q.shape[-1])
+    window = NO_WINDOW if window_size == NO_WINDOW else check_window(window_size)
     Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
     if Q.dim() == 4:  # the API's layout: no views to make (each costs a few microseconds of host time)
-        return Q, K, V, *attention_forward(Q, K, V, is_causal, scale), scale
-    o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, scale)
-    return Q, K, V, o4.view(Q.shape), lse4.view(Q.shape[:-1]), scale
+        return Q, K, V, *attention_forward(Q, K, V, is_causal, scale, window=window), scale, window
+    o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, scale, window=window)
+    return Q, K, V, o4.view(Q.shape), lse4.view(Q.shape[:-1]), scale, window
 
 
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton, forward and backward.
 
-    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False)` returns O, or
-    `(O, L)` with `return_lse=True` (L carries no gradient). Q: (..., Nq, d), K and V: (..., Nk, d), with
+    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=(-1, -1))`
+    returns O, or `(O, L)` with `return_lse=True` (L carries no gradient); `window_size` as in
+    `flash_attention`. Q: (..., Nq, d), K and V: (..., Nk, d), with
     equal leading dims except that a 4-D (or larger) input may have fewer key/value heads (dim -3) than
     query heads (GQA). O: like Q; L: Q.shape[:-1], float32, natural log. Saves exactly `Q, K, V, O, L`.
     """
 
     @staticmethod
-    def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False):
-        Q, K, V, O, L, scale = flash_attention_forward(Q, K, V, is_causal, scale)
+    def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=NO_WINDOW):
+        Q, K, V, O, L, scale, window = flash_attention_forward(Q, K, V, is_causal, scale, window_size)
         ctx.save_for_backward(Q, K, V, O, L)
-        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.is_causal, ctx.scale, ctx.window = is_causal, scale, window
         if return_lse:
             ctx.mark_non_differentiable(L)
             return O, L
@@ -325,5 +345,5 @@ class FlashAttentionTriton(torch.autograd.Function):
         Q, K, V, O, L = ctx.saved_tensors
         q4 = _as_4d(Q)
         dq, dk, dv = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O),
-                                        L.view(q4.shape[:-1]), ctx.is_causal, ctx.scale)
-        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None
+                                        L.view(q4.shape[:-1]), ctx.is_causal, ctx.scale, window=ctx.window)
+        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None, None

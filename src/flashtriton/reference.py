@@ -26,13 +26,24 @@ import torch
 __all__ = ["attention_ref", "FlashAttentionPytorch"]
 
 
-def _visible(n_q: int, n_k: int, is_causal: bool, device: torch.device) -> torch.Tensor | None:
-    """Boolean (Nq, Nk) matrix of which keys each query sees; None when it sees all of them."""
-    if not is_causal:
+def _visible(n_q: int, n_k: int, is_causal: bool, device: torch.device,
+             window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor | None:
+    """Boolean (Nq, Nk) matrix of which keys each query sees; None when it sees all of them. With
+    `window_size=(left, right)` query i sees key j iff i + d - left <= j <= i + d + right, d = Nk - Nq,
+    -1 meaning unbounded; causal is right = 0, and both together take the intersection."""
+    left, right = window_size
+    if not is_causal and left < 0 and right < 0:
         return None
-    rows = torch.arange(n_q, device=device)[:, None]
+    rows = torch.arange(n_q, device=device)[:, None] + (n_k - n_q)
     cols = torch.arange(n_k, device=device)[None, :]
-    return cols <= rows + (n_k - n_q)
+    visible = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    if is_causal:
+        visible &= cols <= rows
+    if right >= 0:
+        visible &= cols <= rows + right
+    if left >= 0:
+        visible &= cols >= rows - left
+    return visible
 
 
 def attention_ref(
@@ -43,6 +54,7 @@ def attention_ref(
     is_causal: bool = False,
     scale: float | None = None,
     upcast: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain softmax attention that materialises the scores. Returns `(o, lse)`.
 
@@ -53,7 +65,8 @@ def attention_ref(
     With `upcast=True` everything is computed in float64, the oracle the tests compare against. With
     `upcast=False` it runs in the inputs' own dtype: the error of that "plain attention in low precision"
     is the yardstick a kernel's error is bounded by. Rows that see no key give o = 0, lse = -inf and zero
-    gradients (no NaN), matching the kernels.
+    gradients (no NaN), matching the kernels. `window_size=(left, right)` is a sliding window aligned
+    like the causal mask (see `flash_attention`).
     """
     dtype = q.dtype
     if upcast:
@@ -65,7 +78,7 @@ def attention_ref(
         v = v.repeat_interleave(group, dim=-3)
 
     s = (q @ k.transpose(-2, -1)) * scale  # (..., Hq, Nq, Nk)
-    visible = _visible(q.shape[-2], k.shape[-2], is_causal, q.device)
+    visible = _visible(q.shape[-2], k.shape[-2], is_causal, q.device, window_size)
     if visible is not None:
         s = s.masked_fill(~visible, float("-inf"))
     # Softmax written out so that rows with no visible key give 0 instead of NaN, in value and gradient.

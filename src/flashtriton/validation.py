@@ -14,6 +14,19 @@ MAX_HEAD_DIM = 256
 MAX_GRID_YZ = 65535  # CUDA's limit on a grid's 2nd and 3rd dims, which carry heads and batch
 
 
+def check_window(window_size: object) -> tuple[int, int]:
+    """`window_size` as a (left, right) pair of ints, each -1 (unbounded) or >= 0."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}; "
+                        "use -1 for an unbounded side, e.g. (256, 0) for 256 keys back and none ahead")
+    left, right = window_size
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size {tuple(window_size)} has a side below -1; each side is a count of keys "
+                         ">= 0, or -1 for unbounded")
+    return left, right
+
+
 def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
     """Validate q (..., Nq, D), k and v (..., Nk, D).
 

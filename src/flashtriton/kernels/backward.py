@@ -12,7 +12,8 @@ P = exp(S - L) without the softmax's running state. With D = rowsum(dO * O) (the
 Two kernels split the work so that every output has exactly one writer and the result is deterministic
 (no atomics): `attn_bwd_dkdv_kernel` keeps a key/value tile resident and streams the query tiles that see
 it (for GQA, of every query head in its group); `attn_bwd_dq_kernel` keeps a query tile resident and
-streams the key/value tiles it sees, like the forward. Both mask only the causal band and ragged tiles.
+streams the key/value tiles it sees, like the forward. Both skip the tiles outside the visible band
+(causal, sliding window) and mask only its edges and the ragged tiles.
 """
 
 import triton
@@ -27,6 +28,7 @@ from .common import (
     load_tile,
     program_tile,
     query_tiles_for_key_tile,
+    visible_keys,
 )
 
 
@@ -56,9 +58,9 @@ def attn_bwd_preprocess_kernel(
 def _dkdv_inner(
     dk, dv, k, v,
     q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
-    lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, causal_diag, qk_scale_log2,
+    lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
     ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands."""
@@ -81,9 +83,12 @@ def _dkdv_inner(
             delta = tl.load(delta_ptr + offs_m)
         qk_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
         p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
-        if IS_CAUSAL and MASKED:
-            # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here.
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_diag, p_t, 0.0)
+        # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here. Keys past
+        # seqlen_k need no mask: their dK and dV rows are never stored.
+        if MASKED and MASK_RIGHT:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + band_hi, p_t, 0.0)
+        if MASKED and MASK_LEFT:
+            p_t = tl.where(offs_n[:, None] >= offs_m[None, :] + band_lo, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
         ds_t = p_t * (dp_t - delta[None, :])
@@ -93,7 +98,7 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["tuning_seqlen"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "tuning_seqlen"])
 def attn_bwd_dkdv_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -108,13 +113,14 @@ def attn_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn,
     # sizes
     num_heads_kv, seqlen_q, seqlen_k,
+    window_left, window_right,  # the band around the diagonal (kernels/common.py), used under MASK_*
     scale, qk_scale_log2,
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
@@ -123,7 +129,8 @@ def attn_bwd_dkdv_kernel(
     off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    causal_diag = seqlen_k - seqlen_q
+    band_lo = seqlen_k - seqlen_q - window_left
+    band_hi = seqlen_k - seqlen_q + window_right
 
     k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, start_n,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
@@ -138,8 +145,8 @@ def attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    start, unmasked_start, unmasked_end, ragged_start = query_tiles_for_key_tile(
-        start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    start, unmasked_start, unmasked_end, ragged_start, end = query_tiles_for_key_tile(
+        start_n, seqlen_q, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     for g in range(GROUP_SIZE):  # every query head that reads this key/value head
         off_hq = off_hkv * GROUP_SIZE + g
         q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh, seqlen_q, stride_qm, 0,
@@ -151,14 +158,17 @@ def attn_bwd_dkdv_kernel(
         delta_ptr = DELTA + row
         hq32 = off_hq.to(tl.int32)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                             lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, causal_diag,
-                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+                             lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, band_lo, band_hi,
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT,
+                             INPUT_PRECISION, USE_TMA)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                             lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, causal_diag,
-                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+                             lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, band_lo, band_hi,
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
+                             INPUT_PRECISION, USE_TMA)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                             lse_ptr, delta_ptr, ragged_start, seqlen_q, offs_n, seqlen_q, causal_diag,
-                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+                             lse_ptr, delta_ptr, ragged_start, end, offs_n, seqlen_q, band_lo, band_hi,
+                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT,
+                             INPUT_PRECISION, USE_TMA)
 
     dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh, seqlen_k, stride_dkn, start_n,
                             BLOCK_N, HEAD_DIM, BLOCK_D)
@@ -172,9 +182,9 @@ def attn_bwd_dkdv_kernel(
 def _dq_inner(
     dq, q, do, lse_log2, delta,
     k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
-    start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+    start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over key tiles [start, end)."""
     k_ptr = tl.advance(k_ptr, (start, 0))
@@ -189,10 +199,8 @@ def _dq_inner(
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         p = tl.exp2(qk * qk_scale_log2 - lse_log2[:, None])
         if MASKED:
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            visible = offs_n[None, :] < seqlen_k
-            if IS_CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_diag)
+            visible = visible_keys(offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, band_lo, band_hi,
+                                   MASK_LEFT, MASK_RIGHT)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         ds = p * (dp - delta[:, None])
@@ -202,7 +210,7 @@ def _dq_inner(
     return dq
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["heads_per_group", "tuning_seqlen"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen"])
 def attn_bwd_dq_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
     Q, K, V, DO, LSE, DELTA, DQ,
@@ -216,6 +224,7 @@ def attn_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqm,
     # sizes
     num_heads_q, seqlen_q, seqlen_k,
+    window_left, window_right,  # the band around the diagonal, as in the dK/dV kernel
     scale, qk_scale_log2,
     heads_per_group,  # causal launch order (see program_tile)
     tuning_seqlen,  # the autotuner's key, as in the dK/dV kernel
@@ -223,12 +232,12 @@ def attn_bwd_dq_kernel(
     GROUP_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
 ):
     """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    off_b, off_hq, pid_m = program_tile(IS_CAUSAL, heads_per_group)
+    off_b, off_hq, pid_m = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group)
     off_b, off_hq = off_b.to(tl.int64), off_hq.to(tl.int64)
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
@@ -256,14 +265,20 @@ def attn_bwd_dq_kernel(
     delta = tl.load(DELTA + row + offs_m, mask=row_in_range, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    causal_diag = seqlen_k - seqlen_q
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, 0, unmasked_end,
-                   offs_m, seqlen_k, causal_diag, qk_scale_log2,
-                   BLOCK_N, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+    band_lo = seqlen_k - seqlen_q - window_left
+    band_hi = seqlen_k - seqlen_q + window_right
+    start, unmasked_start, unmasked_end, end = key_tiles_for_query_tile(
+        start_m, seqlen_k, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
+    if MASK_LEFT:
+        dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, start, unmasked_start,
+                       offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                       BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_start,
+                   unmasked_end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                   BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_end, end,
-                   offs_m, seqlen_k, causal_diag, qk_scale_log2,
-                   BLOCK_N, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA)
+                   offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                   BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA)
 
     dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh, seqlen_q, stride_dqm, start_m,
                             BLOCK_M, HEAD_DIM, BLOCK_D)

@@ -1,9 +1,11 @@
 """Helpers shared by the forward and backward kernels: which tiles a program visits, and masked loads.
 
 Every kernel splits its loop into tiles that need no mask (the interior, compiled without any compare or
-`tl.where`) and tiles that do (the causal diagonal band and the ragged last tile). The bounds below are
-where that split happens; a new mask (a sliding window, say) changes these bounds, not the kernels.
-Causal masks are aligned to the bottom-right corner: query i sees key j iff j <= i + (seqlen_k - seqlen_q).
+`tl.where`) and tiles that do (the edges of the visible band and the ragged last tile). The bounds below
+are where that split happens. Masks are bands aligned to the bottom-right corner: query i sees key j iff
+i + band_lo <= j <= i + band_hi, with band_hi = (seqlen_k - seqlen_q) + window_right (0 when causal) if
+MASK_RIGHT and band_lo = (seqlen_k - seqlen_q) - window_left if MASK_LEFT; a side without its mask is
+unbounded. Causal is MASK_RIGHT with window_right = 0; a sliding window sets one or both sides.
 """
 
 import triton
@@ -50,40 +52,69 @@ def _clamp(x, lo, hi):
 
 @triton.jit
 def key_tiles_for_query_tile(
-    start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr
+    start_m, seqlen_k, band_lo, band_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
 ):
-    """Key range a query tile [start_m, start_m + BLOCK_M) visits: [0, unmasked_end) of whole tiles
-    that every row sees entirely, then [unmasked_end, end) tile by tile with a mask."""
-    if IS_CAUSAL:
-        diag = seqlen_k - seqlen_q
-        end = _clamp(start_m + BLOCK_M + diag, 0, seqlen_k)  # past the last row's last visible key
-        fully_seen = _clamp(start_m + diag + 1, 0, seqlen_k)  # keys the tile's first row already sees
+    """Key range a query tile [start_m, start_m + BLOCK_M) visits, as three loops: masked tiles
+    [start, unmasked_start) (only with MASK_LEFT), whole tiles that every row sees entirely
+    [unmasked_start, unmasked_end), masked tiles [unmasked_end, end). Row i sees keys
+    [i + band_lo, i + band_hi]; a side without its mask is unbounded."""
+    if MASK_RIGHT:
+        end = _clamp(start_m + BLOCK_M + band_hi, 0, seqlen_k)  # past the last row's last visible key
+        fully_seen = _clamp(start_m + band_hi + 1, 0, seqlen_k)  # keys the tile's first row already sees
     else:
         end = seqlen_k
         fully_seen = seqlen_k
     unmasked_end = (fully_seen // BLOCK_N) * BLOCK_N
-    return unmasked_end, end
+    if MASK_LEFT:
+        start = (_clamp(start_m + band_lo, 0, seqlen_k) // BLOCK_N) * BLOCK_N  # the first row's first key
+        last_row_first = _clamp(start_m + BLOCK_M - 1 + band_lo, 0, seqlen_k)  # the last row's first key
+        # A band narrower than a tile has no unmasked tiles: the first loop then runs to the end.
+        unmasked_start = tl.minimum(tl.cdiv(last_row_first, BLOCK_N), tl.cdiv(end, BLOCK_N)) * BLOCK_N
+        unmasked_end = tl.maximum(unmasked_end, unmasked_start)
+    else:
+        start = 0
+        unmasked_start = 0
+    return start, unmasked_start, unmasked_end, end
 
 
 @triton.jit
 def query_tiles_for_key_tile(
-    start_n, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr
+    start_n, seqlen_q, band_lo, band_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
 ):
-    """Query range a key tile [start_n, start_n + BLOCK_N) is seen by, as three loops: masked
-    [start, unmasked_start), unmasked [unmasked_start, unmasked_end), masked [ragged_start, seqlen_q).
-    The last loop is the ragged final query tile (if any) and the diagonal band when it reaches it."""
-    unmasked_end = (seqlen_q // BLOCK_M) * BLOCK_M
-    if IS_CAUSAL:
-        diag = seqlen_k - seqlen_q
-        first_row = _clamp(start_n - diag, 0, seqlen_q)  # first query that sees key start_n
-        full_row = _clamp(start_n + BLOCK_N - 1 - diag, 0, seqlen_q)  # first query that sees all keys
+    """Query range a key tile [start_n, start_n + BLOCK_N) is seen by (query i sees key j iff
+    i + band_lo <= j <= i + band_hi), as three loops: masked [start, unmasked_start), unmasked
+    [unmasked_start, unmasked_end), masked [ragged_start, end). The last loop is the ragged final query
+    tile (if any) and the band's far edge when it reaches it."""
+    if MASK_LEFT:
+        end = _clamp(start_n + BLOCK_N - band_lo, 0, seqlen_q)  # past the last query that sees the tile
+        full_end = _clamp(start_n - band_lo + 1, 0, seqlen_q)  # past the last query that sees all of it
+    else:
+        end = seqlen_q
+        full_end = seqlen_q
+    unmasked_end = (full_end // BLOCK_M) * BLOCK_M
+    if MASK_RIGHT:
+        first_row = _clamp(start_n - band_hi, 0, seqlen_q)  # first query that sees key start_n
+        full_row = _clamp(start_n + BLOCK_N - 1 - band_hi, 0, seqlen_q)  # first query that sees all keys
         start = (first_row // BLOCK_M) * BLOCK_M
         unmasked_start = tl.minimum(tl.cdiv(full_row, BLOCK_M) * BLOCK_M, unmasked_end)
     else:
         start = 0
         unmasked_start = 0
     ragged_start = tl.maximum(tl.maximum(unmasked_start, unmasked_end), start)
-    return start, unmasked_start, unmasked_end, ragged_start
+    return start, unmasked_start, unmasked_end, ragged_start, end
+
+
+@triton.jit
+def visible_keys(offs_m, offs_n, seqlen_k, band_lo, band_hi, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr):
+    """[len(offs_m), len(offs_n)] mask of the keys each query row sees: inside the sequence and the band."""
+    visible = offs_n[None, :] < seqlen_k
+    if MASK_RIGHT:
+        visible = visible & (offs_n[None, :] <= offs_m[:, None] + band_hi)
+    if MASK_LEFT:
+        visible = visible & (offs_n[None, :] >= offs_m[:, None] + band_lo)
+    return visible
 
 
 @triton.jit

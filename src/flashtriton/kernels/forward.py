@@ -14,8 +14,9 @@ key/value tiles of its head through an online softmax, and writes O and the logs
     O = acc / l,  L = (m + log2(l)) * ln(2)
 
 Supported: any seqlen_q and seqlen_k (ragged last tiles are masked, interior tiles are not), causal
-masks aligned bottom-right, head dims up to 256 (padded to a power of two when needed), GQA/MQA
-(query head h reads key/value head h // GROUP_SIZE), fp16/bf16/fp32 inputs with fp32 accumulation.
+masks and sliding windows aligned bottom-right (kernels/common.py; tiles outside the band are skipped),
+head dims up to 256 (padded to a power of two when needed), GQA/MQA (query head h reads key/value head
+h // GROUP_SIZE), fp16/bf16/fp32 inputs with fp32 accumulation.
 Rows that see no key give O = 0 and L = -inf.
 
 Tiles arrive through block pointers, or with USE_TMA through tensor descriptors (Hopper's TMA copy
@@ -26,7 +27,15 @@ QK_AHEAD (experimental, off by default) issues the next tile's q @ K^T before th
 import triton
 import triton.language as tl
 
-from .common import LN2, SEQLEN_ARGS, head_block_ptr, key_tiles_for_query_tile, load_rows, program_tile
+from .common import (
+    LN2,
+    SEQLEN_ARGS,
+    head_block_ptr,
+    key_tiles_for_query_tile,
+    load_rows,
+    program_tile,
+    visible_keys,
+)
 
 
 @triton.jit
@@ -50,19 +59,17 @@ def _softmax_update(l_i, m_i, qk, qk_scale_log2, MAY_BE_EMPTY: tl.constexpr):
 def _fwd_inner(
     acc, l_i, m_i, q,
     k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
-    start, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
+    start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
 ):
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE and not MASKED):
         k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if MASKED:
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            visible = offs_n[None, :] < seqlen_k
-            if IS_CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_diag)
+            visible = visible_keys(offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, band_lo, band_hi,
+                                   MASK_LEFT, MASK_RIGHT)
             qk = tl.where(visible, qk, float("-inf"))
         p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, MASKED)
         v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
@@ -101,7 +108,7 @@ def _fwd_inner_qk_ahead(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["heads_per_group", "tuning_seqlen"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen"])
 def attn_fwd_kernel(
     # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None)
     Q, K, V, O, LSE,
@@ -113,6 +120,7 @@ def attn_fwd_kernel(
     stride_ob, stride_oh, stride_om,
     # sizes
     num_heads_q, seqlen_q, seqlen_k,
+    window_left, window_right,  # the band's widths left and right of the diagonal, used under MASK_*
     qk_scale_log2,  # softmax scale * log2(e)
     heads_per_group,  # causal launch order: (batch, head) pairs that share the L2 (see program_tile)
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
@@ -120,12 +128,14 @@ def attn_fwd_kernel(
     GROUP_SIZE: tl.constexpr,  # query heads per key/value head (1 unless GQA/MQA)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,  # the band is bounded on that side (causal: right)
+    INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     QK_AHEAD: tl.constexpr = False,  # issue the next tile's q @ k^T before this tile's softmax
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    off_b, off_hq, pid_m = program_tile(IS_CAUSAL, heads_per_group)
+    # Causal-like bands (bounded on the right only) have query tiles whose work grows with their index.
+    off_b, off_hq, pid_m = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group)
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
     # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
@@ -138,27 +148,34 @@ def attn_fwd_kernel(
     v_ptr = head_block_ptr(V + b64 * stride_vb + hkv64 * stride_vh, seqlen_k, stride_vn, 0,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    causal_diag = seqlen_k - seqlen_q
+    band_lo = seqlen_k - seqlen_q - window_left
+    band_hi = seqlen_k - seqlen_q + window_right
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     q = load_rows(q_ptr, desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D, True, not EVEN_D, USE_TMA)
 
-    unmasked_end, end = key_tiles_for_query_tile(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    start, unmasked_start, unmasked_end, end = key_tiles_for_query_tile(
+        start_m, seqlen_k, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
+    if MASK_LEFT:  # the band's left edge
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+                                   start, unmasked_start, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                                   BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
+                                   USE_TMA, WARP_SPECIALIZE)
     if QK_AHEAD:
         acc, l_i, m_i = _fwd_inner_qk_ahead(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
-                                            0, unmasked_end, qk_scale_log2,
+                                            unmasked_start, unmasked_end, qk_scale_log2,
                                             BLOCK_N, BLOCK_D, EVEN_D, INPUT_PRECISION, USE_TMA)
     else:
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
-                                   0, unmasked_end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
-                                   BLOCK_N, BLOCK_D, EVEN_D, False, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
-                                   WARP_SPECIALIZE)
+                                   unmasked_start, unmasked_end, offs_m, seqlen_k, band_lo, band_hi,
+                                   qk_scale_log2, BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
+                                   INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
-                               unmasked_end, end, offs_m, seqlen_k, causal_diag, qk_scale_log2,
-                               BLOCK_N, BLOCK_D, EVEN_D, True, IS_CAUSAL, INPUT_PRECISION, USE_TMA,
-                               WARP_SPECIALIZE)
+                               unmasked_end, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                               BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
+                               USE_TMA, WARP_SPECIALIZE)
 
     # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
     no_key = l_i == 0.0

@@ -1,0 +1,85 @@
+"""Sliding windows: the band i + Nk - Nq - left <= j <= i + Nk - Nq + right, alone and with the causal
+mask, through the forward and both backward kernels. On CPU the interpreter's tiles are 32 queries x 16
+keys (forward, dQ) and 32 keys x 16 queries (dK/dV), so bands narrower and wider than a tile, bands that
+start or end mid-tile, and rows that see no key are all covered."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU
+from flashtriton import flash_attention
+from flashtriton.reference import _visible
+from flashtriton.tuning import TileConfig
+from helpers import WithBackwardTiles, check_against_reference, make_qkv
+
+WINDOWS = [(0, 0), (5, 0), (40, 0), (3, 9), (0, 20), (-1, 7), (17, -1), (100, 100)]
+SIZES = [(97, 63), (63, 97), (1, 17), (130, 130)] if not ON_GPU else [(1000, 700), (700, 1000), (1, 300)]
+
+
+def _window(is_causal, window):
+    return lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, window_size=window, return_lse=True)
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=str)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["window", "window+causal"])
+def test_sliding_window_matches_reference(window, is_causal):
+    """O, L, dQ, dK, dV against float64 with GQA, for every size; rows that see no key get O = 0, L = -inf."""
+    for seqlen_q, seqlen_k in SIZES:
+        q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, 32, torch.bfloat16, DEVICE)
+        check_against_reference(_window(is_causal, window), q, k, v, is_causal, window_size=window)
+
+
+@pytest.mark.parametrize("head_dim", [40, 64])
+def test_window_with_odd_head_dims_and_float32(head_dim):
+    q, k, v = make_qkv(1, 2, 1, 75, 90, head_dim, torch.float32, DEVICE)
+    check_against_reference(_window(False, (11, 4)), q, k, v, False, window_size=(11, 4))
+
+
+@pytest.mark.parametrize("configs", [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True)),
+                                     (TileConfig(16, 32), TileConfig(32, 16))], ids=["tma", "block-pointers"])
+def test_window_on_both_backward_data_paths(configs):
+    """Block pointers and TMA loads in the backward kernels, with a band that starts and ends mid-tile."""
+    q, k, v = make_qkv(1, 2, 2, 83, 71, 32, torch.float16, DEVICE)
+    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, True, configs, None, (13, -1)),
+                            q, k, v, True, window_size=(13, -1))
+
+
+@pytest.mark.parametrize("window", [(5, 0), (0, 20)], ids=str)
+def test_window_through_the_autotuners(window):
+    """The autotuned forward and backward key on the band's two masks."""
+    q, k, v = make_qkv(1, 2, 1, 70, 45, 64, torch.float16, DEVICE)
+    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, False, None, True, window),
+                            q, k, v, False, window_size=window)
+
+
+def test_rows_outside_every_window_are_zero_with_zero_gradients():
+    """window (0, 0) with Nq > Nk: query i sees only key i + Nk - Nq, so the first Nq - Nk see nothing."""
+    seqlen_q, seqlen_k = 50, 20
+    q, k, v = make_qkv(1, 2, 2, seqlen_q, seqlen_k, 32, torch.bfloat16, DEVICE)
+    o, lse = flash_attention(q, k, v, window_size=(0, 0), return_lse=True)
+    blind = seqlen_q - seqlen_k
+    assert torch.all(o[:, :, :blind] == 0) and torch.all(torch.isneginf(lse[:, :, :blind]))
+    assert torch.all(torch.isfinite(lse[:, :, blind:]))
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv)) and torch.all(dq[:, :, :blind] == 0)
+
+
+def test_reference_band_matches_the_documented_pictures():
+    # flash_attention's docstring: Nq = Nk = 5 with (2, 0) and (1, 1)
+    left = _visible(5, 5, False, torch.device("cpu"), (2, 0)).int().tolist()
+    assert left == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    both = _visible(5, 5, False, torch.device("cpu"), (1, 1)).int().tolist()
+    assert both == [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
+    # causal and a window: the intersection; (-1, -1) and not causal: no mask at all
+    assert torch.equal(_visible(4, 6, True, torch.device("cpu"), (-1, 3)), _visible(4, 6, True, torch.device("cpu")))
+    assert _visible(4, 6, False, torch.device("cpu"), (-1, -1)) is None
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    ((1, 2, 3), TypeError, "pair of ints"), ("(1, 2)", TypeError, "pair of ints"), ((1.0, 2), TypeError, "pair"),
+    ((True, 2), TypeError, "pair of ints"), ((-2, 0), ValueError, "below -1"), ((4, -5), ValueError, "below -1"),
+])
+def test_bad_window_size_is_a_clear_error(bad, error, match):
+    q, k, v = make_qkv(1, 1, 1, 8, 8, 16, torch.float32, DEVICE, requires_grad=False)
+    with pytest.raises(error, match=match):
+        flash_attention(q, k, v, window_size=bad)
