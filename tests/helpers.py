@@ -8,8 +8,9 @@ from flashtriton.testing import compare_with_reference, make_qkv, max_err
 __all__ = ["WithBackwardTiles", "check_against_reference", "make_qkv", "max_err"]
 
 
-def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0, window_size=(-1, -1)):
-    checks = compare_with_reference(fn, q, k, v, is_causal, scale, factor, window_size)
+def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0, window_size=(-1, -1), softcap=0.0,
+                            alibi_slopes=None):
+    checks = compare_with_reference(fn, q, k, v, is_causal, scale, factor, window_size, softcap, alibi_slopes)
     failed = [str(c) for c in checks if not c.ok]
     assert not failed, "; ".join(failed)
 

@@ -16,6 +16,8 @@ def flash_attention(
     scale: float | None = None,
     return_lse: bool = False,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact softmax attention, `softmax(q @ k^T * scale) @ v`, without materialising the scores.
 
@@ -46,6 +48,11 @@ def flash_attention(
                 q3  . x x x .                       q3  . . x x x
                 q4  . . x x x                       q4  . . . x x
 
+        softcap: > 0 replaces each scaled score s by softcap * tanh(s / softcap) (Gemma 2, Grok), with its
+            exact gradient; 0 turns it off.
+        alibi_slopes: float32 (Hq,) or (B, Hq): ALiBi, each score (i, j) of query head h gets
+            -slope[h] * |i + Nk - Nq - j| (after the softcap). The slopes carry no gradient.
+
     Returns:
         o: (B, Hq, Nq, D), q's dtype; and with `return_lse`, lse: (B, Hq, Nq) float32, natural log,
         -inf for rows that see no key.
@@ -65,7 +72,7 @@ def flash_attention(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
-        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, window_size)
+        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, window_size, softcap, alibi_slopes)
     # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
-    _, _, _, o, lse, _, _ = flash_attention_forward(q, k, v, is_causal, scale, window_size)
+    _, _, _, o, lse, _ = flash_attention_forward(q, k, v, is_causal, scale, window_size, softcap, alibi_slopes)
     return (o, lse) if return_lse else o

@@ -30,7 +30,14 @@ from .tuning import (
     tile_config_of,
     tma_tile,
 )
-from .validation import check_inputs, check_scale, check_window, last_dim_contiguous
+from .validation import (
+    check_alibi_slopes,
+    check_inputs,
+    check_scale,
+    check_softcap,
+    check_window,
+    last_dim_contiguous,
+)
 
 LOG2E = math.log2(math.e)
 
@@ -70,6 +77,16 @@ def _band(is_causal: bool, window: tuple[int, int]) -> tuple[bool, bool, int, in
     if is_causal:
         right = 0 if right < 0 else min(right, 0)
     return left >= 0, right >= 0, max(left, 0), max(right, 0)
+
+
+def _score_mods(scale: float, softcap: float, alibi_slopes: torch.Tensor | None) -> tuple[float, float, int]:
+    """The kernels' (softcap_scale, softcap_log2, stride_alibi_b): scores become softcap * tanh(s / softcap),
+    computed as softcap_log2 * tanh(q.k * softcap_scale) in exp2's units; ALiBi slopes of shape (Hq,) are
+    shared by every batch (stride 0)."""
+    stride_b = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
+    if softcap > 0:
+        return scale / softcap, softcap * LOG2E, stride_b
+    return 0.0, 0.0, stride_b
 
 
 def _heads_per_group(k: torch.Tensor, group_size: int, causal_order: bool) -> int:
@@ -146,10 +163,12 @@ def last_forward_choice() -> str:
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       config: TileConfig | None = None, autotune: bool | None = None,
-                      window: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
+                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                      alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests);
     `autotune` forces the autotuner on or off (default: on for large problems on a GPU); `window` is the
-    sliding window (left, right), -1 for unbounded (see _band)."""
+    sliding window (left, right), -1 for unbounded (see _band); `softcap` > 0 caps the scores;
+    `alibi_slopes` (Hq,) or (B, Hq) float32 adds ALiBi's bias (see flash_attention)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -164,9 +183,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     mask_left, mask_right, window_left, window_right = _band(is_causal, window)
     rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
             heads_q, seqlen_q, seqlen_k, window_left, window_right, scale * LOG2E,
+            *_score_mods(scale, softcap, alibi_slopes),
             _heads_per_group(k, heads_q // heads_kv, mask_right and not mask_left), seqlen_bucket(seqlen_q, seqlen_k))
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left,
-                MASK_RIGHT=mask_right, INPUT_PRECISION=_input_precision(q.dtype))
+                MASK_RIGHT=mask_right, INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0,
+                ALIBI=alibi_slopes is not None)
     if autotune:
         strides = _tma_strides(q, k, v, o)
         with_tma = strides is not None
@@ -176,7 +197,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         def grid(meta):
             return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
-        tuner[grid](q, k, v, o, lse, *descs, *rest, **meta)
+        tuner[grid](q, k, v, o, lse, alibi_slopes, *descs, *rest, **meta)
         _last_forward_choice[0] = (tuner, None)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
@@ -188,7 +209,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     rows = (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)
     descs = _descriptors((q, k, v, o), strides, rows, bd) if use_tma else (None,) * 4
     attn_fwd_kernel[(_cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
-        q, k, v, o, lse, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
+        q, k, v, o, lse, alibi_slopes, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -215,7 +236,8 @@ def last_backward_choice() -> str:
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
                        configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
-                       window: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                       alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
     a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
     overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward)."""
@@ -241,14 +263,15 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     group = heads_q // heads_kv
     mask_left, mask_right, window_left, window_right = _band(is_causal, window)
     meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
-                INPUT_PRECISION=_input_precision(q.dtype))
+                INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
     bucket = seqlen_bucket(seqlen_q, seqlen_k)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv)
+    mods = _score_mods(scale, softcap, alibi_slopes)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, alibi_slopes)
     dkdv_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-                 heads_kv, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, bucket)
-    dq_args = (q, k, v, do, lse, delta, dq)
+                 heads_kv, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods, bucket)
+    dq_args = (q, k, v, do, lse, delta, dq, alibi_slopes)
     dq_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-               heads_q, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E,
+               heads_q, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods,
                _heads_per_group(k, group, mask_right and not mask_left), bucket)
 
     def dkdv_grid(meta):
@@ -305,36 +328,44 @@ NO_WINDOW = (-1, -1)
 
 
 def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                            scale: float | None, window_size: tuple[int, int] = NO_WINDOW,
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                       float, tuple[int, int]]:
-    """Validate, then run the forward on (..., N, d) tensors: returns (Q, K, V, O, L, scale, window), with
-    Q, K, V as the kernels read them (copied only if their last dim was not contiguous). No autograd."""
+                            scale: float | None, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+                            alibi_slopes: torch.Tensor | None = None) -> tuple:
+    """Validate, then run the forward on (..., N, d) tensors: returns (Q, K, V, O, L, mods) with Q, K, V as
+    the kernels read them (copied only if their last dim was not contiguous) and `mods` the checked
+    keyword arguments of attention_forward and attention_backward (scale, window, softcap, alibi_slopes).
+    No autograd."""
     check_inputs(Q, K, V, is_causal=is_causal)
-    scale = check_scale(scale, Q.shape[-1])
-    window = NO_WINDOW if window_size == NO_WINDOW else check_window(window_size)
+    mods = dict(scale=check_scale(scale, Q.shape[-1]))
+    if window_size != NO_WINDOW:
+        mods["window"] = check_window(window_size)
+    if softcap != 0.0:
+        mods["softcap"] = check_softcap(softcap)
+    if alibi_slopes is not None:
+        mods["alibi_slopes"] = check_alibi_slopes(alibi_slopes, Q)
     Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
     if Q.dim() == 4:  # the API's layout: no views to make (each costs a few microseconds of host time)
-        return Q, K, V, *attention_forward(Q, K, V, is_causal, scale, window=window), scale, window
-    o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, scale, window=window)
-    return Q, K, V, o4.view(Q.shape), lse4.view(Q.shape[:-1]), scale, window
+        return Q, K, V, *attention_forward(Q, K, V, is_causal, **mods), mods
+    o4, lse4 = attention_forward(_as_4d(Q), _as_4d(K), _as_4d(V), is_causal, **mods)
+    return Q, K, V, o4.view(Q.shape), lse4.view(Q.shape[:-1]), mods
 
 
 class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton, forward and backward.
 
-    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=(-1, -1))`
-    returns O, or `(O, L)` with `return_lse=True` (L carries no gradient); `window_size` as in
-    `flash_attention`. Q: (..., Nq, d), K and V: (..., Nk, d), with
+    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=(-1, -1),
+    softcap=0.0, alibi_slopes=None)` returns O, or `(O, L)` with `return_lse=True` (L carries no
+    gradient); the last three as in `flash_attention`. Q: (..., Nq, d), K and V: (..., Nk, d), with
     equal leading dims except that a 4-D (or larger) input may have fewer key/value heads (dim -3) than
     query heads (GQA). O: like Q; L: Q.shape[:-1], float32, natural log. Saves exactly `Q, K, V, O, L`.
     """
 
     @staticmethod
-    def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=NO_WINDOW):
-        Q, K, V, O, L, scale, window = flash_attention_forward(Q, K, V, is_causal, scale, window_size)
+    def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=NO_WINDOW,
+                softcap=0.0, alibi_slopes=None):
+        Q, K, V, O, L, mods = flash_attention_forward(Q, K, V, is_causal, scale, window_size, softcap,
+                                                      alibi_slopes)
         ctx.save_for_backward(Q, K, V, O, L)
-        ctx.is_causal, ctx.scale, ctx.window = is_causal, scale, window
+        ctx.is_causal, ctx.mods = is_causal, mods
         if return_lse:
             ctx.mark_non_differentiable(L)
             return O, L
@@ -345,5 +376,5 @@ class FlashAttentionTriton(torch.autograd.Function):
         Q, K, V, O, L = ctx.saved_tensors
         q4 = _as_4d(Q)
         dq, dk, dv = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O),
-                                        L.view(q4.shape[:-1]), ctx.is_causal, ctx.scale, window=ctx.window)
-        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None, None
+                                        L.view(q4.shape[:-1]), ctx.is_causal, **ctx.mods)
+        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None, None, None, None

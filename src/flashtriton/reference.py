@@ -55,6 +55,8 @@ def attention_ref(
     scale: float | None = None,
     upcast: bool = True,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain softmax attention that materialises the scores. Returns `(o, lse)`.
 
@@ -66,7 +68,8 @@ def attention_ref(
     `upcast=False` it runs in the inputs' own dtype: the error of that "plain attention in low precision"
     is the yardstick a kernel's error is bounded by. Rows that see no key give o = 0, lse = -inf and zero
     gradients (no NaN), matching the kernels. `window_size=(left, right)` is a sliding window aligned
-    like the causal mask (see `flash_attention`).
+    like the causal mask (see `flash_attention`); `softcap` > 0 replaces each scaled score s by
+    softcap * tanh(s / softcap); `alibi_slopes` ((Hq,) or (B, Hq)) subtracts slope * |i + Nk - Nq - j|.
     """
     dtype = q.dtype
     if upcast:
@@ -78,6 +81,13 @@ def attention_ref(
         v = v.repeat_interleave(group, dim=-3)
 
     s = (q @ k.transpose(-2, -1)) * scale  # (..., Hq, Nq, Nk)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        distance = (torch.arange(n_q, device=q.device)[:, None] + (n_k - n_q)
+                    - torch.arange(n_k, device=q.device)[None, :]).abs().to(s.dtype)
+        s = s - alibi_slopes.to(s.dtype)[..., None, None] * distance
     visible = _visible(q.shape[-2], k.shape[-2], is_causal, q.device, window_size)
     if visible is not None:
         s = s.masked_fill(~visible, float("-inf"))

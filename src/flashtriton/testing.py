@@ -57,7 +57,8 @@ def bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, 
 
 def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                            scale: float | None = None, factor: float = 2.0,
-                           window_size: tuple[int, int] = (-1, -1)) -> list[Check]:
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: torch.Tensor | None = None) -> list[Check]:
     """Run `fn(q, k, v) -> (o, lse)` forward and backward and bound O, L, dQ, dK, dV, each by `factor`
     times the error of the plain low-precision attention (plus one rounding)."""
     o, lse = fn(q, k, v)
@@ -65,10 +66,10 @@ def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: to
     grads = torch.autograd.grad(o, (q, k, v), do)
 
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    o64, lse64 = attention_ref(q64, k64, v64, is_causal=is_causal, scale=scale, window_size=window_size)
+    mods = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    o64, lse64 = attention_ref(q64, k64, v64, is_causal=is_causal, scale=scale, **mods)
     ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double())
-    low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=scale, upcast=False,
-                                   window_size=window_size)
+    low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=scale, upcast=False, **mods)
     low_grads = torch.autograd.grad(low_o, (q, k, v), do)
 
     finite = torch.isfinite(lse64)

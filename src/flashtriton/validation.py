@@ -27,6 +27,33 @@ def check_window(window_size: object) -> tuple[int, int]:
     return left, right
 
 
+def check_softcap(softcap: object) -> float:
+    """`softcap` as a float: 0 (off) or a finite positive cap."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a number, got {softcap!r}; 0.0 turns it off")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be 0 (off) or a finite positive cap, got {softcap}")
+    return float(softcap)
+
+
+def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor) -> torch.Tensor:
+    """ALiBi slopes: float32, on q's device, shape (Hq,) or (B, Hq) for q (B, Hq, Nq, D); returned with a
+    contiguous last dim."""
+    batch, heads = q.shape[0], q.shape[-3] if q.dim() >= 3 else 1
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor of shape ({heads},) or ({batch}, {heads}), "
+                        f"got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}; convert with "
+                        "alibi_slopes.float()")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+    if q.dim() != 4 or tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) for q of shape "
+                         f"{tuple(q.shape)} (B, Hq, Nq, D), got {tuple(alibi_slopes.shape)}")
+    return alibi_slopes if alibi_slopes.stride(-1) == 1 else alibi_slopes.contiguous()
+
+
 def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
     """Validate q (..., Nq, D), k and v (..., Nk, D).
 

@@ -26,6 +26,7 @@ from .common import (
     key_tiles_for_query_tile,
     load_desc_rows,
     load_tile,
+    modified_scores,
     program_tile,
     query_tiles_for_key_tile,
     visible_keys,
@@ -59,8 +60,10 @@ def _dkdv_inner(
     dk, dv, k, v,
     q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
     lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2,
+    diag, softcap_scale, softcap_log2, alibi_log2,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
     ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands."""
@@ -82,7 +85,12 @@ def _dkdv_inner(
             lse = tl.load(lse_ptr + offs_m)
             delta = tl.load(delta_ptr + offs_m)
         qk_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
-        p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
+        if SOFTCAP or ALIBI:
+            s_t, tanh_t = modified_scores(qk_t, offs_m[None, :], offs_n[:, None], diag, qk_scale_log2,
+                                          softcap_scale, softcap_log2, alibi_log2, SOFTCAP, ALIBI)
+            p_t = tl.exp2(s_t - (lse * LOG2E)[None, :])
+        else:
+            p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
         # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here. Keys past
         # seqlen_k need no mask: their dK and dV rows are never stored.
         if MASKED and MASK_RIGHT:
@@ -92,16 +100,18 @@ def _dkdv_inner(
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:  # d/ds of softcap * tanh(s / softcap)
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
         q_ptr = tl.advance(q_ptr, (BLOCK_M, 0))
         do_ptr = tl.advance(do_ptr, (BLOCK_M, 0))
     return dk, dv
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "tuning_seqlen"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "tuning_seqlen", "stride_alibi_b"])
 def attn_bwd_dkdv_kernel(
-    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q); ALIBI_SLOPES as in the forward
+    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI_SLOPES,
     # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
     desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
@@ -115,6 +125,7 @@ def attn_bwd_dkdv_kernel(
     num_heads_kv, seqlen_q, seqlen_k,
     window_left, window_right,  # the band around the diagonal (kernels/common.py), used under MASK_*
     scale, qk_scale_log2,
+    softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
@@ -122,6 +133,7 @@ def attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
+    SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -131,6 +143,7 @@ def attn_bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     band_lo = seqlen_k - seqlen_q - window_left
     band_hi = seqlen_k - seqlen_q + window_right
+    diag = seqlen_k - seqlen_q
 
     k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, start_n,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
@@ -157,18 +170,24 @@ def attn_bwd_dkdv_kernel(
         lse_ptr = LSE + row
         delta_ptr = DELTA + row
         hq32 = off_hq.to(tl.int32)
+        alibi_log2 = 0.0
+        if ALIBI:
+            alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT,
-                             INPUT_PRECISION, USE_TMA)
+                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                             BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                             SOFTCAP, ALIBI)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
-                             INPUT_PRECISION, USE_TMA)
+                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                             BLOCK_M, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                             SOFTCAP, ALIBI)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, ragged_start, end, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT,
-                             INPUT_PRECISION, USE_TMA)
+                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                             BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                             SOFTCAP, ALIBI)
 
     dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh, seqlen_k, stride_dkn, start_n,
                             BLOCK_N, HEAD_DIM, BLOCK_D)
@@ -183,8 +202,10 @@ def _dq_inner(
     dq, q, do, lse_log2, delta,
     k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
     start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+    diag, softcap_scale, softcap_log2, alibi_log2,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over key tiles [start, end)."""
     k_ptr = tl.advance(k_ptr, (start, 0))
@@ -197,23 +218,31 @@ def _dq_inner(
             k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
             v = load_tile(v_ptr, MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        p = tl.exp2(qk * qk_scale_log2 - lse_log2[:, None])
+        if SOFTCAP or ALIBI:
+            s, tanh_s = modified_scores(qk, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :], diag,
+                                        qk_scale_log2, softcap_scale, softcap_log2, alibi_log2, SOFTCAP, ALIBI)
+            p = tl.exp2(s - lse_log2[:, None])
+        else:
+            p = tl.exp2(qk * qk_scale_log2 - lse_log2[:, None])
         if MASKED:
             visible = visible_keys(offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, band_lo, band_hi,
                                    MASK_LEFT, MASK_RIGHT)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
         k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
         v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
     return dq
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
+                                             "stride_alibi_b"])
 def attn_bwd_dq_kernel(
-    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q)
-    Q, K, V, DO, LSE, DELTA, DQ,
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q); ALIBI_SLOPES as in the forward
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI_SLOPES,
     # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
     desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
@@ -226,6 +255,7 @@ def attn_bwd_dq_kernel(
     num_heads_q, seqlen_q, seqlen_k,
     window_left, window_right,  # the band around the diagonal, as in the dK/dV kernel
     scale, qk_scale_log2,
+    softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
     heads_per_group,  # causal launch order (see program_tile)
     tuning_seqlen,  # the autotuner's key, as in the dK/dV kernel
     # meta-parameters
@@ -234,6 +264,7 @@ def attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
+    SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
 ):
     """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -267,18 +298,28 @@ def attn_bwd_dq_kernel(
 
     band_lo = seqlen_k - seqlen_q - window_left
     band_hi = seqlen_k - seqlen_q + window_right
+    diag = seqlen_k - seqlen_q
+    alibi_log2 = 0.0
+    if ALIBI:
+        alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
     start, unmasked_start, unmasked_end, end = key_tiles_for_query_tile(
         start_m, seqlen_k, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     if MASK_LEFT:
         dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, start, unmasked_start,
                        offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                       BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA)
+                       diag, softcap_scale, softcap_log2, alibi_log2,
+                       BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                       SOFTCAP, ALIBI)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_start,
                    unmasked_end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                   BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA)
+                   diag, softcap_scale, softcap_log2, alibi_log2,
+                   BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                   SOFTCAP, ALIBI)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_end, end,
                    offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                   BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA)
+                   diag, softcap_scale, softcap_log2, alibi_log2,
+                   BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                   SOFTCAP, ALIBI)
 
     dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh, seqlen_q, stride_dqm, start_m,
                             BLOCK_M, HEAD_DIM, BLOCK_D)

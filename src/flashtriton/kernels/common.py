@@ -118,6 +118,32 @@ def visible_keys(offs_m, offs_n, seqlen_k, band_lo, band_hi, MASK_LEFT: tl.const
 
 
 @triton.jit
+def tanh(x):
+    """tanh through exp2 (the interpreter and every backend have it). |x| is clipped at 15, where tanh is
+    1 to float32 precision, so that exp2 never overflows."""
+    x = tl.minimum(tl.maximum(x, -15.0), 15.0)
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def modified_scores(qk, rows, cols, diag, qk_scale_log2, softcap_scale, softcap_log2, alibi_log2,
+                    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """Scores in log2 units after the optional score modifications: with SOFTCAP, softcap * tanh(s / softcap)
+    of the scaled score s (softcap_scale = scale / softcap, softcap_log2 = softcap * log2(e)); with ALIBI,
+    minus slope * |i + diag - j| (alibi_log2 = slope * log2(e)). `rows` and `cols` are the query and key
+    indices, shaped to broadcast against qk. Returns (scores, tanh) for the backward's softcap derivative."""
+    if SOFTCAP:
+        t = tanh(qk * softcap_scale)
+        s = t * softcap_log2
+    else:
+        t = qk
+        s = qk * qk_scale_log2
+    if ALIBI:
+        s = s - alibi_log2 * tl.abs(rows + diag - cols).to(tl.float32)
+    return s, t
+
+
+@triton.jit
 def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a block, zero-padding only along the dims that can run past the tensor's edge."""
     if CHECK_ROWS and CHECK_COLS:

@@ -29,10 +29,12 @@ import triton.language as tl
 
 from .common import (
     LN2,
+    LOG2E,
     SEQLEN_ARGS,
     head_block_ptr,
     key_tiles_for_query_tile,
     load_rows,
+    modified_scores,
     program_tile,
     visible_keys,
 )
@@ -60,18 +62,24 @@ def _fwd_inner(
     acc, l_i, m_i, q,
     k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
     start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+    diag, softcap_scale, softcap_log2, alibi_log2,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE and not MASKED):
         k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        score_scale = qk_scale_log2
+        if SOFTCAP or ALIBI:  # scores in log2 units already: the softmax step scales by 1
+            qk, _ = modified_scores(qk, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :], diag,
+                                    qk_scale_log2, softcap_scale, softcap_log2, alibi_log2, SOFTCAP, ALIBI)
+            score_scale = 1.0
         if MASKED:
             visible = visible_keys(offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, band_lo, band_hi,
                                    MASK_LEFT, MASK_RIGHT)
             qk = tl.where(visible, qk, float("-inf"))
-        p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, MASKED)
+        p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, score_scale, MASKED)
         v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
@@ -108,10 +116,12 @@ def _fwd_inner_qk_ahead(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
+                                             "stride_alibi_b"])
 def attn_fwd_kernel(
-    # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None)
-    Q, K, V, O, LSE,
+    # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None); ALIBI_SLOPES (B or 1, Hq)
+    # float32 when ALIBI (else None)
+    Q, K, V, O, LSE, ALIBI_SLOPES,
     desc_q, desc_k, desc_v, desc_o,
     # strides (the last dim of every tensor is contiguous); LSE is a contiguous (B, Hq, seqlen_q)
     stride_qb, stride_qh, stride_qm,
@@ -122,6 +132,8 @@ def attn_fwd_kernel(
     num_heads_q, seqlen_q, seqlen_k,
     window_left, window_right,  # the band's widths left and right of the diagonal, used under MASK_*
     qk_scale_log2,  # softmax scale * log2(e)
+    softcap_scale, softcap_log2,  # scale / softcap and softcap * log2(e), used under SOFTCAP
+    stride_alibi_b,  # 0 when every batch shares the slopes
     heads_per_group,  # causal launch order: (batch, head) pairs that share the L2 (see program_tile)
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
@@ -132,6 +144,8 @@ def attn_fwd_kernel(
     INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     QK_AHEAD: tl.constexpr = False,  # issue the next tile's q @ k^T before this tile's softmax
+    SOFTCAP: tl.constexpr = False,  # scores become softcap * tanh(s / softcap)
+    ALIBI: tl.constexpr = False,  # scores get -slope * |i + Nk - Nq - j| (one slope per query head)
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     # Causal-like bands (bounded on the right only) have query tiles whose work grows with their index.
@@ -150,6 +164,10 @@ def attn_fwd_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     band_lo = seqlen_k - seqlen_q - window_left
     band_hi = seqlen_k - seqlen_q + window_right
+    alibi_log2 = 0.0
+    if ALIBI:
+        alibi_log2 = tl.load(ALIBI_SLOPES + b64 * stride_alibi_b + hq64) * LOG2E
+    diag = seqlen_k - seqlen_q
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -161,21 +179,24 @@ def attn_fwd_kernel(
     if MASK_LEFT:  # the band's left edge
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                    start, unmasked_start, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                                   diag, softcap_scale, softcap_log2, alibi_log2,
                                    BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
-                                   USE_TMA, WARP_SPECIALIZE)
-    if QK_AHEAD:
+                                   USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI)
+    if QK_AHEAD and not SOFTCAP and not ALIBI:
         acc, l_i, m_i = _fwd_inner_qk_ahead(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                             unmasked_start, unmasked_end, qk_scale_log2,
                                             BLOCK_N, BLOCK_D, EVEN_D, INPUT_PRECISION, USE_TMA)
     else:
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                    unmasked_start, unmasked_end, offs_m, seqlen_k, band_lo, band_hi,
-                                   qk_scale_log2, BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
-                                   INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE)
+                                   qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                   BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
+                                   INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                unmasked_end, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                               diag, softcap_scale, softcap_log2, alibi_log2,
                                BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
-                               USE_TMA, WARP_SPECIALIZE)
+                               USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI)
 
     # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
     no_key = l_i == 0.0
