@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from flashtriton.bench import SUITES, Row, Shape, article_table, memory_table, provider_table, write_results
 
 
@@ -126,7 +128,7 @@ def test_peak_memory_measures_one_forward_and_backward(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: next(counters))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: next(counters))
 
-    def run(q, k, v, causal):
+    def run(q, k, v, shape):
         calls.append("run")
         return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
     monkeypatch.setitem(bench.PROVIDERS, "fake", bench.Provider(run))
@@ -158,3 +160,32 @@ def test_merge_results_script_keeps_every_runs_meta(tmp_path):
         ("flashtriton", 64, 0.5), ("flashtriton", 128, 3.0), ("sdpa", 64, 2.0)]
     assert data["meta"]["commit"] == "c"
     assert [(m["commit"], m["rows"]) for m in data["meta"]["merged"]] == [("b", 1), ("a", 1)]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_variants_suite_shapes_flops_and_peers_semantics():
+    """The variants suite: every option once, FLOPs that count a window's visible pairs, flex's mask and
+    score_mod with our semantics (checked on CPU against the reference through torch's own flex_attention
+    in eager mode), and SDPA declining what it cannot run."""
+    import torch
+
+    from flashtriton import attention_ref, bench
+
+    shapes = bench.variants_suite()
+    variants = {s.variant for s in shapes}
+    assert {"gqa4", "window4096,0", "softcap50", "alibi", ""} <= variants
+    assert bench.visible_pairs(5, 5, False, (2, 0)) == 1 + 2 + 3 + 3 + 3
+    assert bench.visible_pairs(4, 6, True, (-1, -1)) == sum(min(6, i + 3) for i in range(4))
+    window = Shape(1, 16, 16, 16384, 16384, 128, True, window=(4096, 0))
+    assert window.flops("fwd") == 4.0 * 16 * 128 * bench.visible_pairs(16384, 16384, True, (4096, 0))
+    assert Shape(1, 2, 2, 8, 8, 4, True).flops("fwd") == 4.0 * 2 * 8 * 8 * 4 / 2  # ANCHORS.md's convention
+    shape = Shape(1, 4, 2, 37, 53, 16, True, window=(9, -1), softcap=3.0, alibi=True)
+    q, k, v = (torch.randn(1, h, n, 16) for h, n in ((4, 37), (2, 53), (2, 53)))
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    block_mask, score_mod = bench._flex_mods(shape, q, create_block_mask)
+    out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=True)
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), is_causal=True, window_size=(9, -1), softcap=3.0,
+                           alibi_slopes=bench.alibi_slopes(4, "cpu"))
+    assert (out.double() - ref).abs().max() < 1e-4
+    with pytest.raises(NotImplementedError):
+        bench.PROVIDERS["sdpa"].run(q, k, v, shape)

@@ -20,15 +20,16 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="check correctness, then time against the peers (GPU)")
-    bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336", "memory"],
+    bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336", "memory", "variants"],
                        help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
                             "cs336: B=1, H=16, N=16384, D=64 causal; memory: peak memory of forward + "
-                            "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers)")
+                            "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers); "
+                            "variants: GQA, a sliding window, softcap and ALiBi at D=128 (fwd and bwd)")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex",
                        help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
     bench.add_argument("--modes", default=None,
                        help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336; "
-                            "fwd_bwd for memory)")
+                            "fwd_bwd for memory; fwd and bwd for variants)")
     bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
     bench.add_argument("--seqlens", default=None, help="comma-separated: time only these N of the suite")
     bench.add_argument("--head-dims", default=None, help="comma-separated: time only these D of the suite")

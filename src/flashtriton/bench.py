@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .api import flash_attention
 from .ops import last_backward_choice, last_forward_choice
 from .plotting import pyplot
+from .reference import attention_ref
 from .testing import compare_with_reference, make_qkv
 
 BWD_FLOP_RATIO = 2.5  # backward does 2.5x the forward's matmul FLOPs (5 matmuls to 2)
@@ -38,11 +39,48 @@ class Shape:
     seqlen_k: int
     head_dim: int
     causal: bool
+    # the variants suite's options (flash_attention's keywords); the other suites leave them off
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi: bool = False
+
+    @property
+    def variant(self) -> str:
+        """A short name for the options beyond the plain (or causal) attention; "" for none."""
+        parts = [f"gqa{self.heads_q // self.heads_kv}" if self.heads_q != self.heads_kv else "",
+                 f"window{self.window[0]},{self.window[1]}" if self.window != (-1, -1) else "",
+                 f"softcap{self.softcap:g}" if self.softcap else "", "alibi" if self.alibi else ""]
+        return "+".join(p for p in parts if p)
 
     def flops(self, mode: str) -> float:
-        fwd = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
-        fwd = fwd / 2 if self.causal else fwd
+        """ANCHORS.md's count: 4·B·H·Nq·Nk·D, halved when causal; with a sliding window, 4·B·H·D times the
+        (query, key) pairs that the band lets through."""
+        if self.window == (-1, -1):
+            fwd = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+            fwd = fwd / 2 if self.causal else fwd
+        else:
+            fwd = 4.0 * self.batch * self.heads_q * self.head_dim * visible_pairs(
+                self.seqlen_q, self.seqlen_k, self.causal, self.window)
         return {"fwd": fwd, "bwd": BWD_FLOP_RATIO * fwd, "fwd_bwd": (1 + BWD_FLOP_RATIO) * fwd}[mode]
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> int:
+    """How many (query, key) pairs a band lets through (query i sees keys i + d - left .. i + d + right)."""
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    diag = seqlen_k - seqlen_q
+    total = 0
+    for i in range(seqlen_q):
+        lo = 0 if left < 0 else max(0, i + diag - left)
+        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + diag + right)
+        total += max(0, hi - lo + 1)
+    return total
+
+
+def alibi_slopes(heads: int, device) -> torch.Tensor:
+    """ALiBi's geometric slopes, 2^(-8 (h + 1) / H), as the paper sets them."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=device)
 
 
 def article_suite() -> list[Shape]:
@@ -66,19 +104,43 @@ def memory_suite() -> list[Shape]:
     return [Shape(1, 16, 16, n, n, 64, True) for n in (16384, 65536)]
 
 
+def variants_suite() -> list[Shape]:
+    """Issue 5's variants at D=128: GQA (Hq=32, Hkv=8, 16k tokens), a 4096-wide causal sliding window at
+    N=16k, softcap (50, as Gemma 2) and ALiBi at N=4096, with the plain causal shape alongside."""
+    return [Shape(4, 32, 8, 4096, 4096, 128, causal) for causal in (False, True)] + [
+        Shape(1, 16, 16, 16384, 16384, 128, True),
+        Shape(1, 16, 16, 16384, 16384, 128, True, window=(4096, 0)),
+        Shape(4, 16, 16, 4096, 4096, 128, True),
+        Shape(4, 16, 16, 4096, 4096, 128, True, softcap=50.0),
+        Shape(4, 16, 16, 4096, 4096, 128, True, alibi=True),
+    ]
+
+
 SUITES: dict[str, Callable[[], list[Shape]]] = {"article": article_suite, "paper": paper_suite,
-                                                "cs336": cs336_suite, "memory": memory_suite}
-DEFAULT_MODES = {"article": ["fwd"], "paper": ["fwd"], "cs336": ["fwd", "bwd", "fwd_bwd"], "memory": ["fwd_bwd"]}
+                                                "cs336": cs336_suite, "memory": memory_suite,
+                                                "variants": variants_suite}
+DEFAULT_MODES = {"article": ["fwd"], "paper": ["fwd"], "cs336": ["fwd", "bwd", "fwd_bwd"], "memory": ["fwd_bwd"],
+                 "variants": ["fwd", "bwd"]}
 
 
 # ---------------------------------------------------------------------------------------------- providers
 
 @dataclass(frozen=True)
 class Provider:
-    """`run(q, k, v, causal) -> o`, called inside `context()`; the context is entered once around all
-    timed calls, so its own cost (sdpa_kernel's backend switch) stays out of the times."""
+    """`run(q, k, v, shape) -> o`, called inside `context()`; the context is entered once around all
+    timed calls, so its own cost (sdpa_kernel's backend switch) stays out of the times. A provider that
+    cannot run a shape's variant raises NotImplementedError (recorded as unavailable)."""
     run: Callable
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+def _slopes_for(shape: Shape, q: torch.Tensor) -> torch.Tensor | None:
+    return alibi_slopes(shape.heads_q, q.device) if shape.alibi else None
+
+
+def _flashtriton(q, k, v, shape: Shape):
+    return flash_attention(q, k, v, is_causal=shape.causal, window_size=shape.window, softcap=shape.softcap,
+                           alibi_slopes=_slopes_for(shape, q))
 
 
 def _sdpa(backend: str | None = None) -> Provider:
@@ -87,14 +149,21 @@ def _sdpa(backend: str | None = None) -> Provider:
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel([getattr(SDPBackend, backend)])
-    return Provider(lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal), context)
+
+    def run(q, k, v, shape: Shape):
+        if shape.window != (-1, -1) or shape.softcap or shape.alibi:
+            raise NotImplementedError("SDPA has no sliding window, softcap or ALiBi without a dense mask")
+        return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal,
+                                              enable_gqa=shape.heads_q != shape.heads_kv)
+    return Provider(run, context)
 
 
 def _flex() -> Provider:
-    """FlexAttention compiled by torch.compile, with a causal block mask (built once per shape) when causal."""
+    """FlexAttention compiled by torch.compile: a block mask (built once per shape) for causal masks and
+    windows, a score_mod for softcap and ALiBi, enable_gqa for grouped heads."""
     state: dict = {}
 
-    def run(q, k, v, causal):
+    def run(q, k, v, shape: Shape):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         if "compiled" not in state:
             # One static kernel per shape, as a model with fixed shapes gets; the suites have more shapes
@@ -104,22 +173,46 @@ def _flex() -> Provider:
                 if hasattr(torch._dynamo.config, limit):
                     setattr(torch._dynamo.config, limit, max(256, getattr(torch._dynamo.config, limit)))
             state["compiled"] = torch.compile(flex_attention, dynamic=False)
-        if not causal:
-            return state["compiled"](q, k, v)
-        seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
-        key = (seqlen_q, seqlen_k, q.device)
+        key = (shape, q.device)
         if key not in state:
-            diag = seqlen_k - seqlen_q  # bottom-right aligned, like ours (the suites have Nq = Nk)
-
-            def causal_mask(b, h, q_idx, kv_idx):
-                return kv_idx <= q_idx + diag
-            state[key] = create_block_mask(causal_mask, None, None, seqlen_q, seqlen_k, device=q.device)
-        return state["compiled"](q, k, v, block_mask=state[key])
+            state[key] = _flex_mods(shape, q, create_block_mask)
+        block_mask, score_mod = state[key]
+        return state["compiled"](q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                 enable_gqa=shape.heads_q != shape.heads_kv)
     return Provider(run)
 
 
+def _flex_mods(shape: Shape, q: torch.Tensor, create_block_mask) -> tuple:
+    """(block mask or None, score_mod or None) with our semantics: bands aligned bottom-right."""
+    diag = shape.seqlen_k - shape.seqlen_q
+    left, right = shape.window
+    if shape.causal:
+        right = 0 if right < 0 else min(right, 0)
+    block_mask = None
+    if left >= 0 or right >= 0:
+        def band(b, h, q_idx, kv_idx):
+            visible = kv_idx >= 0
+            if right >= 0:
+                visible = visible & (kv_idx <= q_idx + diag + right)
+            if left >= 0:
+                visible = visible & (kv_idx >= q_idx + diag - left)
+            return visible
+        block_mask = create_block_mask(band, None, None, shape.seqlen_q, shape.seqlen_k, device=q.device)
+    score_mod = None
+    if shape.softcap or shape.alibi:
+        cap, slopes = shape.softcap, _slopes_for(shape, q)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            if cap:
+                score = cap * torch.tanh(score / cap)
+            if slopes is not None:
+                score = score - slopes[h] * (q_idx + diag - kv_idx).abs()
+            return score
+    return block_mask, score_mod
+
+
 PROVIDERS: dict[str, Provider] = {
-    "flashtriton": Provider(lambda q, k, v, causal: flash_attention(q, k, v, is_causal=causal)),
+    "flashtriton": Provider(_flashtriton),
     "sdpa": _sdpa(),  # whatever PyTorch dispatches to by default (cuDNN on Hopper with torch >= 2.5)
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
@@ -163,6 +256,7 @@ class Row:
     spread: float = 0.0  # |difference| of two back-to-back timings, relative to their mean
     ms_graph: float | None = None  # forward replayed from a CUDA graph: the GPU's time without launch overhead
     peak_mem_mb: float | None = None  # fwd_bwd: memory one call allocates at its peak, beyond q, k, v, dO
+    variant: str = ""  # Shape.variant: GQA, window, softcap, ALiBi (the variants suite)
 
 
 def _time(fn: Callable[[], object], grad_to_none=None) -> float:
@@ -194,12 +288,12 @@ def time_provider(name: str, shape: Shape, mode: str, q, k, v, graph: bool = Fal
     with provider.context():
         if mode == "fwd":
             with torch.no_grad():
-                return (_time_graph if graph else _time)(lambda: fn(q, k, v, shape.causal))
-        o = fn(q, k, v, shape.causal)
+                return (_time_graph if graph else _time)(lambda: fn(q, k, v, shape))
+        o = fn(q, k, v, shape)
         do = torch.randn_like(o)
         if mode == "bwd":
             return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v])
-        return _time(lambda: fn(q, k, v, shape.causal).backward(do), grad_to_none=[q, k, v])
+        return _time(lambda: fn(q, k, v, shape).backward(do), grad_to_none=[q, k, v])
 
 
 def peak_memory_mb(name: str, shape: Shape, q, k, v) -> float:
@@ -213,12 +307,29 @@ def peak_memory_mb(name: str, shape: Shape, q, k, v) -> float:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        provider.run(q, k, v, shape.causal).backward(do)
+        provider.run(q, k, v, shape).backward(do)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         for x in (q, k, v):
             x.grad = None
     return peak / 2**20
+
+
+def _reference(q, k, v, shape: Shape) -> tuple[torch.Tensor, tuple]:
+    """A float32 reference output and the index of the part of an output it stands for: all of it for
+    plain and causal attention (SDPA in float32), the first batch element's first and last query heads for
+    the variants (plain attention in float32 materialises N x N scores per head)."""
+    if shape.window == (-1, -1) and not shape.softcap and not shape.alibi:
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=shape.causal,
+                                             enable_gqa=shape.heads_q != shape.heads_kv)
+        return ref, (slice(None),)
+    heads = sorted({0, shape.heads_q - 1})
+    kv_heads = [h // (shape.heads_q // shape.heads_kv) for h in heads]
+    slopes = _slopes_for(shape, q)
+    ref, _ = attention_ref(q[:1, heads].float(), k[:1, kv_heads].float(), v[:1, kv_heads].float(),
+                           is_causal=shape.causal, upcast=False, window_size=shape.window, softcap=shape.softcap,
+                           alibi_slopes=None if slopes is None else slopes[heads])
+    return ref, (slice(0, 1), heads)
 
 
 def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bfloat16,
@@ -241,13 +352,13 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
         q, k, v = make_qkv(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.seqlen_k,
                            shape.head_dim, dtype, "cuda")
         with torch.no_grad():  # check every provider against a float32 reference before timing it
-            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=shape.causal)
+            ref, part = _reference(q, k, v, shape)
             errors = {}
             for name in providers:
                 try:
                     with PROVIDERS[name].context():
-                        out = PROVIDERS[name].run(q, k, v, shape.causal)
-                    errors[name] = (out.float() - ref).abs().max().item()
+                        out = PROVIDERS[name].run(q, k, v, shape)
+                    errors[name] = (out[part].float() - ref).abs().max().item()
                     del out
                     if name == "flashtriton":
                         log(f"  {shape}: flashtriton runs {last_forward_choice()}")
@@ -267,7 +378,7 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                 rows.append(Row(name, suite, shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
                                 shape.seqlen_k, shape.head_dim, DTYPE_NAMES[dtype], shape.causal, mode, ms,
                                 shape.flops(mode) / ms / 1e9, errors[name], abs(first - second) / ms, ms_graph,
-                                peak))
+                                peak, shape.variant))
                 notes = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
                 notes += f" peak {peak:.0f} MiB" if peak is not None else ""
                 notes += f" [{last_backward_choice()}]" if name == "flashtriton" and mode != "fwd" else ""
@@ -334,19 +445,21 @@ def article_table(rows: list[Row], baseline: str = "sdpa") -> str:
 def provider_table(rows: list[Row]) -> str:
     """TFLOP/s of every provider, one line per (shape, mode), with our ratio to each peer."""
     providers = list(dict.fromkeys(r.provider for r in rows))
-    keys = list(dict.fromkeys((r.B, r.Hq, r.Nq, r.D, r.causal, r.mode) for r in rows))
-    by_key = {(r.B, r.Hq, r.Nq, r.D, r.causal, r.mode, r.provider): r for r in rows}
+    keys = list(dict.fromkeys((r.B, r.Hq, r.Nq, r.D, r.causal, r.mode, r.variant) for r in rows))
+    by_key = {(r.B, r.Hq, r.Nq, r.D, r.causal, r.mode, r.variant, r.provider): r for r in rows}
     peers = [p for p in providers if p != "flashtriton"]
-    lines = ["| B | H | N | D | causal | mode | " + " | ".join(providers) + " | "
-             + " | ".join(f"ours/{p}" for p in peers) + " |"]
-    lines.append("|" + "---|" * (6 + len(providers) + len(peers)))
+    variants = any(r.variant for r in rows)  # a column only where a suite has them
+    lines = ["| B | H | N | D | causal | " + ("variant | " if variants else "") + "mode | "
+             + " | ".join(providers) + " | " + " | ".join(f"ours/{p}" for p in peers) + " |"]
+    lines.append("|" + "---|" * (6 + variants + len(providers) + len(peers)))
     for key in keys:
         cells = [by_key.get((*key, p)) for p in providers]
         ours = by_key.get((*key, "flashtriton"))
         ratios = [f"{ours.tflops / peer.tflops:.2f}" if ours and peer else "-"
                   for peer in (by_key.get((*key, p)) for p in peers)]
-        b, h, n, d, causal, mode = key
-        lines.append(f"| {b} | {h} | {n} | {d} | {'yes' if causal else 'no'} | {mode} | "
+        b, h, n, d, causal, mode, variant = key
+        lines.append(f"| {b} | {h} | {n} | {d} | {'yes' if causal else 'no'} | "
+                     + (f"{variant or 'plain'} | " if variants else "") + f"{mode} | "
                      + " | ".join(f"{c.tflops:.0f}" if c else "-" for c in cells) + " | " + " | ".join(ratios) + " |")
     return "\n".join(lines)
 
@@ -376,19 +489,20 @@ def plot(rows: list[Row], path: Path, title: str) -> bool:
     plt = pyplot()
     if plt is None:
         return False
-    panels = list(dict.fromkeys((r.D, r.causal, r.mode) for r in rows))
+    panels = list(dict.fromkeys((r.D, r.causal, r.mode, r.variant) for r in rows))
     columns = min(4, len(panels))
     nrows = -(-len(panels) // columns)
     fig, axes = plt.subplots(nrows, columns, figsize=(4.5 * columns, 3.8 * nrows), squeeze=False)
-    for ax, (d, causal, mode) in zip(axes.flat, panels, strict=False):
+    for ax, (d, causal, mode, variant) in zip(axes.flat, panels, strict=False):
         for provider in dict.fromkeys(r.provider for r in rows):
             pts = sorted((r.Nq, r.tflops) for r in rows
-                         if (r.D, r.causal, r.mode, r.provider) == (d, causal, mode, provider))
+                         if (r.D, r.causal, r.mode, r.variant, r.provider) == (d, causal, mode, variant, provider))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=provider)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length N")
         ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"D={d}, {mode}, {'causal' if causal else 'non-causal'}")
+        ax.set_title(f"D={d}, {mode}, {'causal' if causal else 'non-causal'}{', ' + variant if variant else ''}",
+                     fontsize=9)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
@@ -401,7 +515,8 @@ def plot(rows: list[Row], path: Path, title: str) -> bool:
 
 
 def _row_key(row: dict) -> tuple:
-    return tuple(row[k] for k in ("provider", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal", "mode"))
+    return (*(row[k] for k in ("provider", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal", "mode")),
+            row.get("variant", ""))
 
 
 def merge_rows(path: Path, rows: list[Row], meta: dict) -> list[Row]:
