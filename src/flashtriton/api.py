@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import FlashAttentionTriton, flash_attention_forward
+from .ops import FlashAttentionTriton, FlashAttentionVarlen, flash_attention_forward
 
 
 def flash_attention(
@@ -76,3 +76,43 @@ def flash_attention(
     # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
     _, _, _, o, lse, _ = flash_attention_forward(q, k, v, is_causal, scale, window_size, softcap, alibi_slopes)
     return (o, lse) if return_lse else o
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`flash_attention` on a packed batch of variable-length sequences, as flash_attn's varlen API lays
+    it out: no padding, each sequence attends only within itself.
+
+    Args:
+        q: (total_q, Hq, D), the batch's queries one sequence after another.
+        k, v: (total_k, Hkv, D); Hq a multiple of Hkv (GQA).
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device, the cumulative lengths: sequence b
+            is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k
+            and v. Zero-length sequences are allowed.
+        max_seqlen_q, max_seqlen_k: the longest sequence's lengths (they size the grid).
+        is_causal, scale, window_size, softcap, alibi_slopes: as in `flash_attention`, per sequence (masks
+            aligned to each sequence's bottom-right corner; ALiBi slopes (Hq,) or (batch, Hq)).
+        return_lse: also return the logsumexp, (Hq, total_q) float32.
+
+    Returns:
+        o: (total_q, Hq, D); with `return_lse`, (o, lse). The lengths are checked on the host (one small
+        copy each of cu_seqlens), so that a wrong length is an error rather than silent garbage.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+    return FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                      scale, return_lse, window_size, softcap, alibi_slopes)

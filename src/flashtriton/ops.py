@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -35,6 +36,7 @@ from .validation import (
     check_inputs,
     check_scale,
     check_softcap,
+    check_varlen,
     check_window,
     last_dim_contiguous,
 )
@@ -161,55 +163,84 @@ def last_forward_choice() -> str:
     return dataclasses.replace(choice, use_tma=use_tma, warp_specialize=use_tma and choice.warp_specialize).name
 
 
+class Varlen(NamedTuple):
+    """A packed batch of variable-length sequences: sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1]
+    of q (and likewise for k, v), at most max_seqlen_q (max_seqlen_k) long. The launchers then take q as
+    the (1, Hq, total_q, D) view of the packed (total_q, Hq, D) tensor, and lse is (1, Hq, total_q)."""
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def _grid_and_strides(q, k, v, o, varlen: Varlen | None) -> tuple[int, int, int, tuple]:
+    """(batch for the grid, the grid's query and key lengths, the tensors' (b, h, row) strides). A packed
+    batch has one grid slice per sequence, as long as the longest, and batch strides of 0 (each program
+    finds its sequence's first row in cu_seqlens)."""
+    if varlen is None:
+        return q.shape[0], q.shape[2], k.shape[2], (*_strides(q), *_strides(k), *_strides(v), *_strides(o))
+    strides = tuple(x for t in (q, k, v, o) for x in (0, t.stride(1), t.stride(2)))
+    return len(varlen.cu_seqlens_q) - 1, varlen.max_seqlen_q, varlen.max_seqlen_k, strides
+
+
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       config: TileConfig | None = None, autotune: bool | None = None,
                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                      alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests);
     `autotune` forces the autotuner on or off (default: on for large problems on a GPU); `window` is the
     sliding window (left, right), -1 for unbounded (see _band); `softcap` > 0 caps the scores;
-    `alibi_slopes` (Hq,) or (B, Hq) float32 adds ALiBi's bias (see flash_attention)."""
-    batch, heads_q, seqlen_q, head_dim = q.shape
+    `alibi_slopes` (Hq,) or (B, Hq) float32 adds ALiBi's bias (see flash_attention); `varlen` describes a
+    packed batch (see Varlen)."""
+    _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
-    lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    lse = torch.empty((q.shape[0], heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
+    if varlen is not None:
+        o = o.new_empty((seqlen_q, heads_q, head_dim)).permute(1, 0, 2)[None]  # packed, like q
     _interpreter.prepare(q.device)
     on_gpu = q.device.type == "cuda"
+    batch, grid_q, grid_k, strides = _grid_and_strides(q, k, v, o, varlen)
     if autotune is None:
-        autotune = config is None and on_gpu and _autotune_by_default(batch * heads_q * seqlen_q * seqlen_k * head_dim)
+        autotune = config is None and on_gpu and _autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim)
     bd = block_d(head_dim)
     mask_left, mask_right, window_left, window_right = _band(is_causal, window)
-    rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(o),
-            heads_q, seqlen_q, seqlen_k, window_left, window_right, scale * LOG2E,
+    rest = (*strides, heads_q, seqlen_q, seqlen_k, window_left, window_right, scale * LOG2E,
             *_score_mods(scale, softcap, alibi_slopes),
-            _heads_per_group(k, heads_q // heads_kv, mask_right and not mask_left), seqlen_bucket(seqlen_q, seqlen_k))
+            _heads_per_group(k, heads_q // heads_kv, mask_right and not mask_left), seqlen_bucket(grid_q, grid_k))
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left,
                 MASK_RIGHT=mask_right, INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0,
                 ALIBI=alibi_slopes is not None)
+    cu_seqlens = (None, None)
+    if varlen is not None:  # tiles past a sequence's end would run into the next one: no TMA
+        cu_seqlens = (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
+        meta["VARLEN"] = True
     if autotune:
-        strides = _tma_strides(q, k, v, o)
-        with_tma = strides is not None
+        tma_strides = _tma_strides(q, k, v, o) if varlen is None else None
+        with_tma = tma_strides is not None
         bm, bn = tma_tile(head_dim, q.dtype)
-        descs = _descriptors((q, k, v, o), strides, (bm, bn, bn, bm), bd) if with_tma else (None,) * 4
+        descs = _descriptors((q, k, v, o), tma_strides, (bm, bn, bn, bm), bd) if with_tma else (None,) * 4
 
         def grid(meta):
-            return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
+            return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
-        tuner[grid](q, k, v, o, lse, alibi_slopes, *descs, *rest, **meta)
+        tuner[grid](q, k, v, o, lse, alibi_slopes, *cu_seqlens, *descs, *rest, **meta)
         _last_forward_choice[0] = (tuner, None)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
     cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma=not on_gpu)
-    strides = _tma_strides(q, k, v, o) if cfg.use_tma else None
-    use_tma = strides is not None
+    tma_strides = _tma_strides(q, k, v, o) if cfg.use_tma and varlen is None else None
+    use_tma = tma_strides is not None
     _last_forward_choice[0] = (cfg, use_tma)
     rows = (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)
-    descs = _descriptors((q, k, v, o), strides, rows, bd) if use_tma else (None,) * 4
-    attn_fwd_kernel[(_cdiv(seqlen_q, cfg.block_m), heads_q, batch)](
-        q, k, v, o, lse, alibi_slopes, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
+    descs = _descriptors((q, k, v, o), tma_strides, rows, bd) if use_tma else (None,) * 4
+    attn_fwd_kernel[(_cdiv(grid_q, cfg.block_m), heads_q, batch)](
+        q, k, v, o, lse, alibi_slopes, *cu_seqlens, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        USE_TMA=use_tma,
         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -237,11 +268,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
                        configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
                        window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                       alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
     a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
-    overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward)."""
-    batch, heads_q, seqlen_q, head_dim = q.shape
+    overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward);
+    the other keywords as in attention_forward."""
+    _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
         do = do.contiguous()
@@ -250,45 +283,53 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         return dq.zero_(), dk.zero_(), dv.zero_()
     _interpreter.prepare(q.device)
     bd = block_d(head_dim)
+    batch, grid_q, grid_k, _ = _grid_and_strides(q, k, v, q, varlen)
+
+    def strides(*tensors):  # (b, h, row) of each; a packed batch's b stride is 0 (see Varlen)
+        return tuple(x for t in tensors for x in ((0, t.stride(1), t.stride(2)) if varlen else _strides(t)))
     if autotune is None:  # float32 keeps its static tiles: the candidates are 16-bit sweeps' winners
         autotune = (configs is None and q.device.type == "cuda" and q.element_size() == 2
-                    and _autotune_by_default(batch * heads_q * seqlen_q * seqlen_k * head_dim))
+                    and _autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
+    cu_seqlens = (None, None) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
 
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32
-    attn_bwd_preprocess_kernel[(_cdiv(seqlen_q, pre_block), heads_q, batch)](
-        o, do, delta, *_strides(o), *_strides(do), heads_q, seqlen_q,
-        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block,
+    attn_bwd_preprocess_kernel[(_cdiv(grid_q, pre_block), heads_q, batch)](
+        o, do, delta, cu_seqlens[0], *strides(o, do), heads_q, seqlen_q,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block, VARLEN=varlen is not None,
     )
     group = heads_q // heads_kv
     mask_left, mask_right, window_left, window_right = _band(is_causal, window)
     meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
                 INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
-    bucket = seqlen_bucket(seqlen_q, seqlen_k)
+    if varlen is not None:
+        meta["VARLEN"] = True
+    bucket = seqlen_bucket(grid_q, grid_k)
     mods = _score_mods(scale, softcap, alibi_slopes)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, alibi_slopes)
-    dkdv_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, alibi_slopes, *cu_seqlens)
+    dkdv_rest = (*strides(q, k, v, do, dk, dv),
                  heads_kv, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods, bucket)
-    dq_args = (q, k, v, do, lse, delta, dq, alibi_slopes)
-    dq_rest = (*_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+    dq_args = (q, k, v, do, lse, delta, dq, alibi_slopes, *cu_seqlens)
+    dq_rest = (*strides(q, k, v, do, dq),
                heads_q, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods,
                _heads_per_group(k, group, mask_right and not mask_left), bucket)
 
     def dkdv_grid(meta):
-        return _cdiv(seqlen_k, meta["BLOCK_N"]), heads_kv, batch
+        return _cdiv(grid_k, meta["BLOCK_N"]), heads_kv, batch
 
     def dq_grid(meta):
-        return _cdiv(seqlen_q, meta["BLOCK_M"]), heads_q, batch
+        return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
 
     def descriptors(tile: tuple[int, int] | None) -> tuple:  # of q, k, v, dO at (BLOCK_M, BLOCK_N), or Nones
-        if tile is None or strides is None:
+        if tile is None or tma_strides is None:
             return (None,) * 4
         bm, bn = tile
-        return _descriptors((q, k, v, do), strides, (bm, bn, bn, bm), bd)
+        return _descriptors((q, k, v, do), tma_strides, (bm, bn, bn, bm), bd)
 
+    # Each kernel's TMA candidates share one tile, so the descriptors exist before the pick. A packed
+    # batch takes block pointers: a tile past a sequence's end would read into the next one.
     if autotune:
-        # Each kernel's TMA candidates share one tile, so the descriptors exist before the pick.
-        strides = _tma_strides(q, k, v, do)
+        tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
         tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
         tuners = []
         for tile, autotuned, grid, args, rest in ((tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest),
@@ -301,8 +342,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         return dq, dk, dv
 
     dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
-    strides = _tma_strides(q, k, v, do) if dkdv_cfg.use_tma or dq_cfg.use_tma else None
-    _last_backward_choice[0] = ((dkdv_cfg, dq_cfg), strides is not None)
+    use_tma = (dkdv_cfg.use_tma or dq_cfg.use_tma) and varlen is None
+    tma_strides = _tma_strides(q, k, v, do) if use_tma else None
+    _last_backward_choice[0] = ((dkdv_cfg, dq_cfg), tma_strides is not None)
     for cfg, kernel, grid, args, rest in ((dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest),
                                           (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest)):
         descs = descriptors((cfg.block_m, cfg.block_n) if cfg.use_tma else None)
@@ -378,3 +420,46 @@ class FlashAttentionTriton(torch.autograd.Function):
         dq, dk, dv = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O),
                                         L.view(q4.shape[:-1]), ctx.is_causal, **ctx.mods)
         return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None, None, None, None
+
+
+def _packed_as_4d(x: torch.Tensor) -> torch.Tensor:
+    """(total, H, D) -> the (1, H, total, D) view the launchers take (see Varlen)."""
+    return x.permute(1, 0, 2)[None]
+
+
+class FlashAttentionVarlen(torch.autograd.Function):
+    """FlashAttention-2 on a packed batch of variable-length sequences, forward and backward.
+
+    `FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+    scale, return_lse, window_size, softcap, alibi_slopes)`: q (total_q, Hq, D), k and v (total_k, Hkv, D);
+    returns o (total_q, Hq, D), and with return_lse also lse (Hq, total_q), float32 (no gradient).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                scale=None, return_lse=False, window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None):
+        check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal)
+        mods = dict(scale=check_scale(scale, q.shape[-1]))
+        if window_size != NO_WINDOW:
+            mods["window"] = check_window(window_size)
+        if softcap != 0.0:
+            mods["softcap"] = check_softcap(softcap)
+        if alibi_slopes is not None:
+            mods["alibi_slopes"] = check_alibi_slopes(alibi_slopes, q, batch=len(cu_seqlens_q) - 1)
+        mods["varlen"] = Varlen(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+        q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
+        o4, lse4 = attention_forward(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), is_causal, **mods)
+        o, lse = o4[0].permute(1, 0, 2), lse4[0]
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.mods = is_causal, mods
+        if return_lse:
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+        return o
+
+    @staticmethod
+    def backward(ctx, do, *_unused_dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        grads = attention_backward(_packed_as_4d(do), *(_packed_as_4d(x) for x in (q, k, v, o)), lse[None],
+                                   ctx.is_causal, **ctx.mods)
+        return (*(g[0].permute(1, 0, 2) for g in grads), *(None,) * 10)

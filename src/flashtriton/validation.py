@@ -36,10 +36,14 @@ def check_softcap(softcap: object) -> float:
     return float(softcap)
 
 
-def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor) -> torch.Tensor:
-    """ALiBi slopes: float32, on q's device, shape (Hq,) or (B, Hq) for q (B, Hq, Nq, D); returned with a
-    contiguous last dim."""
-    batch, heads = q.shape[0], q.shape[-3] if q.dim() >= 3 else 1
+def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+    """ALiBi slopes: float32, on q's device, shape (Hq,) or (B, Hq) for q (B, Hq, Nq, D) (or, with
+    `batch` given, for a packed q (total, Hq, D) of `batch` sequences); returned with a contiguous last dim."""
+    packed = batch is not None
+    if packed:
+        heads = q.shape[1]
+    else:
+        batch, heads = q.shape[0], q.shape[-3] if q.dim() >= 3 else 1
     if not isinstance(alibi_slopes, torch.Tensor):
         raise TypeError(f"alibi_slopes must be a torch.Tensor of shape ({heads},) or ({batch}, {heads}), "
                         f"got {type(alibi_slopes).__name__}")
@@ -48,9 +52,10 @@ def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor) -> torch.Tensor:
                         "alibi_slopes.float()")
     if alibi_slopes.device != q.device:
         raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
-    if q.dim() != 4 or tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+    if (q.dim() != 4 and not packed) or tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        layout = "(total, Hq, D) holding that many sequences" if packed else "(B, Hq, Nq, D)"
         raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) for q of shape "
-                         f"{tuple(q.shape)} (B, Hq, Nq, D), got {tuple(alibi_slopes.shape)}")
+                         f"{tuple(q.shape)} {layout}, got {tuple(alibi_slopes.shape)}")
     return alibi_slopes if alibi_slopes.stride(-1) == 1 else alibi_slopes.contiguous()
 
 
@@ -129,3 +134,40 @@ def check_scale(scale: object, head_dim: int) -> float:
 def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     """The kernels need unit stride along head_dim (any other strides are fine); copy once if not."""
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqlens_k: object,
+                 max_seqlen_q: object, max_seqlen_k: object, *, is_causal: object) -> None:
+    """Validate a packed batch: q (total_q, Hq, D), k and v (total_k, Hkv, D), cumulative lengths int32
+    (batch + 1,) that start at 0, never decrease and end at the totals, and maximum lengths at least the
+    longest sequence. Reads the lengths back to the host (one small copy each)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(f"{name} must have 3 dims (total_tokens, heads, head_dim) in a packed batch, got "
+                             f"shape {tuple(x.shape)}")
+    # the rest of the per-tensor checks, on the (1, H, total, D) views the kernels read
+    check_inputs(*(x.permute(1, 0, 2)[None] for x in (q, k, v)), is_causal=is_causal)
+    lengths = {}
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or len(cu) < 1:
+            raise TypeError(f"{name} must be a 1-D int32 tensor of batch + 1 cumulative lengths, got "
+                            f"{cu.dtype if isinstance(cu, torch.Tensor) else type(cu).__name__} "
+                            f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else ''}; e.g. "
+                            "torch.tensor([0, 5, 12], dtype=torch.int32, device=q.device)")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+        host = cu.tolist()
+        if host[0] != 0 or host[-1] != total or any(b < a for a, b in zip(host, host[1:], strict=False)):
+            raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "
+                             f"got {host[:8]}{' ...' if len(host) > 8 else ''}")
+        lengths[name] = [b - a for a, b in zip(host, host[1:], strict=False)]
+    if len(cu_seqlens_q) != len(cu_seqlens_k):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe {len(cu_seqlens_q) - 1} and "
+                         f"{len(cu_seqlens_k) - 1} sequences; they must describe the same batch")
+    for name, given, key in (("max_seqlen_q", max_seqlen_q, "cu_seqlens_q"),
+                             ("max_seqlen_k", max_seqlen_k, "cu_seqlens_k")):
+        longest = max(lengths[key], default=0)
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < longest:
+            raise ValueError(f"{name} must be an int >= the longest sequence ({longest}), got {given!r}")

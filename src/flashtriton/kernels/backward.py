@@ -29,30 +29,41 @@ from .common import (
     modified_scores,
     program_tile,
     query_tiles_for_key_tile,
+    sequence_bounds,
     visible_keys,
 )
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
 def attn_bwd_preprocess_kernel(
-    O, DO, DELTA,
+    O, DO, DELTA, CU_SEQLENS_Q,
     stride_ob, stride_oh, stride_om,
     stride_dob, stride_doh, stride_dom,
     num_heads, seqlen_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr = False,
 ):
-    """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is contiguous (B, H, seqlen_q)."""
+    """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is laid out like LSE: contiguous
+    (B, H, seqlen_q), or (H, total_q) for a packed batch (VARLEN, seqlen_q the total)."""
     off_b, off_h, pid_m = program_tile(False, 1)
     off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
     start_m = pid_m * BLOCK_M
-    o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh, seqlen_q, stride_om, start_m,
-                           BLOCK_M, HEAD_DIM, BLOCK_D)
-    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_h * stride_doh, seqlen_q, stride_dom, start_m,
-                            BLOCK_M, HEAD_DIM, BLOCK_D)
+    if VARLEN:
+        row = off_h * seqlen_q
+    else:
+        row = (off_b * num_heads + off_h) * seqlen_q
+    q_start, seqlen_q, _, _ = sequence_bounds(off_b, seqlen_q, seqlen_q, CU_SEQLENS_Q, CU_SEQLENS_Q, VARLEN)
+    if VARLEN:
+        if start_m >= seqlen_q:
+            return
+        row += q_start
+    o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om, seqlen_q, stride_om,
+                           start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, seqlen_q,
+                            stride_dom, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
     o = load_tile(o_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     do = load_tile(do_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    tl.store(DELTA + (off_b * num_heads + off_h) * seqlen_q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
+    tl.store(DELTA + row + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -110,8 +121,9 @@ def _dkdv_inner(
 
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "tuning_seqlen", "stride_alibi_b"])
 def attn_bwd_dkdv_kernel(
-    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q); ALIBI_SLOPES as in the forward
-    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI_SLOPES,
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q) or (Hq, total_q) with VARLEN; ALIBI_SLOPES
+    # and CU_SEQLENS_Q/K as in the forward
+    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K,
     # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
     desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
@@ -134,6 +146,7 @@ def attn_bwd_dkdv_kernel(
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
+    VARLEN: tl.constexpr = False,  # as in the forward
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -141,14 +154,20 @@ def attn_bwd_dkdv_kernel(
     off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
+    total_q = seqlen_q  # with VARLEN, the packed length: LSE and DELTA rows are (Hq, total_q)
+    q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K,
+                                                           VARLEN)
+    if VARLEN:
+        if start_n >= seqlen_k:  # the grid covers the longest sequence
+            return
     band_lo = seqlen_k - seqlen_q - window_left
     band_hi = seqlen_k - seqlen_q + window_right
     diag = seqlen_k - seqlen_q
 
-    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, start_n,
-                           BLOCK_N, HEAD_DIM, BLOCK_D)
-    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, start_n,
-                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, seqlen_k, stride_kn,
+                           start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, seqlen_k, stride_vn,
+                           start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
     if USE_TMA:
         k = load_desc_rows(desc_k, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
         v = load_desc_rows(desc_v, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
@@ -162,11 +181,14 @@ def attn_bwd_dkdv_kernel(
         start_n, seqlen_q, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     for g in range(GROUP_SIZE):  # every query head that reads this key/value head
         off_hq = off_hkv * GROUP_SIZE + g
-        q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh, seqlen_q, stride_qm, 0,
-                               BLOCK_M, HEAD_DIM, BLOCK_D)
-        do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh, seqlen_q, stride_dom, 0,
-                                BLOCK_M, HEAD_DIM, BLOCK_D)
-        row = (off_b * num_heads_kv * GROUP_SIZE + off_hq) * seqlen_q
+        q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q,
+                               stride_qm, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
+        do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
+                                stride_dom, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
+        if VARLEN:
+            row = off_hq * total_q + q_start
+        else:
+            row = (off_b * num_heads_kv * GROUP_SIZE + off_hq) * seqlen_q
         lse_ptr = LSE + row
         delta_ptr = DELTA + row
         hq32 = off_hq.to(tl.int32)
@@ -189,10 +211,10 @@ def attn_bwd_dkdv_kernel(
                              BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
                              SOFTCAP, ALIBI)
 
-    dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh, seqlen_k, stride_dkn, start_n,
-                            BLOCK_N, HEAD_DIM, BLOCK_D)
-    dv_ptr = head_block_ptr(DV + off_b * stride_dvb + off_hkv * stride_dvh, seqlen_k, stride_dvn, start_n,
-                            BLOCK_N, HEAD_DIM, BLOCK_D)
+    dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, seqlen_k,
+                            stride_dkn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
+    dv_ptr = head_block_ptr(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_start * stride_dvn, seqlen_k,
+                            stride_dvn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
     tl.store(dk_ptr, (dk * scale).to(DK.dtype.element_ty), boundary_check=(0, 1))
     tl.store(dv_ptr, dv.to(DV.dtype.element_ty), boundary_check=(0, 1))
 
@@ -241,8 +263,8 @@ def _dq_inner(
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
                                              "stride_alibi_b"])
 def attn_bwd_dq_kernel(
-    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q); ALIBI_SLOPES as in the forward
-    Q, K, V, DO, LSE, DELTA, DQ, ALIBI_SLOPES,
+    # pointers; LSE and DELTA as in the dK/dV kernel; ALIBI_SLOPES and CU_SEQLENS_Q/K as in the forward
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K,
     # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
     desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
@@ -265,24 +287,36 @@ def attn_bwd_dq_kernel(
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
+    VARLEN: tl.constexpr = False,  # as in the forward
 ):
     """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     off_b, off_hq, pid_m = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group)
+    b32, hq32 = off_b, off_hq  # descriptor coords
     off_b, off_hq = off_b.to(tl.int64), off_hq.to(tl.int64)
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    if VARLEN:
+        row = off_hq * seqlen_q  # LSE and DELTA are (Hq, total_q); the sequence's offset is added below
+    else:
+        row = (off_b * num_heads_q + off_hq) * seqlen_q
+    q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K,
+                                                           VARLEN)
+    if VARLEN:
+        if start_m >= seqlen_q:  # the grid covers the longest sequence
+            return
+        row += q_start
 
-    q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh, seqlen_q, stride_qm, start_m,
-                           BLOCK_M, HEAD_DIM, BLOCK_D)
-    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh, seqlen_q, stride_dom, start_m,
-                            BLOCK_M, HEAD_DIM, BLOCK_D)
-    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh, seqlen_k, stride_kn, 0,
-                           BLOCK_N, HEAD_DIM, BLOCK_D)
-    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh, seqlen_k, stride_vn, 0,
-                           BLOCK_N, HEAD_DIM, BLOCK_D)
-    b32, hq32, hkv32 = off_b.to(tl.int32), off_hq.to(tl.int32), off_hkv.to(tl.int32)  # descriptor coords
+    q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q, stride_qm,
+                           start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
+                            stride_dom, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, seqlen_k, stride_kn,
+                           0, BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, seqlen_k, stride_vn,
+                           0, BLOCK_N, HEAD_DIM, BLOCK_D)
+    hkv32 = off_hkv.to(tl.int32)
     if USE_TMA:
         q = load_desc_rows(desc_q, b32, hq32, start_m, BLOCK_M, BLOCK_D)
         do = load_desc_rows(desc_do, b32, hq32, start_m, BLOCK_M, BLOCK_D)
@@ -291,7 +325,6 @@ def attn_bwd_dq_kernel(
         do = load_tile(do_ptr, True, not EVEN_D)
     row_in_range = offs_m < seqlen_q
     # Rows past seqlen_q load L = D = 0 (finite) and dO = 0; they are never stored.
-    row = (off_b * num_heads_q + off_hq) * seqlen_q
     lse_log2 = tl.load(LSE + row + offs_m, mask=row_in_range, other=0.0) * LOG2E
     delta = tl.load(DELTA + row + offs_m, mask=row_in_range, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -321,6 +354,6 @@ def attn_bwd_dq_kernel(
                    BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
                    SOFTCAP, ALIBI)
 
-    dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh, seqlen_q, stride_dqm, start_m,
-                            BLOCK_M, HEAD_DIM, BLOCK_D)
+    dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh + q_start * stride_dqm, seqlen_q,
+                            stride_dqm, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
     tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0, 1))

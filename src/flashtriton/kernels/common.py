@@ -46,6 +46,20 @@ def program_tile(CAUSAL_QUERY_TILES: tl.constexpr, heads_per_group):
 
 
 @triton.jit
+def sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN: tl.constexpr):
+    """(first row in Q, length, first row in K, length) of batch element `off_b`. In a packed batch of
+    variable-length sequences (VARLEN) they come from the cumulative lengths; otherwise every element
+    starts at row 0 and the lengths are the arguments."""
+    if VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + off_b)
+        k_start = tl.load(CU_SEQLENS_K + off_b)
+        q_len = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
+        k_len = tl.load(CU_SEQLENS_K + off_b + 1) - k_start
+        return q_start.to(tl.int64), q_len, k_start.to(tl.int64), k_len
+    return 0, seqlen_q, 0, seqlen_k
+
+
+@triton.jit
 def _clamp(x, lo, hi):
     return tl.minimum(tl.maximum(x, lo), hi)
 

@@ -36,6 +36,7 @@ from .common import (
     load_rows,
     modified_scores,
     program_tile,
+    sequence_bounds,
     visible_keys,
 )
 
@@ -120,15 +121,16 @@ def _fwd_inner_qk_ahead(
                                              "stride_alibi_b"])
 def attn_fwd_kernel(
     # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None); ALIBI_SLOPES (B or 1, Hq)
-    # float32 when ALIBI (else None)
-    Q, K, V, O, LSE, ALIBI_SLOPES,
+    # float32 when ALIBI (else None); CU_SEQLENS_Q/K (B + 1,) int32 when VARLEN (else None)
+    Q, K, V, O, LSE, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K,
     desc_q, desc_k, desc_v, desc_o,
     # strides (the last dim of every tensor is contiguous); LSE is a contiguous (B, Hq, seqlen_q)
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
-    # sizes
+    # sizes: with VARLEN, seqlen_q and seqlen_k are the packed totals (each sequence's own come from
+    # CU_SEQLENS_*), and the batch strides are 0
     num_heads_q, seqlen_q, seqlen_k,
     window_left, window_right,  # the band's widths left and right of the diagonal, used under MASK_*
     qk_scale_log2,  # softmax scale * log2(e)
@@ -146,6 +148,7 @@ def attn_fwd_kernel(
     QK_AHEAD: tl.constexpr = False,  # issue the next tile's q @ k^T before this tile's softmax
     SOFTCAP: tl.constexpr = False,  # scores become softcap * tanh(s / softcap)
     ALIBI: tl.constexpr = False,  # scores get -slope * |i + Nk - Nq - j| (one slope per query head)
+    VARLEN: tl.constexpr = False,  # a packed batch of variable-length sequences (LSE is (Hq, total_q))
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     # Causal-like bands (bounded on the right only) have query tiles whose work grows with their index.
@@ -154,12 +157,22 @@ def attn_fwd_kernel(
     start_m = pid_m * BLOCK_M
     # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
     b64, hq64, hkv64 = off_b.to(tl.int64), off_hq.to(tl.int64), off_hkv.to(tl.int64)
+    if VARLEN:
+        lse_row = hq64 * seqlen_q  # LSE is (Hq, total_q); the sequence's offset is added below
+    else:
+        lse_row = (b64 * num_heads_q + hq64) * seqlen_q
+    q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K,
+                                                           VARLEN)
+    if VARLEN:
+        if start_m >= seqlen_q:  # the grid covers the longest sequence
+            return
+        lse_row += q_start
 
-    q_ptr = head_block_ptr(Q + b64 * stride_qb + hq64 * stride_qh, seqlen_q, stride_qm, 0,
+    q_ptr = head_block_ptr(Q + b64 * stride_qb + hq64 * stride_qh + q_start * stride_qm, seqlen_q, stride_qm, 0,
                            BLOCK_M, HEAD_DIM, BLOCK_D)
-    k_ptr = head_block_ptr(K + b64 * stride_kb + hkv64 * stride_kh, seqlen_k, stride_kn, 0,
+    k_ptr = head_block_ptr(K + b64 * stride_kb + hkv64 * stride_kh + k_start * stride_kn, seqlen_k, stride_kn, 0,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
-    v_ptr = head_block_ptr(V + b64 * stride_vb + hkv64 * stride_vh, seqlen_k, stride_vn, 0,
+    v_ptr = head_block_ptr(V + b64 * stride_vb + hkv64 * stride_vh + k_start * stride_vn, seqlen_k, stride_vn, 0,
                            BLOCK_N, HEAD_DIM, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     band_lo = seqlen_k - seqlen_q - window_left
@@ -207,8 +220,8 @@ def attn_fwd_kernel(
     if USE_TMA:  # the copy engine clips rows and columns past the edges
         desc_o.store([off_b, off_hq, start_m, 0], o.reshape(1, 1, BLOCK_M, BLOCK_D))
     else:
-        o_ptr = head_block_ptr(O + b64 * stride_ob + hq64 * stride_oh, seqlen_q, stride_om, start_m,
-                               BLOCK_M, HEAD_DIM, BLOCK_D)
+        o_ptr = head_block_ptr(O + b64 * stride_ob + hq64 * stride_oh + q_start * stride_om, seqlen_q, stride_om,
+                               start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
         tl.store(o_ptr, o, boundary_check=(0, 1))
-    lse_ptr = LSE + (b64 * num_heads_q + hq64) * seqlen_q + offs_m
+    lse_ptr = LSE + lse_row + offs_m
     tl.store(lse_ptr, lse, mask=offs_m < seqlen_q)

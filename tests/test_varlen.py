@@ -1,0 +1,89 @@
+"""Packed variable-length batches (flash_attention_varlen): each sequence attends within itself, checked
+sequence by sequence against the float64 reference for O, L, dQ, dK, dV, with empty sequences, GQA,
+Nq != Nk per sequence, and the other variants."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU
+from flashtriton import attention_ref, flash_attention_varlen
+from flashtriton.testing import bounded
+
+LENGTHS = (([5, 0, 37, 70, 1, 130], [9, 3, 37, 50, 17, 97]) if not ON_GPU
+           else ([500, 0, 1037, 70, 1, 2000], [900, 3, 1037, 1500, 17, 1999]))
+
+
+def _packed(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype):
+    cu = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+          for n in (lengths_q, lengths_k)]
+    q = torch.randn(sum(lengths_q), heads_q, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(sum(lengths_k), heads_kv, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    return q, k, v, *cu
+
+
+def _per_sequence(q, k, v, cu_q, cu_k, upcast, **kwargs):
+    """The reference run sequence by sequence, packed back: (o, lse (Hq, total_q))."""
+    outs, lses = [], []
+    slopes = kwargs.pop("alibi_slopes", None)
+    for b in range(len(cu_q) - 1):
+        qs, ks, vs = (x[c[b]:c[b + 1]].permute(1, 0, 2) for x, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
+        if upcast:
+            qs, ks, vs = qs.double(), ks.double(), vs.double()
+        s = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b])
+        o, lse = attention_ref(qs, ks, vs, upcast=upcast, alibi_slopes=s, **kwargs)
+        outs.append(o.permute(1, 0, 2))
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses, dim=-1)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(is_causal=True), dict(window_size=(7, 3)),
+                                    dict(is_causal=True, softcap=4.0, alibi=True)],
+                         ids=["full", "causal", "window", "causal+softcap+alibi"])
+@pytest.mark.parametrize("heads_q,heads_kv,head_dim", [(4, 2, 32), (2, 2, 40)])
+def test_varlen_matches_reference_per_sequence(kwargs, heads_q, heads_kv, head_dim):
+    kwargs = dict(kwargs)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(len(LENGTHS[0]), heads_q, device=DEVICE)
+    q, k, v, cu_q, cu_k = _packed(*LENGTHS, heads_q, heads_kv, head_dim, torch.bfloat16)
+    o, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, max(LENGTHS[0]), max(LENGTHS[1]), return_lse=True,
+                                    **kwargs)
+    assert o.shape == q.shape and lse.shape == (heads_q, q.shape[0]) and lse.dtype == torch.float32
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    o64, lse64 = _per_sequence(q64, k64, v64, cu_q, cu_k, True, **kwargs)
+    ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+    low_o, low_lse = _per_sequence(q, k, v, cu_q, cu_k, False, **kwargs)
+    low_grads = torch.autograd.grad(low_o, (q, k, v), do)
+    finite = torch.isfinite(lse64)
+    assert torch.equal(torch.isneginf(lse), ~finite)
+    checks = [bounded("O", o, o64, low_o, q.dtype), bounded("L", lse[finite], lse64[finite], low_lse[finite], q.dtype)]
+    checks += [bounded(n, g, r, lo, q.dtype) for n, g, r, lo in zip(("dQ", "dK", "dV"), grads, ref_grads, low_grads,
+                                                                    strict=True)]
+    failed = [str(c) for c in checks if not c.ok]
+    assert not failed, "; ".join(failed)
+
+
+def test_varlen_is_the_padded_batch_without_the_padding():
+    """One sequence per batch element, equal lengths: the same numbers as flash_attention on (B, H, N, D)."""
+    from flashtriton import flash_attention
+    q, k, v, cu_q, cu_k = _packed([33, 33], [21, 21], 2, 2, 16, torch.float32)
+    o = flash_attention_varlen(q, k, v, cu_q, cu_k, 33, 21, is_causal=True)
+    dense = flash_attention(*(x.detach().view(2, -1, 2, 16).transpose(1, 2) for x in (q, k, v)), is_causal=True)
+    assert torch.allclose(o.view(2, 33, 2, 16).transpose(1, 2), dense, atol=1e-5)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].long()}, TypeError, "1-D int32"),
+    (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].flip(0)}, ValueError, "start at 0"),
+    (lambda a: {**a, "cu_seqlens_k": a["cu_seqlens_k"][:-1]}, ValueError, "end at"),
+    (lambda a: {**a, "max_seqlen_q": 3}, ValueError, "max_seqlen_q must be an int >= the longest"),
+    (lambda a: {**a, "q": a["q"][None]}, ValueError, "3 dims"),
+    (lambda a: {**a, "alibi_slopes": torch.ones(5, 2, device=DEVICE)}, ValueError, "alibi_slopes must have shape"),
+])
+def test_bad_varlen_arguments_are_clear_errors(change, error, match):
+    q, k, v, cu_q, cu_k = _packed([4, 6], [5, 5], 2, 2, 16, torch.float32)
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6, max_seqlen_k=5)
+    with pytest.raises(error, match=match):
+        flash_attention_varlen(**change(args))
