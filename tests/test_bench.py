@@ -189,3 +189,24 @@ def test_variants_suite_shapes_flops_and_peers_semantics():
     assert (out.double() - ref).abs().max() < 1e-4
     with pytest.raises(NotImplementedError):
         bench.PROVIDERS["sdpa"].run(q, k, v, shape)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_varlen_shape_runs_the_same_attention_for_every_provider():
+    """A packed batch in the variants suite: ours (flash_attention_varlen through the interpreter), flex
+    with a document mask (eager, on CPU) and the per-sequence reference agree; FLOPs count each sequence."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from conftest import DEVICE
+    from flashtriton import bench
+
+    shape = Shape(1, 2, 2, 22, 22, 16, True, varlen=(5, 0, 17))
+    assert shape.variant == "varlen3" and shape.flops("fwd") == 4.0 * 2 * 16 * (25 + 289) / 2
+    q, k, v = (torch.randn(1, 2, 22, 16, device=DEVICE) for _ in range(3))
+    ref, part = bench._reference(q, k, v, shape)
+    ours = bench.PROVIDERS["flashtriton"].run(q, k, v, shape)
+    block_mask, score_mod = bench._flex_mods(shape, q, create_block_mask)
+    flex = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    assert ours.shape == q.shape
+    assert (ours[part] - ref).abs().max() < 1e-4 and (flex[part] - ref).abs().max() < 1e-4

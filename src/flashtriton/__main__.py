@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
                             "cs336: B=1, H=16, N=16384, D=64 causal; memory: peak memory of forward + "
                             "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers); "
-                            "variants: GQA, a sliding window, softcap and ALiBi at D=128 (fwd and bwd)")
+                            "variants: GQA, a sliding window, softcap, ALiBi and a packed batch at D=128 (fwd and bwd)")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex",
                        help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
     bench.add_argument("--modes", default=None,

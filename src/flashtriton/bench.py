@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .api import flash_attention
+from .api import flash_attention, flash_attention_varlen
 from .ops import last_backward_choice, last_forward_choice
 from .plotting import pyplot
 from .reference import attention_ref
@@ -43,19 +44,23 @@ class Shape:
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     alibi: bool = False
+    varlen: tuple[int, ...] = ()  # a packed batch of these lengths (queries = keys): seqlen_* = the total
 
     @property
     def variant(self) -> str:
         """A short name for the options beyond the plain (or causal) attention; "" for none."""
         parts = [f"gqa{self.heads_q // self.heads_kv}" if self.heads_q != self.heads_kv else "",
                  f"window{self.window[0]},{self.window[1]}" if self.window != (-1, -1) else "",
-                 f"softcap{self.softcap:g}" if self.softcap else "", "alibi" if self.alibi else ""]
+                 f"softcap{self.softcap:g}" if self.softcap else "", "alibi" if self.alibi else "",
+                 f"varlen{len(self.varlen)}" if self.varlen else ""]
         return "+".join(p for p in parts if p)
 
     def flops(self, mode: str) -> float:
         """ANCHORS.md's count: 4·B·H·Nq·Nk·D, halved when causal; with a sliding window, 4·B·H·D times the
         (query, key) pairs that the band lets through."""
-        if self.window == (-1, -1):
+        if self.varlen:  # each sequence by itself
+            fwd = sum(4.0 * self.heads_q * n * n * self.head_dim / (2 if self.causal else 1) for n in self.varlen)
+        elif self.window == (-1, -1):
             fwd = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
             fwd = fwd / 2 if self.causal else fwd
         else:
@@ -106,14 +111,19 @@ def memory_suite() -> list[Shape]:
 
 def variants_suite() -> list[Shape]:
     """Issue 5's variants at D=128: GQA (Hq=32, Hkv=8, 16k tokens), a 4096-wide causal sliding window at
-    N=16k, softcap (50, as Gemma 2) and ALiBi at N=4096, with the plain causal shape alongside."""
+    N=16k, softcap (50, as Gemma 2) and ALiBi at N=4096, and a packed batch of eight causal sequences
+    (16k tokens), with the plain causal shapes alongside."""
     return [Shape(4, 32, 8, 4096, 4096, 128, causal) for causal in (False, True)] + [
         Shape(1, 16, 16, 16384, 16384, 128, True),
         Shape(1, 16, 16, 16384, 16384, 128, True, window=(4096, 0)),
         Shape(4, 16, 16, 4096, 4096, 128, True),
         Shape(4, 16, 16, 4096, 4096, 128, True, softcap=50.0),
         Shape(4, 16, 16, 4096, 4096, 128, True, alibi=True),
+        Shape(1, 16, 16, 16384, 16384, 128, True, varlen=MIXED_LENGTHS),
     ]
+
+
+MIXED_LENGTHS = (5000, 3000, 2048, 2000, 1500, 1024, 1000, 812)  # 16384 tokens in eight sequences
 
 
 SUITES: dict[str, Callable[[], list[Shape]]] = {"article": article_suite, "paper": paper_suite,
@@ -139,8 +149,18 @@ def _slopes_for(shape: Shape, q: torch.Tensor) -> torch.Tensor | None:
 
 
 def _flashtriton(q, k, v, shape: Shape):
+    if shape.varlen:  # q, k, v: the (1, H, total, D) views of the packed batch (see run_suite)
+        cu = _cu_seqlens(shape, q.device)
+        o = flash_attention_varlen(*(x[0].transpose(0, 1) for x in (q, k, v)), cu, cu, max(shape.varlen),
+                                   max(shape.varlen), is_causal=shape.causal, window_size=shape.window,
+                                   softcap=shape.softcap, alibi_slopes=_slopes_for(shape, q))
+        return o.transpose(0, 1)[None]
     return flash_attention(q, k, v, is_causal=shape.causal, window_size=shape.window, softcap=shape.softcap,
                            alibi_slopes=_slopes_for(shape, q))
+
+
+def _cu_seqlens(shape: Shape, device) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(shape.varlen)], dtype=torch.int32, device=device)
 
 
 def _sdpa(backend: str | None = None) -> Provider:
@@ -151,8 +171,9 @@ def _sdpa(backend: str | None = None) -> Provider:
         return sdpa_kernel([getattr(SDPBackend, backend)])
 
     def run(q, k, v, shape: Shape):
-        if shape.window != (-1, -1) or shape.softcap or shape.alibi:
-            raise NotImplementedError("SDPA has no sliding window, softcap or ALiBi without a dense mask")
+        if shape.window != (-1, -1) or shape.softcap or shape.alibi or shape.varlen:
+            raise NotImplementedError("SDPA has no sliding window, softcap, ALiBi or packed batch without a "
+                                      "dense mask")
         return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal,
                                               enable_gqa=shape.heads_q != shape.heads_kv)
     return Provider(run, context)
@@ -189,9 +210,15 @@ def _flex_mods(shape: Shape, q: torch.Tensor, create_block_mask) -> tuple:
     if shape.causal:
         right = 0 if right < 0 else min(right, 0)
     block_mask = None
-    if left >= 0 or right >= 0:
+    document = None
+    if shape.varlen:  # a packed batch: one document per sequence, each its own square (queries = keys)
+        document = torch.repeat_interleave(torch.arange(len(shape.varlen), device=q.device),
+                                           torch.tensor(shape.varlen, device=q.device))
+    if left >= 0 or right >= 0 or document is not None:
         def band(b, h, q_idx, kv_idx):
             visible = kv_idx >= 0
+            if document is not None:
+                visible = visible & (document[q_idx] == document[kv_idx])
             if right >= 0:
                 visible = visible & (kv_idx <= q_idx + diag + right)
             if left >= 0:
@@ -319,16 +346,27 @@ def _reference(q, k, v, shape: Shape) -> tuple[torch.Tensor, tuple]:
     """A float32 reference output and the index of the part of an output it stands for: all of it for
     plain and causal attention (SDPA in float32), the first batch element's first and last query heads for
     the variants (plain attention in float32 materialises N x N scores per head)."""
+    heads = sorted({0, shape.heads_q - 1})
+    kv_heads = [h // (shape.heads_q // shape.heads_kv) for h in heads]
+    slopes = _slopes_for(shape, q)
+    slopes = None if slopes is None else slopes[heads]
+    if shape.varlen:
+        parts, start = [], 0
+        for n in shape.varlen:
+            rows = slice(start, start + n)
+            out, _ = attention_ref(q[:, heads, rows].float(), k[:, kv_heads, rows].float(),
+                                   v[:, kv_heads, rows].float(), is_causal=shape.causal, upcast=False,
+                                   window_size=shape.window, softcap=shape.softcap, alibi_slopes=slopes)
+            parts.append(out)
+            start += n
+        return torch.cat(parts, dim=2), (slice(None), heads)
     if shape.window == (-1, -1) and not shape.softcap and not shape.alibi:
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=shape.causal,
                                              enable_gqa=shape.heads_q != shape.heads_kv)
         return ref, (slice(None),)
-    heads = sorted({0, shape.heads_q - 1})
-    kv_heads = [h // (shape.heads_q // shape.heads_kv) for h in heads]
-    slopes = _slopes_for(shape, q)
     ref, _ = attention_ref(q[:1, heads].float(), k[:1, kv_heads].float(), v[:1, kv_heads].float(),
                            is_causal=shape.causal, upcast=False, window_size=shape.window, softcap=shape.softcap,
-                           alibi_slopes=None if slopes is None else slopes[heads])
+                           alibi_slopes=slopes)
     return ref, (slice(0, 1), heads)
 
 

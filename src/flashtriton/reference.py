@@ -80,6 +80,10 @@ def attention_ref(
         k = k.repeat_interleave(group, dim=-3)
         v = v.repeat_interleave(group, dim=-3)
 
+    if k.shape[-2] == 0:  # no keys at all: every row sees none
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                         device=q.device)
+        return (q * 0).to(dtype), lse
     s = (q @ k.transpose(-2, -1)) * scale  # (..., Hq, Nq, Nk)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
