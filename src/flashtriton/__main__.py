@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--no-tma", action="store_true", help="the block-pointer forward instead of TMA")
     inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
     inspect.add_argument("--backward-tma", action="store_true", help="the backward with its opt-in TMA loads")
+    inspect.add_argument("--variants", action="store_true",
+                         help="compile each variant (window + softcap + ALiBi, dropout, varlen) instead")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     return parser
 
@@ -114,13 +116,16 @@ def _inspect(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .compiled import inspect_defaults, markdown
+    from .compiled import inspect_defaults, inspect_variants, markdown
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     reports = []
     for name in args.dtypes.split(","):
         for head_dim in (int(d) for d in args.head_dims.split(",")):
             for causal in (False, True):
+                if args.variants:
+                    reports += inspect_variants(head_dim, dtypes[name], causal)
+                    continue
                 reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,
                                             qk_ahead=args.qk_ahead, backward_tma=args.backward_tma)
     print(json.dumps([asdict(r) for r in reports]) if args.json else markdown(reports))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import FlashAttentionTriton, FlashAttentionVarlen, flash_attention_forward
+from .ops import FlashAttentionTriton, FlashAttentionVarlen, attention_probs, flash_attention_forward
 
 
 def flash_attention(
@@ -18,7 +18,9 @@ def flash_attention(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    dropout_p: float = 0.0,
+    return_attn_probs: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Exact softmax attention, `softmax(q @ k^T * scale) @ v`, without materialising the scores.
 
     Args:
@@ -52,10 +54,16 @@ def flash_attention(
             exact gradient; 0 turns it off.
         alibi_slopes: float32 (Hq,) or (B, Hq): ALiBi, each score (i, j) of query head h gets
             -slope[h] * |i + Nk - Nq - j| (after the softcap). The slopes carry no gradient.
+        dropout_p: in [0, 1): each attention probability is dropped with this probability and the kept
+            ones scaled by 1 / (1 - dropout_p), as nn.functional.dropout would on the softmax. The mask comes
+            from Philox in the kernels, keyed by a draw from torch's generator for q's device (so
+            torch.manual_seed reproduces a run); the backward regenerates it.
+        return_attn_probs: also return the (B, Hq, Nq, Nk) float32 probabilities after dropout (0 where
+            dropped): a testing aid that materialises them, for small sizes only.
 
     Returns:
         o: (B, Hq, Nq, D), q's dtype; and with `return_lse`, lse: (B, Hq, Nq) float32, natural log,
-        -inf for rows that see no key.
+        -inf for rows that see no key; and with `return_attn_probs`, the probabilities, last.
 
     q, k and v must share a dtype (float16, bfloat16 or float32) and a device, and have head dims up to
     256. float32 dot products use TF32 when PyTorch's float32 matmuls do
@@ -69,13 +77,18 @@ def flash_attention(
             raise ValueError(
                 f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
                 "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+    for name, flag in (("return_lse", return_lse), ("return_attn_probs", return_attn_probs)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
-        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, window_size, softcap, alibi_slopes)
+        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, window_size, softcap, alibi_slopes,
+                                          dropout_p, return_attn_probs)
     # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
-    _, _, _, o, lse, _ = flash_attention_forward(q, k, v, is_causal, scale, window_size, softcap, alibi_slopes)
-    return (o, lse) if return_lse else o
+    q, k, _, o, lse, mods = flash_attention_forward(q, k, v, is_causal, scale, window_size, softcap, alibi_slopes,
+                                                    dropout_p)
+    outputs = (o, *((lse,) if return_lse else ()), *((attention_probs(q, k, is_causal, mods),) if return_attn_probs
+                                                      else ()))
+    return outputs if len(outputs) > 1 else o
 
 
 def flash_attention_varlen(

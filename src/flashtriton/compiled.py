@@ -146,6 +146,33 @@ def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
     return reports
 
 
+def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
+                     target: GPUTarget = HOPPER) -> list[KernelReport]:
+    """Compile the forward and backward kernels with each variant's flags on the static tiles: a sliding
+    window with softcap and ALiBi, dropout, and a packed variable-length batch. Triton's interpreter does
+    not type-check kernels the way the compiler does, so this is where a variant's compile error shows
+    without a GPU."""
+    cuda = torch.device("cuda")
+    fwd_cfg = ops.forward_config(head_dim, dtype, cuda, use_tma=True)
+    bwd_cfgs = ops.backward_configs(head_dim, dtype, cuda)
+    q = torch.randn(2, 4, seqlen, head_dim, dtype=dtype)
+    lse = torch.zeros(2, 4, seqlen)
+    cu = torch.tensor([0, seqlen // 3, seqlen], dtype=torch.int32)
+    variants = {
+        "window+softcap+alibi": (q, lse, dict(window=(512, 0), softcap=30.0, alibi_slopes=torch.rand(4))),
+        "dropout": (q, lse, dict(dropout_p=0.1, dropout_seed=torch.zeros(1, dtype=torch.int64))),
+        "varlen": (q[:1], lse[:1], dict(varlen=ops.Varlen(cu, cu, seqlen - seqlen // 3, seqlen - seqlen // 3))),
+    }
+    reports = []
+    for name, (x, x_lse, kwargs) in variants.items():
+        with _offline(target) as compiled:
+            ops.attention_forward(x, x, x, causal, head_dim ** -0.5, fwd_cfg, **kwargs)
+            ops.attention_backward(x, x, x, x, x, x_lse, causal, head_dim ** -0.5, bwd_cfgs, **kwargs)
+        for kernel in KERNELS:
+            reports.append(_report(kernel, compiled[kernel], head_dim, dtype, causal, name))
+    return reports
+
+
 def markdown(reports: list[KernelReport]) -> str:
     lines = ["| kernel | D | dtype | causal | tiles | regs | spill (stack+local B) | smem B | HGMMA | HMMA |",
              "|---|---|---|---|---|---|---|---|---|---|"]

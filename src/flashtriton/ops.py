@@ -33,6 +33,7 @@ from .tuning import (
 )
 from .validation import (
     check_alibi_slopes,
+    check_dropout,
     check_inputs,
     check_scale,
     check_softcap,
@@ -187,12 +188,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
                       config: TileConfig | None = None, autotune: bool | None = None,
                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                       alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
+                      dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests);
     `autotune` forces the autotuner on or off (default: on for large problems on a GPU); `window` is the
     sliding window (left, right), -1 for unbounded (see _band); `softcap` > 0 caps the scores;
     `alibi_slopes` (Hq,) or (B, Hq) float32 adds ALiBi's bias (see flash_attention); `varlen` describes a
-    packed batch (see Varlen)."""
+    packed batch (see Varlen); `dropout_p` > 0 drops probabilities with the Philox key in `dropout_seed`
+    (one int64 on q's device; the backward must get the same one)."""
     _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
@@ -209,15 +212,20 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     bd = block_d(head_dim)
     mask_left, mask_right, window_left, window_right = _band(is_causal, window)
     rest = (*strides, heads_q, seqlen_q, seqlen_k, window_left, window_right, scale * LOG2E,
-            *_score_mods(scale, softcap, alibi_slopes),
+            *_score_mods(scale, softcap, alibi_slopes), dropout_p,
             _heads_per_group(k, heads_q // heads_kv, mask_right and not mask_left), seqlen_bucket(grid_q, grid_k))
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left,
                 MASK_RIGHT=mask_right, INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0,
                 ALIBI=alibi_slopes is not None)
-    cu_seqlens = (None, None)
+    cu_seqlens = (None, None, None)  # and the dropout seed
     if varlen is not None:  # tiles past a sequence's end would run into the next one: no TMA
-        cu_seqlens = (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
+        cu_seqlens = (varlen.cu_seqlens_q, varlen.cu_seqlens_k, None)
         meta["VARLEN"] = True
+    if dropout_p > 0:
+        if dropout_seed is None:
+            dropout_seed = new_dropout_seed(q.device)
+        cu_seqlens = (*cu_seqlens[:2], dropout_seed)
+        meta["DROPOUT"] = True
     if autotune:
         tma_strides = _tma_strides(q, k, v, o) if varlen is None else None
         with_tma = tma_strides is not None
@@ -269,6 +277,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
                        window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                        alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
+                       dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
     a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
@@ -291,6 +300,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         autotune = (configs is None and q.device.type == "cuda" and q.element_size() == 2
                     and _autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
     cu_seqlens = (None, None) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
+    if dropout_p > 0 and dropout_seed is None:
+        raise ValueError("dropout_p > 0 needs the forward's dropout_seed, so that the backward drops the same "
+                         "probabilities")
 
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32
@@ -304,14 +316,16 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
     if varlen is not None:
         meta["VARLEN"] = True
+    if dropout_p > 0:
+        meta["DROPOUT"] = True
     bucket = seqlen_bucket(grid_q, grid_k)
     mods = _score_mods(scale, softcap, alibi_slopes)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, alibi_slopes, *cu_seqlens)
-    dkdv_rest = (*strides(q, k, v, do, dk, dv),
-                 heads_kv, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods, bucket)
-    dq_args = (q, k, v, do, lse, delta, dq, alibi_slopes, *cu_seqlens)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, alibi_slopes, *cu_seqlens, dropout_seed)
+    dkdv_rest = (*strides(q, k, v, do, dk, dv), heads_kv, seqlen_q, seqlen_k, window_left, window_right, scale,
+                 scale * LOG2E, *mods, dropout_p, bucket)
+    dq_args = (q, k, v, do, lse, delta, dq, alibi_slopes, *cu_seqlens, dropout_seed)
     dq_rest = (*strides(q, k, v, do, dq),
-               heads_q, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods,
+               heads_q, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods, dropout_p,
                _heads_per_group(k, group, mask_right and not mask_left), bucket)
 
     def dkdv_grid(meta):
@@ -355,6 +369,40 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     return dq, dk, dv
 
 
+def new_dropout_seed(device: torch.device) -> torch.Tensor:
+    """A Philox key drawn from torch's generator for `device` (so torch.manual_seed reproduces a run),
+    left on the device: the kernels load it, and nothing waits for it on the host."""
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+
+
+def attention_probs(Q: torch.Tensor, K: torch.Tensor, is_causal: bool, mods: dict) -> torch.Tensor:
+    """The (B, Hq, Nq, Nk) float32 probabilities a call used (after dropout and its 1 / (1 - p) scaling,
+    0 where dropped), recomputed with the reference and the kernels' dropout mask: a testing aid."""
+    from .reference import attention_ref
+    q4, k4 = _as_4d(Q).float(), _as_4d(K).float()
+    keep = None
+    if mods.get("dropout_p", 0.0) > 0:
+        keep = dropout_mask(mods["dropout_seed"], q4.shape[0], q4.shape[1], q4.shape[2], k4.shape[2],
+                            mods["dropout_p"])
+    _, _, probs = attention_ref(q4, k4, k4, is_causal=is_causal, scale=mods["scale"], upcast=False,
+                                window_size=mods.get("window", NO_WINDOW), softcap=mods.get("softcap", 0.0),
+                                alibi_slopes=mods.get("alibi_slopes"), dropout_p=mods.get("dropout_p", 0.0),
+                                dropout_mask=keep, return_probs=True)
+    return probs
+
+
+def dropout_mask(seed: torch.Tensor, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
+                 dropout_p: float) -> torch.Tensor:
+    """The boolean (B, Hq, Nq, Nk) mask of kept probabilities that the kernels draw for `seed`."""
+    from .kernels.common import dropout_mask_kernel
+    _interpreter.prepare(seed.device)
+    keep = torch.empty((batch, heads, seqlen_q, seqlen_k), device=seed.device, dtype=torch.int8)
+    if keep.numel():
+        dropout_mask_kernel[(_cdiv(seqlen_q, 32), _cdiv(seqlen_k, 32), batch * heads)](
+            seed, keep, heads, seqlen_q, seqlen_k, dropout_p, BLOCK_M=32, BLOCK_N=32)
+    return keep.bool()
+
+
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
     """(..., H, N, D) -> (B, H, N, D), merging extra leading dims into B; (N, D) and (B, N, D) get H = 1."""
     if x.dim() == 2:
@@ -371,11 +419,11 @@ NO_WINDOW = (-1, -1)
 
 def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
                             scale: float | None, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
-                            alibi_slopes: torch.Tensor | None = None) -> tuple:
+                            alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0) -> tuple:
     """Validate, then run the forward on (..., N, d) tensors: returns (Q, K, V, O, L, mods) with Q, K, V as
     the kernels read them (copied only if their last dim was not contiguous) and `mods` the checked
-    keyword arguments of attention_forward and attention_backward (scale, window, softcap, alibi_slopes).
-    No autograd."""
+    keyword arguments of attention_forward and attention_backward (scale, window, softcap, alibi_slopes,
+    dropout_p and the dropout seed drawn for this call). No autograd."""
     check_inputs(Q, K, V, is_causal=is_causal)
     mods = dict(scale=check_scale(scale, Q.shape[-1]))
     if window_size != NO_WINDOW:
@@ -384,6 +432,9 @@ def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, i
         mods["softcap"] = check_softcap(softcap)
     if alibi_slopes is not None:
         mods["alibi_slopes"] = check_alibi_slopes(alibi_slopes, Q)
+    if dropout_p != 0.0:
+        mods["dropout_p"] = check_dropout(dropout_p)
+        mods["dropout_seed"] = new_dropout_seed(Q.device)
     Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
     if Q.dim() == 4:  # the API's layout: no views to make (each costs a few microseconds of host time)
         return Q, K, V, *attention_forward(Q, K, V, is_causal, **mods), mods
@@ -403,15 +454,18 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=NO_WINDOW,
-                softcap=0.0, alibi_slopes=None):
+                softcap=0.0, alibi_slopes=None, dropout_p=0.0, return_attn_probs=False):
         Q, K, V, O, L, mods = flash_attention_forward(Q, K, V, is_causal, scale, window_size, softcap,
-                                                      alibi_slopes)
+                                                      alibi_slopes, dropout_p)
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal, ctx.mods = is_causal, mods
+        outputs = [O]
         if return_lse:
-            ctx.mark_non_differentiable(L)
-            return O, L
-        return O
+            outputs.append(L)
+        if return_attn_probs:
+            outputs.append(attention_probs(Q, K, is_causal, mods))
+        ctx.mark_non_differentiable(*outputs[1:])
+        return tuple(outputs) if len(outputs) > 1 else O
 
     @staticmethod
     def backward(ctx, dO, *_unused_dL):
@@ -419,7 +473,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         q4 = _as_4d(Q)
         dq, dk, dv = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O),
                                         L.view(q4.shape[:-1]), ctx.is_causal, **ctx.mods)
-        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), None, None, None, None, None, None
+        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), *(None,) * 8
 
 
 def _packed_as_4d(x: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,10 @@ def attention_ref(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    dropout_p: float = 0.0,
+    dropout_mask: torch.Tensor | None = None,
+    return_probs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Plain softmax attention that materialises the scores. Returns `(o, lse)`.
 
     q: (..., Hq, Nq, D); k, v: (..., Hkv, Nk, D) with Hq a multiple of Hkv (GQA: each group of
@@ -70,6 +73,9 @@ def attention_ref(
     gradients (no NaN), matching the kernels. `window_size=(left, right)` is a sliding window aligned
     like the causal mask (see `flash_attention`); `softcap` > 0 replaces each scaled score s by
     softcap * tanh(s / softcap); `alibi_slopes` ((Hq,) or (B, Hq)) subtracts slope * |i + Nk - Nq - j|.
+    With `dropout_mask` (boolean, like the scores: True where a probability is kept) the product with v
+    uses P * mask / (1 - dropout_p); lse stays the full softmax's. `return_probs` also returns those
+    (dropped and rescaled) probabilities.
     """
     dtype = q.dtype
     if upcast:
@@ -101,9 +107,13 @@ def attention_ref(
     e = torch.exp(s - m)
     denom = e.sum(dim=-1, keepdim=True)
     p = e / torch.where(denom == 0, torch.ones_like(denom), denom)
+    if dropout_mask is not None:
+        p = p * dropout_mask.to(p.dtype) / (1.0 - dropout_p)
     o = p @ v
     lse = (torch.log(denom.detach()) + m).squeeze(-1)
     lse = lse.to(torch.float64 if dtype == torch.float64 else torch.float32)
+    if return_probs:
+        return o.to(dtype), lse, p
     return o.to(dtype), lse
 
 

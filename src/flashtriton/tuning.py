@@ -312,7 +312,8 @@ def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
     # The dtypes of the tensor arguments join the key automatically.
     return triton.autotune(
         configs=_triton_configs(candidates, with_tma, forward=kernel is attn_fwd_kernel),
-        key=["HEAD_DIM", "MASK_LEFT", "MASK_RIGHT", "SOFTCAP", "ALIBI", "INPUT_PRECISION", "tuning_seqlen"],
+        key=["HEAD_DIM", "MASK_LEFT", "MASK_RIGHT", "SOFTCAP", "ALIBI", "VARLEN", "DROPOUT", "INPUT_PRECISION",
+             "tuning_seqlen"],
         prune_configs_by={"early_config_prune": prune},
         do_bench=_time_config,
         cache_results=True,

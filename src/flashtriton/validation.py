@@ -36,6 +36,15 @@ def check_softcap(softcap: object) -> float:
     return float(softcap)
 
 
+def check_dropout(dropout_p: object) -> float:
+    """`dropout_p` as a float in [0, 1)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}; 0.0 turns dropout off")
+    return float(dropout_p)
+
+
 def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor, batch: int | None = None) -> torch.Tensor:
     """ALiBi slopes: float32, on q's device, shape (Hq,) or (B, Hq) for q (B, Hq, Nq, D) (or, with
     `batch` given, for a packed q (total, Hq, D) of `batch` sequences); returned with a contiguous last dim."""

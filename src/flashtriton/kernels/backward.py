@@ -22,6 +22,7 @@ import triton.language as tl
 from .common import (
     LOG2E,
     SEQLEN_ARGS,
+    dropout_keep,
     head_block_ptr,
     key_tiles_for_query_tile,
     load_desc_rows,
@@ -71,10 +72,10 @@ def _dkdv_inner(
     dk, dv, k, v,
     q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
     lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2,
-    diag, softcap_scale, softcap_log2, alibi_log2,
+    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
     ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands."""
@@ -108,8 +109,15 @@ def _dkdv_inner(
             p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + band_hi, p_t, 0.0)
         if MASKED and MASK_LEFT:
             p_t = tl.where(offs_n[:, None] >= offs_m[None, :] + band_lo, p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        if DROPOUT:  # the forward's mask (same Philox counters); O used P * keep / (1 - p)
+            keep_t = dropout_keep(seed, bh, offs_m[None, :], offs_n[:, None], dropout_p)
+            dv = tl.dot((tl.where(keep_t, p_t, 0.0) * (1.0 / (1.0 - dropout_p))).to(do.dtype), do, dv,
+                        input_precision=INPUT_PRECISION)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+            dp_t = tl.where(keep_t, dp_t * (1.0 / (1.0 - dropout_p)), 0.0)
+        else:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:  # d/ds of softcap * tanh(s / softcap)
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
@@ -121,9 +129,9 @@ def _dkdv_inner(
 
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "tuning_seqlen", "stride_alibi_b"])
 def attn_bwd_dkdv_kernel(
-    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q) or (Hq, total_q) with VARLEN; ALIBI_SLOPES
-    # and CU_SEQLENS_Q/K as in the forward
-    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K,
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q) or (Hq, total_q) with VARLEN; ALIBI_SLOPES,
+    # CU_SEQLENS_Q/K and SEED as in the forward
+    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
     # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
     desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
@@ -138,6 +146,7 @@ def attn_bwd_dkdv_kernel(
     window_left, window_right,  # the band around the diagonal (kernels/common.py), used under MASK_*
     scale, qk_scale_log2,
     softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
+    dropout_p,
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
@@ -146,7 +155,7 @@ def attn_bwd_dkdv_kernel(
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
-    VARLEN: tl.constexpr = False,  # as in the forward
+    VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,  # as in the forward
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -163,6 +172,9 @@ def attn_bwd_dkdv_kernel(
     band_lo = seqlen_k - seqlen_q - window_left
     band_hi = seqlen_k - seqlen_q + window_right
     diag = seqlen_k - seqlen_q
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
 
     k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, seqlen_k, stride_kn,
                            start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
@@ -195,21 +207,22 @@ def attn_bwd_dkdv_kernel(
         alibi_log2 = 0.0
         if ALIBI:
             alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
+        bh = off_b * num_heads_kv * GROUP_SIZE + off_hq  # the forward's dropout counter
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                              BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                             SOFTCAP, ALIBI)
+                             SOFTCAP, ALIBI, DROPOUT)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                              BLOCK_M, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                             SOFTCAP, ALIBI)
+                             SOFTCAP, ALIBI, DROPOUT)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
                              lse_ptr, delta_ptr, ragged_start, end, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                              BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                             SOFTCAP, ALIBI)
+                             SOFTCAP, ALIBI, DROPOUT)
 
     dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, seqlen_k,
                             stride_dkn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
@@ -224,10 +237,10 @@ def _dq_inner(
     dq, q, do, lse_log2, delta,
     k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
     start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-    diag, softcap_scale, softcap_log2, alibi_log2,
+    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over key tiles [start, end)."""
     k_ptr = tl.advance(k_ptr, (start, 0))
@@ -251,6 +264,9 @@ def _dq_inner(
                                    MASK_LEFT, MASK_RIGHT)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if DROPOUT:
+            keep = dropout_keep(seed, bh, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :], dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - tanh_s * tanh_s)
@@ -263,8 +279,8 @@ def _dq_inner(
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
                                              "stride_alibi_b"])
 def attn_bwd_dq_kernel(
-    # pointers; LSE and DELTA as in the dK/dV kernel; ALIBI_SLOPES and CU_SEQLENS_Q/K as in the forward
-    Q, K, V, DO, LSE, DELTA, DQ, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K,
+    # pointers; LSE and DELTA as in the dK/dV kernel; ALIBI_SLOPES, CU_SEQLENS_Q/K and SEED as in the forward
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
     # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
     desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
@@ -278,6 +294,7 @@ def attn_bwd_dq_kernel(
     window_left, window_right,  # the band around the diagonal, as in the dK/dV kernel
     scale, qk_scale_log2,
     softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
+    dropout_p,
     heads_per_group,  # causal launch order (see program_tile)
     tuning_seqlen,  # the autotuner's key, as in the dK/dV kernel
     # meta-parameters
@@ -287,7 +304,7 @@ def attn_bwd_dq_kernel(
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
-    VARLEN: tl.constexpr = False,  # as in the forward
+    VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,  # as in the forward
 ):
     """One program per (query tile, query head, batch): writes dQ of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -335,24 +352,28 @@ def attn_bwd_dq_kernel(
     alibi_log2 = 0.0
     if ALIBI:
         alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
+    seed = 0
+    bh = off_b * num_heads_q + off_hq  # the forward's dropout counter
+    if DROPOUT:
+        seed = tl.load(SEED)
     start, unmasked_start, unmasked_end, end = key_tiles_for_query_tile(
         start_m, seqlen_k, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     if MASK_LEFT:
         dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, start, unmasked_start,
                        offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                       diag, softcap_scale, softcap_log2, alibi_log2,
+                       diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                        BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                       SOFTCAP, ALIBI)
+                       SOFTCAP, ALIBI, DROPOUT)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_start,
                    unmasked_end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                   diag, softcap_scale, softcap_log2, alibi_log2,
+                   diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                    BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                   SOFTCAP, ALIBI)
+                   SOFTCAP, ALIBI, DROPOUT)
     dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_end, end,
                    offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                   diag, softcap_scale, softcap_log2, alibi_log2,
+                   diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                    BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                   SOFTCAP, ALIBI)
+                   SOFTCAP, ALIBI, DROPOUT)
 
     dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh + q_start * stride_dqm, seqlen_q,
                             stride_dqm, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)

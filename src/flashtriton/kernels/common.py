@@ -55,8 +55,10 @@ def sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, VARLE
         k_start = tl.load(CU_SEQLENS_K + off_b)
         q_len = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
         k_len = tl.load(CU_SEQLENS_K + off_b + 1) - k_start
-        return q_start.to(tl.int64), q_len, k_start.to(tl.int64), k_len
-    return 0, seqlen_q, 0, seqlen_k
+        q_start, k_start = q_start.to(tl.int64), k_start.to(tl.int64)
+    else:  # plain ints: the compiler folds the offsets away
+        q_start, q_len, k_start, k_len = 0, seqlen_q, 0, seqlen_k
+    return q_start, q_len, k_start, k_len
 
 
 @triton.jit
@@ -158,6 +160,16 @@ def modified_scores(qk, rows, cols, diag, qk_scale_log2, softcap_scale, softcap_
 
 
 @triton.jit
+def dropout_keep(seed, bh, rows, cols, dropout_p):
+    """Which scores survive dropout: a Philox draw for each (query row, key column, batch * heads + head),
+    uniform in [0, 1), kept if >= dropout_p. The forward and both backward kernels call it with the same
+    counters, so they agree on the mask without storing it. `rows` and `cols` broadcast to the tile."""
+    zero = rows * 0 + cols * 0  # every counter at the tile's full shape, or Philox's rounds would mix
+    r, _, _, _ = tl.random.philox(seed, rows + zero, cols + zero, bh.to(tl.int32) + zero, zero)  # broadcasts away
+    return tl.random.uint_to_uniform_float(r) >= dropout_p
+
+
+@triton.jit
 def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a block, zero-padding only along the dims that can run past the tensor's edge."""
     if CHECK_ROWS and CHECK_COLS:
@@ -201,3 +213,16 @@ def head_block_ptr(base, seqlen, stride_row, start_row, BLOCK_ROWS: tl.constexpr
         base, shape=(seqlen, HEAD_DIM), strides=(stride_row, 1), offsets=(start_row, 0),
         block_shape=(BLOCK_ROWS, BLOCK_D), order=(1, 0),
     )
+
+
+@triton.jit
+def dropout_mask_kernel(SEED, KEEP, num_heads, seqlen_q, seqlen_k, dropout_p,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """KEEP[b, h, i, j] (int8, contiguous (B, H, Nq, Nk)) = the attention kernels' dropout decision: for
+    tests and return_attn_probs, at sizes where an (Nq, Nk) matrix per head is fine."""
+    off_bh = tl.program_id(2)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    keep = dropout_keep(tl.load(SEED), off_bh, rows, cols, dropout_p)
+    ptrs = KEEP + off_bh.to(tl.int64) * seqlen_q * seqlen_k + rows * seqlen_k + cols
+    tl.store(ptrs, keep.to(tl.int8), mask=(rows < seqlen_q) & (cols < seqlen_k))

@@ -31,6 +31,7 @@ from .common import (
     LN2,
     LOG2E,
     SEQLEN_ARGS,
+    dropout_keep,
     head_block_ptr,
     key_tiles_for_query_tile,
     load_rows,
@@ -63,10 +64,10 @@ def _fwd_inner(
     acc, l_i, m_i, q,
     k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
     start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-    diag, softcap_scale, softcap_log2, alibi_log2,
+    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE and not MASKED):
         k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
@@ -81,6 +82,9 @@ def _fwd_inner(
                                    MASK_LEFT, MASK_RIGHT)
             qk = tl.where(visible, qk, float("-inf"))
         p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, score_scale, MASKED)
+        if DROPOUT:  # l keeps every probability; only the product with V drops some (rescaled at the end)
+            p = tl.where(dropout_keep(seed, bh, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :],
+                                      dropout_p), p, 0.0)
         v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
@@ -121,8 +125,9 @@ def _fwd_inner_qk_ahead(
                                              "stride_alibi_b"])
 def attn_fwd_kernel(
     # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None); ALIBI_SLOPES (B or 1, Hq)
-    # float32 when ALIBI (else None); CU_SEQLENS_Q/K (B + 1,) int32 when VARLEN (else None)
-    Q, K, V, O, LSE, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K,
+    # float32 when ALIBI (else None); CU_SEQLENS_Q/K (B + 1,) int32 when VARLEN (else None); SEED, one
+    # int64, Philox's key when DROPOUT (else None)
+    Q, K, V, O, LSE, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
     desc_q, desc_k, desc_v, desc_o,
     # strides (the last dim of every tensor is contiguous); LSE is a contiguous (B, Hq, seqlen_q)
     stride_qb, stride_qh, stride_qm,
@@ -136,6 +141,7 @@ def attn_fwd_kernel(
     qk_scale_log2,  # softmax scale * log2(e)
     softcap_scale, softcap_log2,  # scale / softcap and softcap * log2(e), used under SOFTCAP
     stride_alibi_b,  # 0 when every batch shares the slopes
+    dropout_p,  # used under DROPOUT
     heads_per_group,  # causal launch order: (batch, head) pairs that share the L2 (see program_tile)
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
@@ -149,6 +155,7 @@ def attn_fwd_kernel(
     SOFTCAP: tl.constexpr = False,  # scores become softcap * tanh(s / softcap)
     ALIBI: tl.constexpr = False,  # scores get -slope * |i + Nk - Nq - j| (one slope per query head)
     VARLEN: tl.constexpr = False,  # a packed batch of variable-length sequences (LSE is (Hq, total_q))
+    DROPOUT: tl.constexpr = False,  # drop probabilities with probability dropout_p, rescale the rest
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     # Causal-like bands (bounded on the right only) have query tiles whose work grows with their index.
@@ -181,6 +188,10 @@ def attn_fwd_kernel(
     if ALIBI:
         alibi_log2 = tl.load(ALIBI_SLOPES + b64 * stride_alibi_b + hq64) * LOG2E
     diag = seqlen_k - seqlen_q
+    seed = 0
+    bh = off_b * num_heads_q + off_hq  # the dropout mask's third Philox counter
+    if DROPOUT:
+        seed = tl.load(SEED)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -192,29 +203,32 @@ def attn_fwd_kernel(
     if MASK_LEFT:  # the band's left edge
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                    start, unmasked_start, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                                   diag, softcap_scale, softcap_log2, alibi_log2,
+                                   diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                                    BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
-                                   USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI)
-    if QK_AHEAD and not SOFTCAP and not ALIBI:
+                                   USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
+    if QK_AHEAD and not SOFTCAP and not ALIBI and not DROPOUT:
         acc, l_i, m_i = _fwd_inner_qk_ahead(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                             unmasked_start, unmasked_end, qk_scale_log2,
                                             BLOCK_N, BLOCK_D, EVEN_D, INPUT_PRECISION, USE_TMA)
     else:
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                    unmasked_start, unmasked_end, offs_m, seqlen_k, band_lo, band_hi,
-                                   qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                   qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                                    BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
-                                   INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI)
+                                   INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
                                unmasked_end, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
-                               diag, softcap_scale, softcap_log2, alibi_log2,
+                               diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                                BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
-                               USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI)
+                               USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
 
     # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
     no_key = l_i == 0.0
     l_safe = tl.where(no_key, 1.0, l_i)
-    o = (acc / l_safe[:, None]).to(O.dtype.element_ty)
+    if DROPOUT:  # kept probabilities are scaled by 1 / (1 - p); L is the full softmax's
+        o = (acc / (l_safe * (1.0 - dropout_p))[:, None]).to(O.dtype.element_ty)
+    else:
+        o = (acc / l_safe[:, None]).to(O.dtype.element_ty)
     lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
 
     if USE_TMA:  # the copy engine clips rows and columns past the edges
