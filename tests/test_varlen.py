@@ -23,31 +23,40 @@ def _packed(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype):
 
 
 def _per_sequence(q, k, v, cu_q, cu_k, upcast, **kwargs):
-    """The reference run sequence by sequence, packed back: (o, lse (Hq, total_q))."""
+    """The reference run sequence by sequence, packed back: (o, lse (Hq, total_q)). A dropout mask, if
+    given, is (batch, Hq, max_q, max_k): each sequence's top-left corner."""
     outs, lses = [], []
     slopes = kwargs.pop("alibi_slopes", None)
+    mask = kwargs.pop("dropout_mask", None)
     for b in range(len(cu_q) - 1):
         qs, ks, vs = (x[c[b]:c[b + 1]].permute(1, 0, 2) for x, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
         if upcast:
             qs, ks, vs = qs.double(), ks.double(), vs.double()
         s = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b])
-        o, lse = attention_ref(qs, ks, vs, upcast=upcast, alibi_slopes=s, **kwargs)
+        m = None if mask is None else mask[b, :, :qs.shape[-2], :ks.shape[-2]]
+        o, lse = attention_ref(qs, ks, vs, upcast=upcast, alibi_slopes=s, dropout_mask=m, **kwargs)
         outs.append(o.permute(1, 0, 2))
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses, dim=-1)
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(is_causal=True), dict(window_size=(7, 3)),
-                                    dict(is_causal=True, softcap=4.0, alibi=True)],
-                         ids=["full", "causal", "window", "causal+softcap+alibi"])
+                                    dict(is_causal=True, softcap=4.0, alibi=True), dict(is_causal=True, dropout_p=0.2)],
+                         ids=["full", "causal", "window", "causal+softcap+alibi", "causal+dropout"])
 @pytest.mark.parametrize("heads_q,heads_kv,head_dim", [(4, 2, 32), (2, 2, 40)])
 def test_varlen_matches_reference_per_sequence(kwargs, heads_q, heads_kv, head_dim):
     kwargs = dict(kwargs)
     if kwargs.pop("alibi", False):
         kwargs["alibi_slopes"] = torch.rand(len(LENGTHS[0]), heads_q, device=DEVICE)
     q, k, v, cu_q, cu_k = _packed(*LENGTHS, heads_q, heads_kv, head_dim, torch.bfloat16)
+    torch.manual_seed(5)
     o, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, max(LENGTHS[0]), max(LENGTHS[1]), return_lse=True,
                                     **kwargs)
+    if kwargs.get("dropout_p"):  # the kernels' mask: the same draw of the seed, counters per sequence
+        from flashtriton import ops
+        torch.manual_seed(5)
+        kwargs["dropout_mask"] = ops.dropout_mask(ops.new_dropout_seed(q.device), len(LENGTHS[0]), heads_q,
+                                                  max(LENGTHS[0]), max(LENGTHS[1]), kwargs["dropout_p"])
     assert o.shape == q.shape and lse.shape == (heads_q, q.shape[0]) and lse.dtype == torch.float32
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)

@@ -105,6 +105,7 @@ def flash_attention_varlen(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`flash_attention` on a packed batch of variable-length sequences, as flash_attn's varlen API lays
@@ -117,8 +118,9 @@ def flash_attention_varlen(
             is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k
             and v. Zero-length sequences are allowed.
         max_seqlen_q, max_seqlen_k: the longest sequence's lengths (they size the grid).
-        is_causal, scale, window_size, softcap, alibi_slopes: as in `flash_attention`, per sequence (masks
-            aligned to each sequence's bottom-right corner; ALiBi slopes (Hq,) or (batch, Hq)).
+        is_causal, scale, window_size, softcap, alibi_slopes, dropout_p: as in `flash_attention`, per
+            sequence (masks aligned to each sequence's bottom-right corner; ALiBi slopes (Hq,) or
+            (batch, Hq)).
         return_lse: also return the logsumexp, (Hq, total_q) float32.
 
     Returns:
@@ -128,4 +130,4 @@ def flash_attention_varlen(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
     return FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-                                      scale, return_lse, window_size, softcap, alibi_slopes)
+                                      scale, return_lse, window_size, softcap, alibi_slopes, dropout_p)

@@ -485,13 +485,15 @@ class FlashAttentionVarlen(torch.autograd.Function):
     """FlashAttention-2 on a packed batch of variable-length sequences, forward and backward.
 
     `FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-    scale, return_lse, window_size, softcap, alibi_slopes)`: q (total_q, Hq, D), k and v (total_k, Hkv, D);
-    returns o (total_q, Hq, D), and with return_lse also lse (Hq, total_q), float32 (no gradient).
+    scale, return_lse, window_size, softcap, alibi_slopes, dropout_p)`: q (total_q, Hq, D), k and v
+    (total_k, Hkv, D); returns o (total_q, Hq, D), and with return_lse also lse (Hq, total_q), float32 (no
+    gradient). Dropout's Philox counters are (row and column within the sequence, sequence * Hq + head).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
-                scale=None, return_lse=False, window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None):
+                scale=None, return_lse=False, window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None,
+                dropout_p=0.0):
         check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal)
         mods = dict(scale=check_scale(scale, q.shape[-1]))
         if window_size != NO_WINDOW:
@@ -500,6 +502,9 @@ class FlashAttentionVarlen(torch.autograd.Function):
             mods["softcap"] = check_softcap(softcap)
         if alibi_slopes is not None:
             mods["alibi_slopes"] = check_alibi_slopes(alibi_slopes, q, batch=len(cu_seqlens_q) - 1)
+        if dropout_p != 0.0:
+            mods["dropout_p"] = check_dropout(dropout_p)
+            mods["dropout_seed"] = new_dropout_seed(q.device)
         mods["varlen"] = Varlen(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
         q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
         o4, lse4 = attention_forward(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), is_causal, **mods)
@@ -516,4 +521,4 @@ class FlashAttentionVarlen(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         grads = attention_backward(_packed_as_4d(do), *(_packed_as_4d(x) for x in (q, k, v, o)), lse[None],
                                    ctx.is_causal, **ctx.mods)
-        return (*(g[0].permute(1, 0, 2) for g in grads), *(None,) * 10)
+        return (*(g[0].permute(1, 0, 2) for g in grads), *(None,) * 11)
