@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .ops import FlashAttentionTriton, FlashAttentionVarlen, attention_probs, flash_attention_forward
+from .validation import check_flags
 
 
 def flash_attention(
@@ -77,9 +78,7 @@ def flash_attention(
             raise ValueError(
                 f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
                 "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
-    for name, flag in (("return_lse", return_lse), ("return_attn_probs", return_attn_probs)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    check_flags(return_lse=return_lse, return_attn_probs=return_attn_probs)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
         return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, window_size, softcap, alibi_slopes,
                                           dropout_p, return_attn_probs)
@@ -127,7 +126,6 @@ def flash_attention_varlen(
         o: (total_q, Hq, D); with `return_lse`, (o, lse). The lengths are checked on the host (one small
         copy each of cu_seqlens), so that a wrong length is an error rather than silent garbage.
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+    check_flags(return_lse=return_lse)
     return FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
                                       scale, return_lse, window_size, softcap, alibi_slopes, dropout_p)

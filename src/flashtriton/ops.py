@@ -154,14 +154,20 @@ def _autotune_by_default(work: int) -> bool:
 _last_forward_choice: list = [None]
 
 
+def _chosen_tiles(choice, use_tma: bool | None) -> str:
+    """The name of the tiles a launch ran: an autotuner's pick (use_tma None), or a static TileConfig with
+    its TMA paths as far as the tensors allowed them."""
+    if use_tma is None:
+        return tile_config_of(choice.best_config).name
+    return dataclasses.replace(choice, use_tma=choice.use_tma and use_tma,
+                               warp_specialize=choice.warp_specialize and use_tma).name
+
+
 def last_forward_choice() -> str:
     """The tiles of the most recent forward launch (the autotuner's pick, or the static one): for logs."""
     if _last_forward_choice[0] is None:
         return "none yet"
-    choice, use_tma = _last_forward_choice[0]
-    if use_tma is None:
-        return tile_config_of(choice.best_config).name
-    return dataclasses.replace(choice, use_tma=use_tma, warp_specialize=use_tma and choice.warp_specialize).name
+    return _chosen_tiles(*_last_forward_choice[0])
 
 
 class Varlen(NamedTuple):
@@ -174,14 +180,34 @@ class Varlen(NamedTuple):
     max_seqlen_k: int
 
 
-def _grid_and_strides(q, k, v, o, varlen: Varlen | None) -> tuple[int, int, int, tuple]:
-    """(batch for the grid, the grid's query and key lengths, the tensors' (b, h, row) strides). A packed
-    batch has one grid slice per sequence, as long as the longest, and batch strides of 0 (each program
-    finds its sequence's first row in cu_seqlens)."""
+def _grid_dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None) -> tuple[int, int, int]:
+    """(batch, query length, key length) the grid covers: a packed batch has one grid slice per
+    sequence, as long as the longest."""
     if varlen is None:
-        return q.shape[0], q.shape[2], k.shape[2], (*_strides(q), *_strides(k), *_strides(v), *_strides(o))
-    strides = tuple(x for t in (q, k, v, o) for x in (0, t.stride(1), t.stride(2)))
-    return len(varlen.cu_seqlens_q) - 1, varlen.max_seqlen_q, varlen.max_seqlen_k, strides
+        return q.shape[0], q.shape[2], k.shape[2]
+    return len(varlen.cu_seqlens_q) - 1, varlen.max_seqlen_q, varlen.max_seqlen_k
+
+
+def _bhr_strides(*tensors: torch.Tensor, varlen: Varlen | None = None) -> tuple[int, ...]:
+    """Each tensor's (batch, head, row) strides; a packed batch's are (0, head, row): each program finds
+    its sequence's first row in cu_seqlens."""
+    if varlen is None:
+        return tuple(x for t in tensors for x in _strides(t))
+    return tuple(x for t in tensors for x in (0, t.stride(1), t.stride(2)))
+
+
+def _variant_meta(is_causal: bool, window: tuple[int, int], softcap: float, alibi_slopes: torch.Tensor | None,
+                  varlen: Varlen | None, dropout_p: float) -> tuple[dict, int, int, bool]:
+    """The kernels' variant flags (constexprs), the band's two widths, and whether the launch takes the
+    causal order (a band bounded on the right only). Flags that are off stay out of the dict: the kernels
+    default them to False."""
+    mask_left, mask_right, window_left, window_right = _band(is_causal, window)
+    meta = dict(MASK_LEFT=mask_left, MASK_RIGHT=mask_right, SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
+    if varlen is not None:
+        meta["VARLEN"] = True
+    if dropout_p > 0:
+        meta["DROPOUT"] = True
+    return meta, window_left, window_right, mask_right and not mask_left
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -198,34 +224,30 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     (one int64 on q's device; the backward must get the same one)."""
     _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    o = torch.empty_like(q)
+    # a packed batch's output is packed like q: (total_q, Hq, D) seen as (1, Hq, total_q, D)
+    o = torch.empty_like(q) if varlen is None else q.new_empty((seqlen_q, heads_q, head_dim)).permute(1, 0, 2)[None]
     lse = torch.empty((q.shape[0], heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    if varlen is not None:
-        o = o.new_empty((seqlen_q, heads_q, head_dim)).permute(1, 0, 2)[None]  # packed, like q
     _interpreter.prepare(q.device)
     on_gpu = q.device.type == "cuda"
-    batch, grid_q, grid_k, strides = _grid_and_strides(q, k, v, o, varlen)
+    batch, grid_q, grid_k = _grid_dims(q, k, varlen)
     if autotune is None:
         autotune = config is None and on_gpu and _autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim)
     bd = block_d(head_dim)
-    mask_left, mask_right, window_left, window_right = _band(is_causal, window)
-    rest = (*strides, heads_q, seqlen_q, seqlen_k, window_left, window_right, scale * LOG2E,
-            *_score_mods(scale, softcap, alibi_slopes), dropout_p,
-            _heads_per_group(k, heads_q // heads_kv, mask_right and not mask_left), seqlen_bucket(grid_q, grid_k))
-    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left,
-                MASK_RIGHT=mask_right, INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0,
-                ALIBI=alibi_slopes is not None)
-    cu_seqlens = (None, None, None)  # and the dropout seed
-    if varlen is not None:  # tiles past a sequence's end would run into the next one: no TMA
-        cu_seqlens = (varlen.cu_seqlens_q, varlen.cu_seqlens_k, None)
-        meta["VARLEN"] = True
-    if dropout_p > 0:
-        if dropout_seed is None:
-            dropout_seed = new_dropout_seed(q.device)
-        cu_seqlens = (*cu_seqlens[:2], dropout_seed)
-        meta["DROPOUT"] = True
+    if dropout_p > 0 and dropout_seed is None:
+        dropout_seed = new_dropout_seed(q.device)
+    flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
+                                                                   varlen, dropout_p)
+    rest = (*_bhr_strides(q, k, v, o, varlen=varlen), heads_q, seqlen_q, seqlen_k, window_left, window_right,
+            scale * LOG2E, *_score_mods(scale, softcap, alibi_slopes), dropout_p,
+            _heads_per_group(k, heads_q // heads_kv, causal_order), seqlen_bucket(grid_q, grid_k))
+    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
+                INPUT_PRECISION=_input_precision(q.dtype), **flags)
+    # the variants' pointers (None where off)
+    cu_seqlens = (None, None) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
+    optional = (alibi_slopes, *cu_seqlens, dropout_seed)
+    # A packed batch takes block pointers: a tile past a sequence's end would read into the next one.
     if autotune:
         tma_strides = _tma_strides(q, k, v, o) if varlen is None else None
         with_tma = tma_strides is not None
@@ -235,7 +257,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         def grid(meta):
             return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
-        tuner[grid](q, k, v, o, lse, alibi_slopes, *cu_seqlens, *descs, *rest, **meta)
+        tuner[grid](q, k, v, o, lse, *optional, *descs, *rest, **meta)
         _last_forward_choice[0] = (tuner, None)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
@@ -247,9 +269,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     rows = (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)
     descs = _descriptors((q, k, v, o), tma_strides, rows, bd) if use_tma else (None,) * 4
     attn_fwd_kernel[(_cdiv(grid_q, cfg.block_m), heads_q, batch)](
-        q, k, v, o, lse, alibi_slopes, *cu_seqlens, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        USE_TMA=use_tma,
-        WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
+        q, k, v, o, lse, *optional, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        USE_TMA=use_tma, WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return o, lse
@@ -265,11 +286,8 @@ def last_backward_choice() -> str:
     if _last_backward_choice[0] is None:
         return "none yet"
     choices, use_tma = _last_backward_choice[0]
-    if use_tma is None:
-        names = [tile_config_of(tuner.best_config).name for tuner in choices]
-    else:
-        names = [dataclasses.replace(cfg, use_tma=cfg.use_tma and use_tma).name for cfg in choices]
-    return f"dK/dV {names[0]}, dQ {names[1]}"
+    dkdv, dq = (_chosen_tiles(choice, use_tma) for choice in choices)
+    return f"dK/dV {dkdv}, dQ {dq}"
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -292,10 +310,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         return dq.zero_(), dk.zero_(), dv.zero_()
     _interpreter.prepare(q.device)
     bd = block_d(head_dim)
-    batch, grid_q, grid_k, _ = _grid_and_strides(q, k, v, q, varlen)
-
-    def strides(*tensors):  # (b, h, row) of each; a packed batch's b stride is 0 (see Varlen)
-        return tuple(x for t in tensors for x in ((0, t.stride(1), t.stride(2)) if varlen else _strides(t)))
+    batch, grid_q, grid_k = _grid_dims(q, k, varlen)
     if autotune is None:  # float32 keeps its static tiles: the candidates are 16-bit sweeps' winners
         autotune = (configs is None and q.device.type == "cuda" and q.element_size() == 2
                     and _autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
@@ -307,26 +322,22 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     delta = torch.empty_like(lse)
     pre_block = 64 if q.device.type == "cuda" else 32
     attn_bwd_preprocess_kernel[(_cdiv(grid_q, pre_block), heads_q, batch)](
-        o, do, delta, cu_seqlens[0], *strides(o, do), heads_q, seqlen_q,
+        o, do, delta, cu_seqlens[0], *_bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block, VARLEN=varlen is not None,
     )
     group = heads_q // heads_kv
-    mask_left, mask_right, window_left, window_right = _band(is_causal, window)
-    meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
-                INPUT_PRECISION=_input_precision(q.dtype), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
-    if varlen is not None:
-        meta["VARLEN"] = True
-    if dropout_p > 0:
-        meta["DROPOUT"] = True
+    flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
+                                                                   varlen, dropout_p)
+    meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, INPUT_PRECISION=_input_precision(q.dtype), **flags)
     bucket = seqlen_bucket(grid_q, grid_k)
-    mods = _score_mods(scale, softcap, alibi_slopes)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, alibi_slopes, *cu_seqlens, dropout_seed)
-    dkdv_rest = (*strides(q, k, v, do, dk, dv), heads_kv, seqlen_q, seqlen_k, window_left, window_right, scale,
-                 scale * LOG2E, *mods, dropout_p, bucket)
-    dq_args = (q, k, v, do, lse, delta, dq, alibi_slopes, *cu_seqlens, dropout_seed)
-    dq_rest = (*strides(q, k, v, do, dq),
-               heads_q, seqlen_q, seqlen_k, window_left, window_right, scale, scale * LOG2E, *mods, dropout_p,
-               _heads_per_group(k, group, mask_right and not mask_left), bucket)
+    mods = (*_score_mods(scale, softcap, alibi_slopes), dropout_p)
+    optional = (alibi_slopes, *cu_seqlens, dropout_seed)  # the variants' pointers (None where off)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, *optional)
+    dkdv_rest = (*_bhr_strides(q, k, v, do, dk, dv, varlen=varlen), heads_kv, seqlen_q, seqlen_k, window_left,
+                 window_right, scale, scale * LOG2E, *mods, bucket)
+    dq_args = (q, k, v, do, lse, delta, dq, *optional)
+    dq_rest = (*_bhr_strides(q, k, v, do, dq, varlen=varlen), heads_q, seqlen_q, seqlen_k, window_left,
+               window_right, scale, scale * LOG2E, *mods, _heads_per_group(k, group, causal_order), bucket)
 
     def dkdv_grid(meta):
         return _cdiv(grid_k, meta["BLOCK_N"]), heads_kv, batch
@@ -417,6 +428,25 @@ def _as_4d(x: torch.Tensor) -> torch.Tensor:
 NO_WINDOW = (-1, -1)
 
 
+def _checked_mods(q: torch.Tensor, scale, window_size, softcap, alibi_slopes, dropout_p,
+                  batch: int | None = None) -> dict:
+    """The public keywords, checked, as the launchers' keyword arguments; those left at their defaults
+    stay out (the launchers' defaults), which keeps the plain call's host path short. With dropout, the
+    call's Philox key is drawn here, once for its forward and backward. `batch` is the number of
+    sequences of a packed q."""
+    mods = dict(scale=check_scale(scale, q.shape[-1]))
+    if window_size != NO_WINDOW:
+        mods["window"] = check_window(window_size)
+    if softcap != 0.0:
+        mods["softcap"] = check_softcap(softcap)
+    if alibi_slopes is not None:
+        mods["alibi_slopes"] = check_alibi_slopes(alibi_slopes, q, batch=batch)
+    if dropout_p != 0.0:
+        mods["dropout_p"] = check_dropout(dropout_p)
+        mods["dropout_seed"] = new_dropout_seed(q.device)
+    return mods
+
+
 def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
                             scale: float | None, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
                             alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0) -> tuple:
@@ -425,16 +455,7 @@ def flash_attention_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, i
     keyword arguments of attention_forward and attention_backward (scale, window, softcap, alibi_slopes,
     dropout_p and the dropout seed drawn for this call). No autograd."""
     check_inputs(Q, K, V, is_causal=is_causal)
-    mods = dict(scale=check_scale(scale, Q.shape[-1]))
-    if window_size != NO_WINDOW:
-        mods["window"] = check_window(window_size)
-    if softcap != 0.0:
-        mods["softcap"] = check_softcap(softcap)
-    if alibi_slopes is not None:
-        mods["alibi_slopes"] = check_alibi_slopes(alibi_slopes, Q)
-    if dropout_p != 0.0:
-        mods["dropout_p"] = check_dropout(dropout_p)
-        mods["dropout_seed"] = new_dropout_seed(Q.device)
+    mods = _checked_mods(Q, scale, window_size, softcap, alibi_slopes, dropout_p)
     Q, K, V = (last_dim_contiguous(x) for x in (Q, K, V))
     if Q.dim() == 4:  # the API's layout: no views to make (each costs a few microseconds of host time)
         return Q, K, V, *attention_forward(Q, K, V, is_causal, **mods), mods
@@ -495,16 +516,7 @@ class FlashAttentionVarlen(torch.autograd.Function):
                 scale=None, return_lse=False, window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None,
                 dropout_p=0.0):
         check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal)
-        mods = dict(scale=check_scale(scale, q.shape[-1]))
-        if window_size != NO_WINDOW:
-            mods["window"] = check_window(window_size)
-        if softcap != 0.0:
-            mods["softcap"] = check_softcap(softcap)
-        if alibi_slopes is not None:
-            mods["alibi_slopes"] = check_alibi_slopes(alibi_slopes, q, batch=len(cu_seqlens_q) - 1)
-        if dropout_p != 0.0:
-            mods["dropout_p"] = check_dropout(dropout_p)
-            mods["dropout_seed"] = new_dropout_seed(q.device)
+        mods = _checked_mods(q, scale, window_size, softcap, alibi_slopes, dropout_p, batch=len(cu_seqlens_q) - 1)
         mods["varlen"] = Varlen(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
         q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
         o4, lse4 = attention_forward(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), is_causal, **mods)

@@ -27,6 +27,13 @@ def check_window(window_size: object) -> tuple[int, int]:
     return left, right
 
 
+def check_flags(**flags: object) -> None:
+    """Every keyword a bool (is_causal, return_lse, ...)."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+
+
 def check_softcap(softcap: object) -> float:
     """`softcap` as a float: 0 (off) or a finite positive cap."""
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
@@ -79,8 +86,7 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dims (..., seqlen, head_dim), got shape {tuple(x.shape)}")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
+    check_flags(is_causal=is_causal)
     if not (q.dim() == k.dim() == v.dim()):
         raise ValueError(f"q, k and v must have the same number of dims, got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")

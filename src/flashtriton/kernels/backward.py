@@ -48,15 +48,11 @@ def attn_bwd_preprocess_kernel(
     off_b, off_h, pid_m = program_tile(False, 1)
     off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
     start_m = pid_m * BLOCK_M
-    if VARLEN:
-        row = off_h * seqlen_q
-    else:
-        row = (off_b * num_heads + off_h) * seqlen_q
-    q_start, seqlen_q, _, _ = sequence_bounds(off_b, seqlen_q, seqlen_q, CU_SEQLENS_Q, CU_SEQLENS_Q, VARLEN)
+    q_start, seqlen_q, _, _, row = sequence_bounds(off_b, off_h, num_heads, seqlen_q, seqlen_q, CU_SEQLENS_Q,
+                                                   CU_SEQLENS_Q, VARLEN)
     if VARLEN:
         if start_m >= seqlen_q:
             return
-        row += q_start
     o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om, seqlen_q, stride_om,
                            start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
     do_ptr = head_block_ptr(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, seqlen_q,
@@ -164,8 +160,9 @@ def attn_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     total_q = seqlen_q  # with VARLEN, the packed length: LSE and DELTA rows are (Hq, total_q)
-    q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K,
-                                                           VARLEN)
+    # (the LSE row is per query head, below: the one returned here would be unused)
+    q_start, seqlen_q, k_start, seqlen_k, _ = sequence_bounds(off_b, off_hkv, num_heads_kv, seqlen_q, seqlen_k,
+                                                              CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
     if VARLEN:
         if start_n >= seqlen_k:  # the grid covers the longest sequence
             return
@@ -314,16 +311,11 @@ def attn_bwd_dq_kernel(
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    if VARLEN:
-        row = off_hq * seqlen_q  # LSE and DELTA are (Hq, total_q); the sequence's offset is added below
-    else:
-        row = (off_b * num_heads_q + off_hq) * seqlen_q
-    q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K,
-                                                           VARLEN)
+    q_start, seqlen_q, k_start, seqlen_k, row = sequence_bounds(off_b, off_hq, num_heads_q, seqlen_q, seqlen_k,
+                                                                CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
     if VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
-        row += q_start
 
     q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q, stride_qm,
                            start_m, BLOCK_M, HEAD_DIM, BLOCK_D)

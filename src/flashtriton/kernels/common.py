@@ -46,19 +46,22 @@ def program_tile(CAUSAL_QUERY_TILES: tl.constexpr, heads_per_group):
 
 
 @triton.jit
-def sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN: tl.constexpr):
-    """(first row in Q, length, first row in K, length) of batch element `off_b`. In a packed batch of
-    variable-length sequences (VARLEN) they come from the cumulative lengths; otherwise every element
-    starts at row 0 and the lengths are the arguments."""
+def sequence_bounds(off_b, off_h, num_heads, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN: tl.constexpr):
+    """(first row in Q, length, first row in K, length, offset of head off_h's first row in LSE and
+    DELTA) of batch element `off_b`. In a packed batch of variable-length sequences (VARLEN) the bounds
+    come from the cumulative lengths, seqlen_q is the packed total and LSE is (H, total); otherwise every
+    element starts at row 0, the lengths are the arguments and LSE is (B, H, seqlen_q)."""
     if VARLEN:
         q_start = tl.load(CU_SEQLENS_Q + off_b)
         k_start = tl.load(CU_SEQLENS_K + off_b)
         q_len = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
         k_len = tl.load(CU_SEQLENS_K + off_b + 1) - k_start
         q_start, k_start = q_start.to(tl.int64), k_start.to(tl.int64)
+        lse_row = off_h * seqlen_q + q_start
     else:  # plain ints: the compiler folds the offsets away
         q_start, q_len, k_start, k_len = 0, seqlen_q, 0, seqlen_k
-    return q_start, q_len, k_start, k_len
+        lse_row = (off_b * num_heads + off_h) * seqlen_q
+    return q_start, q_len, k_start, k_len, lse_row
 
 
 @triton.jit

@@ -164,16 +164,11 @@ def attn_fwd_kernel(
     start_m = pid_m * BLOCK_M
     # int64 before multiplying by strides: batch * head offsets can pass 2**31 elements.
     b64, hq64, hkv64 = off_b.to(tl.int64), off_hq.to(tl.int64), off_hkv.to(tl.int64)
-    if VARLEN:
-        lse_row = hq64 * seqlen_q  # LSE is (Hq, total_q); the sequence's offset is added below
-    else:
-        lse_row = (b64 * num_heads_q + hq64) * seqlen_q
-    q_start, seqlen_q, k_start, seqlen_k = sequence_bounds(off_b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K,
-                                                           VARLEN)
+    q_start, seqlen_q, k_start, seqlen_k, lse_row = sequence_bounds(b64, hq64, num_heads_q, seqlen_q, seqlen_k,
+                                                                    CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
     if VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
-        lse_row += q_start
 
     q_ptr = head_block_ptr(Q + b64 * stride_qb + hq64 * stride_qh + q_start * stride_qm, seqlen_q, stride_qm, 0,
                            BLOCK_M, HEAD_DIM, BLOCK_D)
