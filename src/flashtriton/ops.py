@@ -191,9 +191,10 @@ def _grid_dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None) -> tuple
 def _bhr_strides(*tensors: torch.Tensor, varlen: Varlen | None = None) -> tuple[int, ...]:
     """Each tensor's (batch, head, row) strides; a packed batch's are (0, head, row): each program finds
     its sequence's first row in cu_seqlens."""
-    if varlen is None:
-        return tuple(x for t in tensors for x in _strides(t))
-    return tuple(x for t in tensors for x in (0, t.stride(1), t.stride(2)))
+    strides: tuple[int, ...] = ()
+    for t in tensors:  # a loop, not a generator: this runs on every call's host path
+        strides += _strides(t) if varlen is None else (0, t.stride(1), t.stride(2))
+    return strides
 
 
 def _variant_meta(is_causal: bool, window: tuple[int, int], softcap: float, alibi_slopes: torch.Tensor | None,
