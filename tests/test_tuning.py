@@ -43,7 +43,7 @@ def test_autotuner_candidates_follow_the_head_dim(head_dim, dtype, with_tma):
     assert any(c.use_tma for c in cfgs) == with_tma
     # the host builds descriptors for one tile shape per width: every TMA candidate must use it
     assert all((c.block_m, c.block_n) == tuning.tma_tile(head_dim, dtype) for c in cfgs if c.use_tma)
-    assert any(c.warp_specialize for c in cfgs) == (with_tma and head_dim == 128 and dtype == torch.bfloat16)
+    assert not any(c.warp_specialize for c in cfgs)  # a no-op on sm_90 with Triton 3.6 (NOTES entry 25)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -141,6 +141,10 @@ def test_backward_sweep_keeps_the_default_and_varies_one_kernel(kernel, monkeypa
     sweep._run(kernel, cfg, q, q, q, False, 1.0, (q, q[..., 0], q))
     static = backward_configs(64, q.dtype, q.device)
     assert seen["configs"] == ((cfg, static[1]) if kernel == "dkdv" else (static[0], cfg))
+    # --match narrows the sweep to the names it matches, keeping the default as the yardstick
+    narrowed = sweep.matching(keep, r"-w8-s2-tma$", kernel, 64, torch.bfloat16)
+    assert default in narrowed and len(narrowed) < len(keep)
+    assert all(c.name.endswith("-w8-s2-tma") for c in narrowed if c != default)
 
 
 def test_autotuning_by_default_only_for_large_work_and_can_be_switched_off(monkeypatch):

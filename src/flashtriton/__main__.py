@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--kernel", default="fwd", choices=["fwd", "dkdv", "dq"],
                        help="the forward (default), or one of the backward's kernels (the other keeps its tiles)")
     sweep.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    sweep.add_argument("--match", default=None, metavar="REGEX",
+                       help="sweep only the configs whose name (e.g. M64-N128-w8-s2-tma-ws) matches; the "
+                            "static default is always timed as the yardstick")
     sweep.add_argument("--out", type=Path, default=Path("."), help="folder for the CSV, PNG and summary")
     sweep.add_argument("--replot", type=Path, default=None, metavar="CSV",
                        help="redraw the heatmap of a sweep's CSV (no GPU needed) and exit")
@@ -148,7 +151,7 @@ def _sweep(args: argparse.Namespace) -> int:
     print(f"Sweeping the {what} tiles on {shape}, bf16")
     start = time.perf_counter()
     results, pruned = run_sweep(args.batch, args.heads, args.seqlen, args.head_dim, args.causal,
-                                kernel=args.kernel)
+                                kernel=args.kernel, match=args.match)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / (f"sweep_{shape}" if args.kernel == "fwd" else f"sweep_{args.kernel}_{shape}")
     write_csv(results, stem.with_suffix(".csv"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -83,8 +84,10 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int,
     return total
 
 
+@functools.cache
 def alibi_slopes(heads: int, device) -> torch.Tensor:
-    """ALiBi's geometric slopes, 2^(-8 (h + 1) / H), as the paper sets them."""
+    """ALiBi's geometric slopes, 2^(-8 (h + 1) / H), as the paper sets them. Cached: the timed calls run
+    inside CUDA graph capture, where a copy from the host is not allowed."""
     return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=device)
 
 
@@ -159,7 +162,8 @@ def _flashtriton(q, k, v, shape: Shape):
                            alibi_slopes=_slopes_for(shape, q))
 
 
-def _cu_seqlens(shape: Shape, device) -> torch.Tensor:
+@functools.cache
+def _cu_seqlens(shape: Shape, device) -> torch.Tensor:  # cached for graph capture, as alibi_slopes
     return torch.tensor([0, *itertools.accumulate(shape.varlen)], dtype=torch.int32, device=device)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import itertools
 import os
+import re
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -66,6 +67,18 @@ def candidate_configs(head_dim: int, dtype: torch.dtype, smem_limit: int,
     if default not in keep:
         keep.append(default)
     return keep, pruned
+
+
+def matching(configs: list[TileConfig], pattern: str, kernel: str, head_dim: int,
+             dtype: torch.dtype) -> list[TileConfig]:
+    """The configs whose name matches `pattern`, plus the backward kernel's static default (the yardstick
+    of a backward sweep)."""
+    regex = re.compile(pattern)
+    keep = [c for c in configs if regex.search(c.name)]
+    if kernel != "fwd":
+        default = backward_configs(head_dim, dtype, torch.device("cuda"))[0 if kernel == "dkdv" else 1]
+        keep += [default] if default not in keep else []
+    return keep
 
 
 @dataclass
@@ -124,14 +137,18 @@ def _progress(items: Iterable, total: int, desc: str):
 
 
 def run_sweep(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool, dtype=torch.bfloat16,
-              jobs: int | None = None, log=print, kernel: str = "fwd") -> tuple[list[SweepResult], list[str]]:
-    """Compile every candidate of `kernel` in parallel, check each against the static choice's output,
-    and time it: the forward alone, or the whole backward with one of its kernels varied."""
+              jobs: int | None = None, log=print, kernel: str = "fwd",
+              match: str | None = None) -> tuple[list[SweepResult], list[str]]:
+    """Compile every candidate of `kernel` (or those whose name matches the regex `match`) in parallel,
+    check each against the static choice's output, and time it: the forward alone, or the whole backward
+    with one of its kernels varied."""
     import triton
     import triton.testing
 
     smem_limit = shared_memory_limit(torch.device("cuda", torch.cuda.current_device()))
     configs, pruned = candidate_configs(head_dim, dtype, smem_limit, kernel)
+    if match is not None:
+        configs = matching(configs, match, kernel, head_dim, dtype)
     log(f"{len(configs)} configs to compile and time, {len(pruned)} pruned "
         f"(shared memory per block: {smem_limit // 1024} KB)")
 
