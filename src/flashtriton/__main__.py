@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
     bench.add_argument("--seqlens", default=None, help="comma-separated: time only these N of the suite")
     bench.add_argument("--head-dims", default=None, help="comma-separated: time only these D of the suite")
+    bench.add_argument("--variants", default=None,
+                       help="comma-separated: time only the shapes of these variants (e.g. varlen8,alibi; "
+                            "'plain' for none)")
     bench.add_argument("--merge", action="store_true",
                        help="keep the rows of an earlier <suite>.json in --out that this run does not replace")
 
@@ -226,8 +229,10 @@ def _bench_gpu(args: argparse.Namespace) -> int:
                           for arg in (args.seqlens, args.head_dims))
     print(f"\nTiming suite '{args.suite}' (plain SDPA dispatches to {meta['sdpa_backend']}):")
     unavailable: list[dict] = []
+    variants = None if args.variants is None else set(args.variants.split(","))
     rows = run_suite(args.suite, providers, modes, keep=lambda s: (seqlens is None or s.seqlen_q in seqlens)
-                     and (head_dims is None or s.head_dim in head_dims), unavailable=unavailable)
+                     and (head_dims is None or s.head_dim in head_dims)
+                     and (variants is None or (s.variant or "plain") in variants), unavailable=unavailable)
     if unavailable:
         meta["unavailable"] = unavailable
     if args.out is not None:

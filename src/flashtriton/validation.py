@@ -155,7 +155,9 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
                  max_seqlen_q: object, max_seqlen_k: object, *, is_causal: object) -> None:
     """Validate a packed batch: q (total_q, Hq, D), k and v (total_k, Hkv, D), cumulative lengths int32
     (batch + 1,) that start at 0, never decrease and end at the totals, and maximum lengths at least the
-    longest sequence. Reads the lengths back to the host (one small copy each)."""
+    longest sequence. Reads the lengths back to the host (one small copy each), except while a CUDA graph
+    is being captured, where a copy to the host is not allowed: there only their type, shape and device
+    are checked, and the values are the caller's responsibility."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -164,6 +166,7 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
                              f"shape {tuple(x.shape)}")
     # the rest of the per-tensor checks, on the (1, H, total, D) views the kernels read
     check_inputs(*(x.permute(1, 0, 2)[None] for x in (q, k, v)), is_causal=is_causal)
+    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     lengths = {}
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or len(cu) < 1:
@@ -173,6 +176,9 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
                             "torch.tensor([0, 5, 12], dtype=torch.int32, device=q.device)")
         if cu.device != q.device:
             raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+        if capturing:
+            lengths[name] = []
+            continue
         host = cu.tolist()
         if host[0] != 0 or host[-1] != total or any(b < a for a, b in zip(host, host[1:], strict=False)):
             raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "
