@@ -588,7 +588,8 @@ def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict, merge:
         md += ["Forward, B=4, H=8, D=64, bf16; SDPA is plain `F.scaled_dot_product_attention` "
                f"({meta.get('sdpa_backend', '?')} on this GPU).", "", article_table(rows), ""]
     md += ["TFLOP/s of every provider:", "", provider_table(rows), ""]
-    if any(r.peak_mem_mb is not None for r in rows) or meta.get("unavailable"):
+    ooms = [u for u in meta.get("unavailable", []) if "out of memory" in u["reason"].lower()]
+    if any(r.peak_mem_mb is not None for r in rows) or ooms:  # (not for peers that lack a variant)
         md += ["Peak memory of one forward + backward beyond its inputs (MiB; `torch.cuda.max_memory_allocated`):",
                "", memory_table(rows, meta.get("unavailable", [])), ""]
     (out_dir / f"{suite}.md").write_text("\n".join(md))
