@@ -96,3 +96,16 @@ def test_bad_varlen_arguments_are_clear_errors(change, error, match):
     args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6, max_seqlen_k=5)
     with pytest.raises(error, match=match):
         flash_attention_varlen(**change(args))
+
+
+def test_cu_seqlens_are_read_once_per_tensor_version(monkeypatch):
+    q, k, v, cu_q, cu_k = _packed([4, 6], [5, 5], 2, 2, 16, torch.float32)
+    flash_attention_varlen(q, k, v, cu_q, cu_k, 6, 5)
+    reads = []
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or list(map(int, self.numpy())))
+    flash_attention_varlen(q, k, v, cu_q, cu_k, 6, 5)
+    assert reads == []  # the same, unmodified tensors: remembered
+    cu_q[1] = 7  # an in-place write bumps the version: read again, and the bad total is caught
+    with pytest.raises(ValueError, match="max_seqlen_q must be an int >= the longest"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 6, 5)
+    assert reads

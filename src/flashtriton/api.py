@@ -123,8 +123,11 @@ def flash_attention_varlen(
         return_lse: also return the logsumexp, (Hq, total_q) float32.
 
     Returns:
-        o: (total_q, Hq, D); with `return_lse`, (o, lse). The lengths are checked on the host (one small
-        copy each of cu_seqlens), so that a wrong length is an error rather than silent garbage.
+        o: (total_q, Hq, D); with `return_lse`, (o, lse). The lengths are checked on the host, so that a
+        wrong length is an error rather than silent garbage: one small copy of each cu_seqlens tensor,
+        remembered while that tensor lives and is not written in place through torch (its version
+        counter), so that later calls with it do not wait for the GPU. Inside CUDA graph capture, where
+        no copy to the host is allowed, only their dtype, shape and device are checked.
     """
     check_flags(return_lse=return_lse)
     return FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,

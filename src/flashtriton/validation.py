@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 
 import torch
 
@@ -151,6 +152,24 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
+_HOST_VALUES: dict[int, tuple] = {}  # id(tensor) -> (weak reference, version, values): see _host_values
+
+
+def _host_values(cu: torch.Tensor) -> list[int]:
+    """cu.tolist(), remembered for as long as this very tensor lives unmodified (its version counter
+    counts in-place writes). Reading device memory back waits for the GPU, so without this every eager
+    call would stall the stream; with it a batch's cu_seqlens is read once, by its forward."""
+    seen = _HOST_VALUES.get(id(cu))
+    if seen is not None and seen[0]() is cu and seen[1] == cu._version:
+        return seen[2]
+    values = cu.tolist()
+    if len(_HOST_VALUES) > 64:  # drop entries whose tensors are gone
+        for key in [key for key, (ref, _, _) in _HOST_VALUES.items() if ref() is None]:
+            del _HOST_VALUES[key]
+    _HOST_VALUES[id(cu)] = (weakref.ref(cu), cu._version, values)
+    return values
+
+
 def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqlens_k: object,
                  max_seqlen_q: object, max_seqlen_k: object, *, is_causal: object) -> None:
     """Validate a packed batch: q (total_q, Hq, D), k and v (total_k, Hkv, D), cumulative lengths int32
@@ -179,7 +198,7 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
         if capturing:
             lengths[name] = []
             continue
-        host = cu.tolist()
+        host = _host_values(cu)
         if host[0] != 0 or host[-1] != total or any(b < a for a, b in zip(host, host[1:], strict=False)):
             raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "
                              f"got {host[:8]}{' ...' if len(host) > 8 else ''}")
