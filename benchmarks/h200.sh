@@ -8,7 +8,8 @@
 #                                                                            -> sweeps/sweep_*.csv/.md/.png
 #   4. with HOST=1, where the host time of a small call goes              -> host_overhead.json, _profile.txt
 #   5. with FIRST=1, what a first call costs (compiling, autotuning)        -> first_call.json
-#   6. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv
+#   6. with SANITIZE=1, compute-sanitizer memcheck and racecheck over benchmarks/sanitize.py -> sanitize_*.log
+#   7. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv
 # BENCH_ARGS passes more arguments to every bench (e.g. "--head-dims 64"); with MERGE=1 the suite's
 # committed <suite>.json is the starting point and the new rows replace or join its rows.
 # Without $OUT everything lands in benchmarks/results/h200/. With $OUT (the device tool's output folder,
@@ -18,7 +19,7 @@
 #   CUDA_VISIBLE_DEVICES=0 PACK=gpu0.tgz bash benchmarks/h200.sh cs336 & \
 #   CUDA_VISIBLE_DEVICES=1 PACK=gpu1.tgz TESTS=0 bash benchmarks/h200.sh paper; wait
 # and a suite split across them joins again with benchmarks/merge_results.py.
-# Usage: [SWEEP=1] [SWEEPS="<sweep args>;..."] [ROOFLINE=1] [HOST=1] [FIRST=1] [TESTS=0] [TESTS_K=expr] [BENCH_ARGS=...] [MERGE=1] bash benchmarks/h200.sh [suites] [modes]
+# Usage: [SWEEP=1] [SWEEPS="<sweep args>;..."] [SANITIZE=1] [ROOFLINE=1] [HOST=1] [FIRST=1] [TESTS=0] [TESTS_K=expr] [BENCH_ARGS=...] [MERGE=1] bash benchmarks/h200.sh [suites] [modes]
 #   e.g. bash benchmarks/h200.sh "article paper cs336"        (modes default per suite; see --help)
 set -uo pipefail
 suites=${1:-article}
@@ -66,6 +67,15 @@ fi
 if [ "${FIRST:-0}" = 1 ]; then
   python3 benchmarks/first_call.py --out "$out" 2>&1 | tail -n 6
   pack
+fi
+if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck over every kernel and path; racecheck on one shape
+  for tool in memcheck racecheck; do
+    quick=""; [ "$tool" = racecheck ] && quick=--quick
+    compute-sanitizer --tool "$tool" --error-exitcode 1 python3 benchmarks/sanitize.py $quick \
+      > "$out/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$out/sanitize_$tool.log") clean summaries); $(tail -n 1 "$out/sanitize_$tool.log")"
+    pack
+  done
 fi
 if [ "${ROOFLINE:-0}" = 1 ]; then
   python3 -m flashtriton roofline --out "$out" 2>&1 | tail -n 40

@@ -6,38 +6,13 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton import attention_ref, flash_attention_varlen
+from flashtriton import flash_attention_varlen
 from flashtriton.testing import bounded
+from helpers import packed_qkv as _packed
+from helpers import reference_per_sequence as _per_sequence
 
 LENGTHS = (([5, 0, 37, 70, 1, 130], [9, 3, 37, 50, 17, 97]) if not ON_GPU
            else ([500, 0, 1037, 70, 1, 2000], [900, 3, 1037, 1500, 17, 1999]))
-
-
-def _packed(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype):
-    cu = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-          for n in (lengths_q, lengths_k)]
-    q = torch.randn(sum(lengths_q), heads_q, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
-    k, v = (torch.randn(sum(lengths_k), heads_kv, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
-            for _ in range(2))
-    return q, k, v, *cu
-
-
-def _per_sequence(q, k, v, cu_q, cu_k, upcast, **kwargs):
-    """The reference run sequence by sequence, packed back: (o, lse (Hq, total_q)). A dropout mask, if
-    given, is (batch, Hq, max_q, max_k): each sequence's top-left corner."""
-    outs, lses = [], []
-    slopes = kwargs.pop("alibi_slopes", None)
-    mask = kwargs.pop("dropout_mask", None)
-    for b in range(len(cu_q) - 1):
-        qs, ks, vs = (x[c[b]:c[b + 1]].permute(1, 0, 2) for x, c in ((q, cu_q), (k, cu_k), (v, cu_k)))
-        if upcast:
-            qs, ks, vs = qs.double(), ks.double(), vs.double()
-        s = None if slopes is None else (slopes if slopes.dim() == 1 else slopes[b])
-        m = None if mask is None else mask[b, :, :qs.shape[-2], :ks.shape[-2]]
-        o, lse = attention_ref(qs, ks, vs, upcast=upcast, alibi_slopes=s, dropout_mask=m, **kwargs)
-        outs.append(o.permute(1, 0, 2))
-        lses.append(lse)
-    return torch.cat(outs), torch.cat(lses, dim=-1)
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(is_causal=True), dict(window_size=(7, 3)),

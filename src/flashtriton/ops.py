@@ -156,7 +156,9 @@ _last_forward_choice: list = [None]
 
 def _chosen_tiles(choice, use_tma: bool | None) -> str:
     """The name of the tiles a launch ran: an autotuner's pick (use_tma None), or a static TileConfig with
-    its TMA paths as far as the tensors allowed them."""
+    its TMA paths as far as the tensors allowed them; None for a kernel that did not run."""
+    if choice is None:
+        return "not run"
     if use_tma is None:
         return tile_config_of(choice.best_config).name
     return dataclasses.replace(choice, use_tma=choice.use_tma and use_tma,
@@ -297,18 +299,22 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                        alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
                        dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       needs: tuple[bool, bool, bool] = (True, True, True),
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
     a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
     overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward);
-    the other keywords as in attention_forward."""
+    `needs` says which of dq, dk, dv are wanted (autograd's needs_input_grad): the dQ kernel runs only
+    for dq and the dK/dV kernel only for dk or dv, and an unwanted gradient comes back as None; the other
+    keywords as in attention_forward."""
     _, heads_q, seqlen_q, head_dim = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
         do = do.contiguous()
+    need_dq, need_dkdv = needs[0], needs[1] or needs[2]
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dq.numel() == 0 or dk.numel() == 0:  # nothing attends: every gradient is zero
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        return _wanted((dq.zero_(), dk.zero_(), dv.zero_()), needs)
     _interpreter.prepare(q.device)
     bd = block_d(head_dim)
     batch, grid_q, grid_k = _grid_dims(q, k, varlen)
@@ -358,27 +364,37 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
         tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
         tuners = []
-        for tile, autotuned, grid, args, rest in ((tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest),
-                                                   (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest)):
+        for tile, autotuned, grid, args, rest, wanted in (
+                (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
+                (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
             descs = descriptors(tile)
             tuner = autotuned[descs[0] is not None]
-            tuner[grid](*args, *descs, *rest, **meta)
-            tuners.append(tuner)
+            if wanted:
+                tuner[grid](*args, *descs, *rest, **meta)
+            tuners.append(tuner if wanted else None)
         _last_backward_choice[0] = (tuple(tuners), None)
-        return dq, dk, dv
+        return _wanted((dq, dk, dv), needs)
 
     dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
     use_tma = (dkdv_cfg.use_tma or dq_cfg.use_tma) and varlen is None
     tma_strides = _tma_strides(q, k, v, do) if use_tma else None
-    _last_backward_choice[0] = ((dkdv_cfg, dq_cfg), tma_strides is not None)
-    for cfg, kernel, grid, args, rest in ((dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest),
-                                          (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest)):
+    _last_backward_choice[0] = ((dkdv_cfg if need_dkdv else None, dq_cfg if need_dq else None),
+                                tma_strides is not None)
+    for cfg, kernel, grid, args, rest, wanted in (
+            (dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
+            (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest, need_dq)):
+        if not wanted:
+            continue
         descs = descriptors((cfg.block_m, cfg.block_n) if cfg.use_tma else None)
         kernel[grid(dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))](
             *args, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             USE_TMA=descs[0] is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-    return dq, dk, dv
+    return _wanted((dq, dk, dv), needs)
+
+
+def _wanted(grads: tuple, needs: tuple[bool, bool, bool]) -> tuple:
+    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))
 
 
 def new_dropout_seed(device: torch.device) -> torch.Tensor:
@@ -493,9 +509,37 @@ class FlashAttentionTriton(torch.autograd.Function):
     def backward(ctx, dO, *_unused_dL):
         Q, K, V, O, L = ctx.saved_tensors
         q4 = _as_4d(Q)
-        dq, dk, dv = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O),
-                                        L.view(q4.shape[:-1]), ctx.is_causal, **ctx.mods)
-        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape), *(None,) * 8
+        grads = attention_backward(_as_4d(dO), q4, _as_4d(K), _as_4d(V), _as_4d(O), L.view(q4.shape[:-1]),
+                                   ctx.is_causal, **ctx.mods, needs=tuple(ctx.needs_input_grad[:3]))
+        grads = [None if g is None else g.view(x.shape) for g, x in zip(grads, (Q, K, V), strict=True)]
+        return *_no_second_derivative(grads, Q, K, V), *(None,) * 8
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """Passes first-order gradients through; differentiating them again raises. The kernels' gradients
+    carry no graph, so without this a double backward would fail with an unrelated-looking message."""
+
+    @staticmethod
+    def forward(ctx, anchors, *tensors):  # `anchors` inputs tie the outputs to the graph; the rest pass
+        return tuple(g.view_as(g) for g in tensors[anchors:])
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError(
+            "flash_attention has no second derivative (double backward): compute its gradients without "
+            "create_graph=True, or use flashtriton.attention_ref (plain attention) where a second "
+            "derivative is needed")
+
+
+def _no_second_derivative(grads: list, *inputs: torch.Tensor) -> list:
+    """`grads` as they are, unless the backward runs with create_graph=True: then tied to the inputs
+    through _NoSecondDerivative, so that a second derivative is a clear error."""
+    anchors = [x for x in inputs if x.requires_grad]
+    if not torch.is_grad_enabled() or not anchors or all(g is None for g in grads):
+        return grads
+    present = [g for g in grads if g is not None]
+    tied = iter(_NoSecondDerivative.apply(len(anchors), *anchors, *present))
+    return [None if g is None else next(tied) for g in grads]
 
 
 def _packed_as_4d(x: torch.Tensor) -> torch.Tensor:
@@ -533,5 +577,6 @@ class FlashAttentionVarlen(torch.autograd.Function):
     def backward(ctx, do, *_unused_dlse):
         q, k, v, o, lse = ctx.saved_tensors
         grads = attention_backward(_packed_as_4d(do), *(_packed_as_4d(x) for x in (q, k, v, o)), lse[None],
-                                   ctx.is_causal, **ctx.mods)
-        return (*(g[0].permute(1, 0, 2) for g in grads), *(None,) * 11)
+                                   ctx.is_causal, **ctx.mods, needs=tuple(ctx.needs_input_grad[:3]))
+        grads = [None if g is None else g[0].permute(1, 0, 2) for g in grads]
+        return *_no_second_derivative(grads, q, k, v), *(None,) * 11

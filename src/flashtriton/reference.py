@@ -110,7 +110,10 @@ def attention_ref(
     if dropout_mask is not None:
         p = p * dropout_mask.to(p.dtype) / (1.0 - dropout_p)
     o = p @ v
-    lse = (torch.log(denom.detach()) + m).squeeze(-1)
+    # L is differentiable (dL_i / ds_ij = P_ij, the undropped softmax) so tests can take gradients through it.
+    empty = denom == 0
+    safe_denom = torch.where(empty, torch.ones_like(denom), denom)
+    lse = torch.where(empty, float("-inf"), torch.log(safe_denom) + m).squeeze(-1)
     lse = lse.to(torch.float64 if dtype == torch.float64 else torch.float32)
     if return_probs:
         return o.to(dtype), lse, p

@@ -1,0 +1,64 @@
+"""What compute-sanitizer runs (benchmarks/h200.sh with SANITIZE=1): forward and backward of every kernel
+on odd shapes, on both data paths (block pointers and TMA), with the variants, each call checked to be
+finite. Small on purpose: under memcheck every memory access is instrumented.
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py
+"""
+
+import dataclasses
+import itertools
+import sys
+
+import torch
+
+from flashtriton import flash_attention_varlen, ops
+
+
+def _call(q, k, v, causal, tma, **mods) -> None:
+    """Forward and backward with the static tiles of q's head dim, on the chosen data path."""
+    device, head_dim = q.device, q.shape[-1]
+    fwd = dataclasses.replace(ops.forward_config(head_dim, q.dtype, device, use_tma=False), use_tma=tma)
+    bwd = tuple(dataclasses.replace(c, use_tma=tma) for c in ops.backward_configs(head_dim, q.dtype, device))
+    o, lse = ops.attention_forward(q, k, v, causal, head_dim ** -0.5, config=fwd, autotune=False, **mods)
+    grads = ops.attention_backward(torch.randn_like(o), q, k, v, o, lse, causal, head_dim ** -0.5,
+                                   configs=bwd, autotune=False, **mods)
+    assert all(torch.isfinite(x).all() for x in (o, *grads))
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv  # one shape and head dim, e.g. for racecheck, which is slower still
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    calls = 0
+
+    def qkv(seqlen_q, seqlen_k, head_dim):
+        q = torch.randn(2, 4, seqlen_q, head_dim, device=device, dtype=torch.bfloat16)
+        k, v = (torch.randn(2, 2, seqlen_k, head_dim, device=device, dtype=torch.bfloat16) for _ in range(2))
+        return q, k, v  # GQA: two query heads per key/value head
+
+    shapes = [(97, 130)] if quick else [(1, 1), (97, 130), (130, 97)]
+    head_dims = (64,) if quick else (40, 128)
+    for (seqlen_q, seqlen_k), head_dim, tma, causal in itertools.product(shapes, head_dims, (False, True),
+                                                                         (False, True)):
+        _call(*qkv(seqlen_q, seqlen_k, head_dim), causal, tma)
+        calls += 1
+    if not quick:  # the variants' code paths, once each
+        for tma in (False, True):
+            q, k, v = qkv(130, 97, 40)
+            _call(q, k, v, True, tma, window=(9, 3), softcap=20.0, alibi_slopes=torch.rand(4, device=device))
+            _call(q, k, v, True, tma, dropout_p=0.2, dropout_seed=ops.new_dropout_seed(device))
+            calls += 2
+        lengths = [0, 17, 1, 130, 63]
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+        q = torch.randn(sum(lengths), 4, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(sum(lengths), 2, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(2))
+        o = flash_attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), is_causal=True)
+        o.backward(torch.randn_like(o))
+        calls += 1
+    torch.cuda.synchronize()
+    print(f"sanitize target: {calls} forward+backward calls ran")
+
+
+if __name__ == "__main__":
+    main()
