@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import DEVICE
-from flashtriton import FlashAttentionTriton, flash_attention
+from flashtriton import FlashAttentionPytorch, FlashAttentionTriton, flash_attention
 
 
 def qkv(shape_q=(1, 2, 8, 16), shape_k=None, dtype=torch.float16, device=DEVICE):
@@ -92,3 +92,22 @@ def test_devices(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=r"on cpu, but the kernels run on CUDA GPUs; move them with .cuda\(\)"):
         flash_attention(q, k, v)
+
+
+def test_pytorch_reference_function_checks_too():
+    """FlashAttentionPytorch (the readable PyTorch version) takes the same checks, minus the kernels' own
+    limits: it runs on any device and head dim."""
+    q, k, v = qkv((2, 8, 16), dtype=torch.float32, device="cpu")
+    with pytest.raises(TypeError, match="k has dtype torch.float16 but q has torch.float32"):
+        FlashAttentionPytorch.apply(q, k.half(), v)
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        FlashAttentionPytorch.apply(q, k, v[:, :3])
+    with pytest.raises(ValueError, match="scale must be finite and positive"):
+        FlashAttentionPytorch.apply(q, k, v, False, -1.0)
+    with pytest.raises(ValueError, match="tile_q must be a positive int"):
+        FlashAttentionPytorch.apply(q, k, v, False, None, 0)
+    q4, k4, v4 = qkv((1, 4, 8, 16), (1, 2, 8, 16), dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="no GQA"):
+        FlashAttentionPytorch.apply(q4, k4, v4)
+    big = qkv((1, 3, 300), dtype=torch.float32, device="cpu")  # head dim past the kernels' 256: fine here
+    assert FlashAttentionPytorch.apply(*big).shape == (1, 3, 300)

@@ -131,8 +131,16 @@ class FlashAttentionPytorch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False, scale=None, tile_q=16, tile_k=16):
+        from .validation import check_inputs, check_scale
+        check_inputs(Q, K, V, is_causal=is_causal, kernels=False)
+        if K.shape[:-2] != Q.shape[:-2]:
+            raise ValueError(f"FlashAttentionPytorch needs equal leading dims (no GQA), got q {tuple(Q.shape)} and "
+                             f"k {tuple(K.shape)}; repeat k and v's heads, or use flash_attention")
+        for name, tile in (("tile_q", tile_q), ("tile_k", tile_k)):
+            if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+                raise ValueError(f"{name} must be a positive int (rows per tile), got {tile!r}")
         n_q, n_k = Q.shape[-2], K.shape[-2]
-        scale = 1.0 / math.sqrt(Q.shape[-1]) if scale is None else float(scale)
+        scale = check_scale(scale, Q.shape[-1])
         diag = n_k - n_q  # query i sees key j iff j <= i + diag (when causal)
         O = torch.empty_like(Q)
         L = torch.empty(Q.shape[:-1], device=Q.device, dtype=torch.float32)

@@ -76,11 +76,12 @@ def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor, batch: int | None 
     return alibi_slopes if alibi_slopes.stride(-1) == 1 else alibi_slopes.contiguous()
 
 
-def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
+def check_inputs(q: object, k: object, v: object, *, is_causal: object, kernels: bool = True) -> None:
     """Validate q (..., Nq, D), k and v (..., Nk, D).
 
     Leading dims must match, except that for inputs of rank >= 4 dim -3 is the head dim and q may have
-    a multiple of k's heads (grouped-query attention).
+    a multiple of k's heads (grouped-query attention). `kernels=False` (the PyTorch implementations)
+    skips what only the Triton kernels need: a CUDA device, the head-dim and grid limits.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -102,7 +103,7 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
     for name, x in (("k", k), ("v", v)):
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}; put q, k and v on one device")
-    if q.device.type != "cuda" and not _interpreter.is_active():
+    if kernels and q.device.type != "cuda" and not _interpreter.is_active():
         raise ValueError(
             f"q, k and v are on {q.device}, but the kernels run on CUDA GPUs; move them with .cuda(), or set "
             "TRITON_INTERPRET=1 before importing flashtriton to run the kernels through Triton's interpreter")
@@ -111,7 +112,7 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
     if k.shape[-1] != head_dim or v.shape[-1] != head_dim:
         raise ValueError(f"head dims differ: q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]}; "
                          "q, k and v need the same last dim")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
+    if kernels and not 1 <= head_dim <= MAX_HEAD_DIM:
         raise NotImplementedError(f"head_dim {head_dim} is not supported; it must be between 1 and {MAX_HEAD_DIM}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
@@ -127,6 +128,8 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object) -> None:
     elif q.shape[:-2] != k.shape[:-2]:
         raise ValueError(f"leading dims differ: q {tuple(q.shape[:-2])} vs k {tuple(k.shape[:-2])}")
 
+    if not kernels:
+        return
     heads = q.shape[-3] if q.dim() >= 4 else 1
     batch = math.prod(q.shape[:-3]) if q.dim() >= 4 else math.prod(q.shape[:-2])
     for name, value in (("heads", heads), ("batch (the product of the leading dims)", batch)):
