@@ -84,3 +84,13 @@ def test_cu_seqlens_are_read_once_per_tensor_version(monkeypatch):
     with pytest.raises(ValueError, match="max_seqlen_q must be an int >= the longest"):
         flash_attention_varlen(q, k, v, cu_q, cu_k, 6, 5)
     assert reads
+
+
+def test_strided_cu_seqlens_read_like_contiguous_ones():
+    q, k, v, cu_q, cu_k = _packed([4, 6, 3], [5, 5, 2], 2, 2, 16, torch.float32)
+    o = flash_attention_varlen(q, k, v, cu_q, cu_k, 6, 5, is_causal=True)
+    strided_q = torch.stack([cu_q, torch.full_like(cu_q, -7)], dim=1)[:, 0]  # stride 2, junk in between
+    strided_k = torch.stack([cu_k, torch.full_like(cu_k, 99)], dim=1)[:, 0]
+    assert strided_q.stride(0) == 2
+    torch.testing.assert_close(flash_attention_varlen(q, k, v, strided_q, strided_k, 6, 5, is_causal=True), o,
+                               rtol=0, atol=0)

@@ -562,7 +562,9 @@ class FlashAttentionVarlen(torch.autograd.Function):
                 dropout_p=0.0):
         check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal)
         mods = _checked_mods(q, scale, window_size, softcap, alibi_slopes, dropout_p, batch=len(cu_seqlens_q) - 1)
-        mods["varlen"] = Varlen(cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
+        # The kernels index cu_seqlens with unit stride: a strided view is copied (once, a few bytes).
+        mods["varlen"] = Varlen(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q),
+                                int(max_seqlen_k))
         q, k, v = (last_dim_contiguous(x) for x in (q, k, v))
         o4, lse4 = attention_forward(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), is_causal, **mods)
         o, lse = o4[0].permute(1, 0, 2), lse4[0]
