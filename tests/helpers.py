@@ -66,15 +66,16 @@ def reference_per_sequence(q, k, v, cu_q, cu_k, upcast, **kwargs):
     return torch.cat(outs), torch.cat(lses, dim=-1)
 
 
-def failed_checks(o, lse, grads, inputs, do, reference, factor=2.0) -> list[str]:
+def failed_checks(o, lse, grads, inputs, do, reference, factor=2.0, packed=False) -> list[str]:
     """Bound a call's O, L and gradients of `inputs` (q, k, v) against `reference(q, k, v, upcast) -> (o, lse)`
     in float64, each by `factor` times the error of the same reference run in the inputs' precision; also
-    L = -inf exactly on the rows that see no key. Returns the failures, as text."""
+    L = -inf exactly on the rows that see no key. `packed`: flash_attention_varlen's layouts (o (total, H,
+    D), lse (H, total)). Returns the failures, as text."""
     q, k, v = inputs
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in inputs)
     o64, lse64 = reference(q64, k64, v64, True)
     ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double(), allow_unused=True, retain_graph=True)
-    slack = o_rounding_slack(o, do, o64, lse64, (q64, k64, v64)) if o.numel() else [0.0] * 3
+    slack = o_rounding_slack(o, do, o64, lse64, (q64, k64, v64), packed) if o.numel() else [0.0] * 3
     low_o, low_lse = reference(q, k, v, False)
     low_grads = torch.autograd.grad(low_o, (q, k, v), do, allow_unused=True)
     finite = torch.isfinite(lse64)

@@ -57,23 +57,24 @@ def bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, 
 
 
 def o_rounding_slack(o: torch.Tensor, do: torch.Tensor, o64: torch.Tensor, lse64: torch.Tensor,
-                     inputs64: tuple[torch.Tensor, ...]) -> list[float]:
+                     inputs64: tuple[torch.Tensor, ...], packed: bool = False) -> list[float]:
     """What FlashAttention's backward owes to the rounding of O, per input of `inputs64` (float64 leaves
     of the reference's graph, which must still be alive): the backward takes D = rowsum(dO * O) from the
     O it returned, in the inputs' precision, so each dS_ij = P_ij (dP_ij - D_i) is off by -P_ij dD_i with
     dD_i = rowsum(dO * (O - O64)). Since P_ij = dL_i / ds_ij, that error is exactly the gradient of
-    -sum_i dD_i L_i, computed here through the reference's L. Plain attention does not have it (its
+    -sum_i dD_i L_i, computed here through the reference's L (`packed`: o is (total, H, D) and L (H, total),
+    flash_attention_varlen's layouts; else L is o.shape[:-1]). Plain attention does not have it (its
     softmax backward uses P), and it dominates where the true dS is ~0, e.g. a row with one key."""
     if not lse64.requires_grad:  # no key anywhere: no dS to be off
         return [0.0] * len(inputs64)
     delta_err = (do.double() * (o.double() - o64.detach())).sum(-1)
-    if delta_err.dim() == 2 and delta_err.shape != lse64.shape:  # packed: o (total, H, D), L (H, total)
+    if packed:
         delta_err = delta_err.transpose(0, 1)
     # Plus float32 noise: D and each dP_ij are sums of D products taken in different orders, which differ
     # by a few roundings of the terms' size even where O is exact (one key: O = V). Weighted by a generous
     # 8 roundings of sum |dO * O|, taken through the same gradient with its sign dropped.
     noise = 8 * 2.0**-24 * (do.double() * o64.detach()).abs().sum(-1)
-    if noise.dim() == 2 and noise.shape != lse64.shape:
+    if packed:
         noise = noise.transpose(0, 1)
     finite = torch.isfinite(lse64.detach())
     delta_err = torch.where(finite, delta_err, torch.zeros_like(delta_err))
