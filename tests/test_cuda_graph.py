@@ -24,6 +24,20 @@ def _captured(step):
     return graph, outs
 
 
+def _assert_replays_like_eager(step, inputs, replays=2):
+    """Capture `step`, then `replays` times write fresh values into `inputs` (the captured tensors),
+    replay, and compare with an eager `step()`: the same kernels in the same order, so bit for bit."""
+    graph, outs = _captured(step)
+    for _ in range(replays):
+        with torch.no_grad():
+            for x in inputs:
+                x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(outs, step(), strict=True):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_dense_forward_and_backward_replay_like_eager(is_causal):
     q, k, v = (torch.randn(2, 4, 97, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -34,15 +48,7 @@ def test_dense_forward_and_backward_replay_like_eager(is_causal):
         o = flash_attention(q, k, v, is_causal=is_causal, window_size=(40, -1), softcap=20.0)
         return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
 
-    graph, outs = _captured(step)
-    for _ in range(2):  # fresh inputs each replay, written into the captured tensors
-        with torch.no_grad():
-            for x in (q, k, v, do):
-                x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        for got, want in zip(outs, step(), strict=True):
-            torch.testing.assert_close(got, want, atol=0, rtol=0)  # same kernels, same order: bitwise
+    _assert_replays_like_eager(step, (q, k, v, do))
 
 
 def test_varlen_forward_and_backward_replay_like_eager():
@@ -57,11 +63,4 @@ def test_varlen_forward_and_backward_replay_like_eager():
         o = flash_attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), is_causal=True)
         return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
 
-    graph, outs = _captured(step)
-    with torch.no_grad():
-        for x in (q, k, v, do):
-            x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    for got, want in zip(outs, step(), strict=True):
-        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    _assert_replays_like_eager(step, (q, k, v, do), replays=1)

@@ -58,6 +58,24 @@ def _dropout_mask(kwargs, seed, batch, heads_q, seqlen_q, seqlen_k):
                             kwargs["dropout_p"])
 
 
+def _check_call(call, inputs, reference, kwargs, seed, mask_shape, label, packed=False):
+    """Run `call(q, k, v, return_lse=True, **kwargs)` forward and backward and bound O, L and the gradients
+    against `reference(q, k, v, upcast, **kwargs)` with the dropout mask the call drew (mask_shape: batch,
+    heads, max Nq, max Nk). An input that no output reaches (an empty packed batch) has zero gradient."""
+    torch.manual_seed(seed)
+    o, lse = call(*inputs, return_lse=True, **kwargs)
+    ref_kwargs = {**kwargs, "dropout_mask": _dropout_mask(kwargs, seed, *mask_shape)}
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, inputs, do, allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
+
+    def bound_reference(q, k, v, upcast):
+        return reference(q, k, v, upcast=upcast, **ref_kwargs)
+
+    failed = failed_checks(o, lse, grads, inputs, do, bound_reference, packed=packed)
+    assert not failed, f"{label} {kwargs}: " + "; ".join(failed)
+
+
 @st.composite
 def dense_cases(draw):
     batch, heads_kv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
@@ -77,18 +95,8 @@ def test_fuzz_dense_against_reference(case):
                            requires_grad=True)
                for h, n in ((shape["heads_q"], shape["seqlen_q"]), (shape["heads_kv"], shape["seqlen_k"]),
                             (shape["heads_kv"], shape["seqlen_k"])))
-    torch.manual_seed(seed)
-    o, lse = flash_attention(q, k, v, return_lse=True, **kwargs)
-    mask = _dropout_mask(kwargs, seed, shape["batch"], shape["heads_q"], shape["seqlen_q"], shape["seqlen_k"])
-    do = torch.randn_like(o)
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    ref_kwargs = {**kwargs, "dropout_mask": mask}
-
-    def reference(q, k, v, upcast):
-        return attention_ref(q, k, v, upcast=upcast, **ref_kwargs)
-
-    failed = failed_checks(o, lse, grads, (q, k, v), do, reference)
-    assert not failed, f"{shape} {kwargs}: " + "; ".join(failed)
+    _check_call(flash_attention, (q, k, v), attention_ref, kwargs, seed,
+                (shape["batch"], shape["heads_q"], shape["seqlen_q"], shape["seqlen_k"]), f"{shape}")
 
 
 @st.composite
@@ -110,16 +118,12 @@ def test_fuzz_varlen_against_reference(case):
     q, k, v, cu_q, cu_k = packed_qkv(shape["lengths_q"], shape["lengths_k"], shape["heads_q"], shape["heads_kv"],
                                      shape["head_dim"], shape["dtype"])
     max_q, max_k = max(shape["lengths_q"]), max(shape["lengths_k"])
-    torch.manual_seed(seed)
-    o, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True, **kwargs)
-    mask = _dropout_mask(kwargs, seed, len(shape["lengths_q"]), shape["heads_q"], max_q, max_k)
-    do = torch.randn_like(o)
-    grads = torch.autograd.grad(o, (q, k, v), do, allow_unused=True)
-    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, (q, k, v), strict=True)]
-    ref_kwargs = {**kwargs, "dropout_mask": mask}
 
-    def reference(q, k, v, upcast):
-        return reference_per_sequence(q, k, v, cu_q, cu_k, upcast, **dict(ref_kwargs))
+    def call(q, k, v, **kw):
+        return flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
 
-    failed = failed_checks(o, lse, grads, (q, k, v), do, reference, packed=True)
-    assert not failed, f"{shape} {kwargs}: " + "; ".join(failed)
+    def reference(q, k, v, upcast, **kw):
+        return reference_per_sequence(q, k, v, cu_q, cu_k, upcast, **kw)
+
+    _check_call(call, (q, k, v), reference, kwargs, seed,
+                (len(shape["lengths_q"]), shape["heads_q"], max_q, max_k), f"{shape}", packed=True)
