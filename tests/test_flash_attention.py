@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton import FlashAttentionTriton, attention_ref, flash_attention
+from flashtriton import FlashAttentionTriton, attention_ref, flash_attention, ops
 from flashtriton.ops import attention_forward
 from flashtriton.testing import bounded
 from flashtriton.tuning import TileConfig
@@ -46,6 +46,17 @@ def test_head_dims(head_dim, is_causal, dtype):
 def test_grouped_query_heads(heads_q, heads_kv, is_causal):
     q, k, v = make_qkv(2, heads_q, heads_kv, 45, 61, 32, torch.float16, DEVICE)
     check_against_reference(_flash(is_causal), q, k, v, is_causal)
+
+
+@pytest.mark.parametrize("heads_per_group", [1, 2, 4], ids=lambda g: f"group{g}")
+@pytest.mark.parametrize("heads_q,heads_kv", [(3, 3), (6, 2)], ids=["MHA", "GQA"])
+def test_causal_launch_order_covers_every_tile(monkeypatch, heads_q, heads_kv, heads_per_group):
+    """Causal launches take (batch, head) pairs in groups that share the L2 (program_tile). The interpreter
+    models a 50 MB L2, so small problems fit one group: force small ones, with a short last group (2 x 3
+    pairs in groups of 4), so that every kernel must still visit each tile exactly once."""
+    monkeypatch.setattr(ops, "_heads_per_group", lambda *args: heads_per_group)
+    q, k, v = make_qkv(2, heads_q, heads_kv, 70, 90, 32, torch.float16, DEVICE)
+    check_against_reference(_flash(True), q, k, v, True)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -186,21 +197,25 @@ def test_forward_tile_configs(config, is_causal, dtype):
         assert check.ok, str(check)
 
 
-BWD_CONFIGS = [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True)),
-               (TileConfig(16, 32), TileConfig(32, 16, use_tma=True))]
+BWD_CONFIGS = [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True), 64),
+               (TileConfig(16, 32), TileConfig(32, 16, use_tma=True), 64),
+               (TileConfig(16, 32, use_tma=True), TileConfig(32, 16), 128)]
 if ON_GPU:
-    BWD_CONFIGS = [(TileConfig(32, 128, 4, 3, use_tma=True), TileConfig(128, 32, 4, 3, use_tma=True)),
-                   (TileConfig(64, 128, 8, 2, use_tma=True), TileConfig(128, 64, 8, 2)),
-                   (TileConfig(64, 64, 4, 3, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True))]
+    BWD_CONFIGS = [(TileConfig(32, 128, 4, 3, use_tma=True), TileConfig(128, 32, 4, 3, use_tma=True), 64),
+                   (TileConfig(64, 128, 8, 2, use_tma=True), TileConfig(128, 64, 8, 2), 64),
+                   (TileConfig(64, 64, 4, 3, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True), 64),
+                   # D=128 causal's autotuner candidates
+                   (TileConfig(64, 128, 8, 3, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True), 128)]
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(70, 93), (93, 70)] if not ON_GPU else [(700, 929), (929, 700)])
-@pytest.mark.parametrize("configs", BWD_CONFIGS, ids=lambda c: f"{c[0].name}+{c[1].name}")
+@pytest.mark.parametrize("configs", BWD_CONFIGS, ids=lambda c: f"{c[0].name}+{c[1].name}-D{c[2]}")
 def test_backward_tile_configs(configs, seqlen_q, seqlen_k, is_causal):
-    """The backward's data paths (block pointers, and the experimental TMA loads) with GQA and odd sizes."""
-    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, 64, torch.bfloat16, DEVICE)
-    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, is_causal, configs),
+    """The backward's data paths (block pointers, and the TMA loads) with GQA and odd sizes."""
+    dkdv_config, dq_config, head_dim = configs
+    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
+    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, is_causal, (dkdv_config, dq_config)),
                             q, k, v, is_causal)
 
 

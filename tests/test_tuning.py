@@ -60,23 +60,33 @@ def test_autotuned_forward_matches_reference_and_keys_by_bucket(is_causal):
     assert len(tuner.cache) == 2  # (17, 29) and (3, 31) share a bucket: tuned once
 
 
+@pytest.mark.parametrize("causal_order", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
 @pytest.mark.parametrize("head_dim,dtype,with_tma", [(64, torch.bfloat16, True), (64, torch.bfloat16, False),
                                                      (128, torch.bfloat16, True), (96, torch.float32, True),
                                                      (256, torch.float16, True)])
-def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dtype, with_tma):
+def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dtype, with_tma, causal_order):
     q = torch.empty(1, 1, 8, head_dim, dtype=dtype)
+    tile = tuning.backward_tma_tile(kernel, head_dim, dtype, causal_order)
+    args = {"Q": q}
+    if with_tma and tile is not None:  # the launcher builds the descriptors at the launch's TMA tile
+        bm, bn = tile
+        strides = [list(q.stride())] * 4
+        args.update(zip(("desc_q", "desc_k", "desc_v", "desc_do"),
+                        ops._descriptors((q,) * 4, strides, (bm, bn, bn, bm), tuning.block_d(head_dim)),
+                        strict=True))
     autotuned = {"dkdv": tuning.attn_bwd_dkdv_autotuned, "dq": tuning.attn_bwd_dq_autotuned}[kernel]
     configs = autotuned[with_tma].configs
-    cfgs = [tuning.tile_config_of(c) for c in autotuned[with_tma].early_config_prune(configs, {"Q": q},
+    cfgs = [tuning.tile_config_of(c) for c in autotuned[with_tma].early_config_prune(configs, args,
                                                                                       HEAD_DIM=head_dim)]
     wanted = tuning.BACKWARD_CANDIDATES[kernel][tuning.width_class(head_dim, dtype)]
     assert cfgs and all(c in wanted for c in cfgs)
     static = tuning.backward_configs(head_dim, dtype, torch.device("cuda"))[0 if kernel == "dkdv" else 1]
     assert all(c == static or tuning.why_pruned_backward(kernel, c, head_dim, dtype, SMEM) is None for c in cfgs)
-    tile = tuning.backward_tma_tile(kernel, head_dim, dtype)
     assert any(c.use_tma for c in cfgs) == (with_tma and tile is not None)
-    assert all((c.block_m, c.block_n) == tile for c in cfgs if c.use_tma)
+    assert all((c.block_m, c.block_n) == tile for c in cfgs if c.use_tma)  # the descriptors' tile only
+    if kernel == "dkdv" and head_dim == 128 and with_tma:  # the causal sweep's winner, on TMA (NOTES 19)
+        assert (TileConfig(64, 128, 8, 3, True) in cfgs) == causal_order
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])

@@ -92,14 +92,17 @@ def _score_mods(scale: float, softcap: float, alibi_slopes: torch.Tensor | None)
     return 0.0, 0.0, stride_b
 
 
-def _heads_per_group(k: torch.Tensor, group_size: int, causal_order: bool) -> int:
-    """How many (batch, query head) pairs a causal launch groups together (see program_tile): as many as
-    have their K and V fit in three quarters of the L2 (query heads of one GQA group share theirs).
-    Other launches (not `causal_order`: no band, or one bounded on the left) ignore it."""
+def _heads_per_group(streamed: torch.Tensor, heads_per_stream: float, causal_order: bool) -> int:
+    """How many (batch, head) pairs a causal launch groups together (see program_tile): as many as have
+    the tiles they stream fit in three quarters of the L2. Each pair streams two tensors shaped like
+    `streamed`'s heads (K and V for the forward and dQ; Q and dO for dK/dV), shared by `heads_per_stream`
+    pairs (the query heads of a GQA group share K and V; a dK/dV program streams Q and dO of its whole
+    group: 1 / group size). Other launches (not `causal_order`: no band, or one bounded on the left)
+    ignore it."""
     if not causal_order:
         return 1
-    l2_bytes = _cuda_properties(k.device.index).L2_cache_size if k.device.type == "cuda" else 50 * 2**20
-    per_head = max(1, 2 * k.shape[2] * k.shape[3] * k.element_size() // group_size)
+    l2_bytes = _cuda_properties(streamed.device.index).L2_cache_size if streamed.device.type == "cuda" else 50 * 2**20
+    per_head = max(1, int(2 * streamed.shape[2] * streamed.shape[3] * streamed.element_size() / heads_per_stream))
     return max(1, 3 * l2_bytes // 4 // per_head)
 
 
@@ -341,7 +344,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     optional = (alibi_slopes, *cu_seqlens, dropout_seed)  # the variants' pointers (None where off)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, *optional)
     dkdv_rest = (*_bhr_strides(q, k, v, do, dk, dv, varlen=varlen), heads_kv, seqlen_q, seqlen_k, window_left,
-                 window_right, scale, scale * LOG2E, *mods, bucket)
+                 window_right, scale, scale * LOG2E, *mods, _heads_per_group(q, 1 / group, causal_order), bucket)
     dq_args = (q, k, v, do, lse, delta, dq, *optional)
     dq_rest = (*_bhr_strides(q, k, v, do, dq, varlen=varlen), heads_q, seqlen_q, seqlen_k, window_left,
                window_right, scale, scale * LOG2E, *mods, _heads_per_group(k, group, causal_order), bucket)
@@ -358,11 +361,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         bm, bn = tile
         return _descriptors((q, k, v, do), tma_strides, (bm, bn, bn, bm), bd)
 
-    # Each kernel's TMA candidates share one tile, so the descriptors exist before the pick. A packed
+    # A launch's TMA candidates share one tile (per kernel, width and mask: backward_tma_tile), so the
+    # descriptors exist before the pick and the pruner keeps the candidates of their tile. A packed
     # batch takes block pointers: a tile past a sequence's end would read into the next one.
     if autotune:
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
-        tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
+        tiles = [backward_tma_tile(kernel, head_dim, q.dtype, causal_order) for kernel in ("dkdv", "dq")]
         tuners = []
         for tile, autotuned, grid, args, rest, wanted in (
                 (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),

@@ -123,7 +123,8 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "tuning_seqlen", "stride_alibi_b"])
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
+                                             "stride_alibi_b"])
 def attn_bwd_dkdv_kernel(
     # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q) or (Hq, total_q) with VARLEN; ALIBI_SLOPES,
     # CU_SEQLENS_Q/K and SEED as in the forward
@@ -143,6 +144,7 @@ def attn_bwd_dkdv_kernel(
     scale, qk_scale_log2,
     softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
     dropout_p,
+    heads_per_group,  # causal launch order: (batch, key/value head) pairs that share the L2 (see program_tile)
     tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
@@ -155,7 +157,7 @@ def attn_bwd_dkdv_kernel(
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    b32, hkv32, pid_n = program_tile(False, 1)  # causal: key tile 0 is seen by the most queries: first
+    b32, hkv32, pid_n = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group, KEY_TILES=True)
     off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)

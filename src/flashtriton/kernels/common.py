@@ -20,19 +20,20 @@ SEQLEN_ARGS = ["seqlen_q", "seqlen_k"]
 
 
 @triton.jit
-def program_tile(CAUSAL_QUERY_TILES: tl.constexpr, heads_per_group):
+def program_tile(CAUSAL_ORDER: tl.constexpr, heads_per_group, KEY_TILES: tl.constexpr = False):
     """(batch, head, tile along the sequence) of this program, on a grid of (tiles, heads, batch).
 
     Programs start roughly in launch order (grid axis 0 fastest). Two things decide which order is best:
     - L2 reuse: programs of one head share its K/V (or, for dK/dV, Q/dO). If the programs running at one
       time cover ~100 heads, those tensors outgrow the 50 MB L2 and stream from HBM once per program. So
       tiles run fastest: the resident programs cover one or two heads.
-    - Causal balance: causal query tiles grow with their index (later rows see more keys). Launched in
-      index order, or even longest-first within each head, the long tiles of the last heads start near
-      the end and run alone. So causal programs go through heads in groups of `heads_per_group` (as many
-      (batch, head) pairs as share the L2) and, within a group, take every head's longest tile first.
+    - Causal balance: causal tiles differ in length (a query tile sees more keys the later it is; a key
+      tile is seen by more queries the earlier it is, KEY_TILES). Launched in index order, or even
+      longest-first within each head, the long tiles of the last heads start near the end and run alone.
+      So causal programs go through heads in groups of `heads_per_group` (as many (batch, head) pairs as
+      share the L2) and, within a group, take every head's longest tile first.
     """
-    if CAUSAL_QUERY_TILES:
+    if CAUSAL_ORDER:
         tiles = tl.num_programs(0)
         heads = tl.num_programs(1)
         launch = tl.program_id(0) + tiles * (tl.program_id(1) + heads * tl.program_id(2))
@@ -41,7 +42,10 @@ def program_tile(CAUSAL_QUERY_TILES: tl.constexpr, heads_per_group):
         group_heads = tl.minimum(heads_per_group, heads * tl.num_programs(2) - first_bh)  # the last is short
         rank = launch - group * heads_per_group * tiles
         bh = first_bh + rank % group_heads
-        return bh // heads, bh % heads, tiles - 1 - rank // group_heads
+        longest_first = rank // group_heads
+        if not KEY_TILES:
+            longest_first = tiles - 1 - longest_first
+        return bh // heads, bh % heads, longest_first
     return tl.program_id(2), tl.program_id(1), tl.program_id(0)
 
 
