@@ -77,7 +77,7 @@ def test_cu_seqlens_are_read_once_per_tensor_version(monkeypatch):
     q, k, v, cu_q, cu_k = _packed([4, 6], [5, 5], 2, 2, 16, torch.float32)
     flash_attention_varlen(q, k, v, cu_q, cu_k, 6, 5)
     reads = []
-    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or list(map(int, self.numpy())))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or list(map(int, self.cpu().numpy())))
     flash_attention_varlen(q, k, v, cu_q, cu_k, 6, 5)
     assert reads == []  # the same, unmodified tensors: remembered
     cu_q[1] = 7  # an in-place write bumps the version: read again, and the bad total is caught
