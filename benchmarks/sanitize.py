@@ -14,11 +14,13 @@ import torch
 from flashtriton import flash_attention_varlen, ops
 
 
-def _call(q, k, v, causal, tma, **mods) -> None:
-    """Forward and backward with the static tiles of q's head dim, on the chosen data path."""
+def _call(q, k, v, causal, tma, bwd=None, **mods) -> None:
+    """Forward and backward with the static tiles of q's head dim (or the backward tiles `bwd`), on the
+    chosen data path."""
     device, head_dim = q.device, q.shape[-1]
     fwd = dataclasses.replace(ops.forward_config(head_dim, q.dtype, device, use_tma=False), use_tma=tma)
-    bwd = tuple(dataclasses.replace(c, use_tma=tma) for c in ops.backward_configs(head_dim, q.dtype, device))
+    if bwd is None:
+        bwd = tuple(dataclasses.replace(c, use_tma=tma) for c in ops.backward_configs(head_dim, q.dtype, device))
     o, lse = ops.attention_forward(q, k, v, causal, head_dim ** -0.5, config=fwd, autotune=False, **mods)
     grads = ops.attention_backward(torch.randn_like(o), q, k, v, o, lse, causal, head_dim ** -0.5,
                                    configs=bwd, autotune=False, **mods)
@@ -48,6 +50,11 @@ def main() -> None:
             _call(q, k, v, True, tma, window=(9, 3), softcap=20.0, alibi_slopes=torch.rand(4, device=device))
             _call(q, k, v, True, tma, dropout_p=0.2, dropout_seed=ops.new_dropout_seed(device))
             calls += 2
+        # the autotuner's D=128 causal dK/dV tile on TMA (64 x 128), which the static tables never take
+        causal_tma = (ops.TileConfig(64, 128, 8, 3, True), ops.TileConfig(128, 64, 8, 3, True))
+        for seqlen_q, seqlen_k in shapes:
+            _call(*qkv(seqlen_q, seqlen_k, 128), True, True, bwd=causal_tma)
+            calls += 1
         lengths = [0, 17, 1, 130, 63]
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
         q = torch.randn(sum(lengths), 4, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
