@@ -199,7 +199,10 @@ def test_forward_tile_configs(config, is_causal, dtype):
 
 BWD_CONFIGS = [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True), 64),
                (TileConfig(16, 32), TileConfig(32, 16, use_tma=True), 64),
-               (TileConfig(16, 32, use_tma=True), TileConfig(32, 16), 128)]
+               (TileConfig(16, 32, use_tma=True), TileConfig(32, 16), 128),
+               # 128 keys per dK/dV tile: its one-loop form, with the causal edge tiles masked tile by tile
+               (TileConfig(16, 128, use_tma=True), TileConfig(32, 16), 32),
+               (TileConfig(16, 128), TileConfig(32, 16), 32)]
 if ON_GPU:
     BWD_CONFIGS = [(TileConfig(32, 128, 4, 3, use_tma=True), TileConfig(128, 32, 4, 3, use_tma=True), 64),
                    (TileConfig(64, 128, 8, 2, use_tma=True), TileConfig(128, 64, 8, 2), 64),

@@ -8,7 +8,10 @@ compiled exactly as on the H200 but not launched. From each compiled kernel it r
 - registers per thread, stack and local memory (spills) from `cuobjdump --dump-resource-usage`;
 - dynamic shared memory from the kernel's metadata;
 - how many matrix instructions of each kind the SASS holds: HGMMA is Hopper's warp-group MMA (wgmma),
-  HMMA the older per-warp tensor-core instruction. A Hopper attention kernel should show HGMMA only.
+  HMMA the older per-warp tensor-core instruction. A Hopper attention kernel should show HGMMA only;
+- how many waits on them (`WARPGROUP.DEPBAR`), and whether ptxas serialised them: its advisory C7515,
+  which Triton does not show, read by running ptxas on the PTX again. A serialised kernel waits after
+  every HGMMA, so no matrix product overlaps anything (NOTES entry 31).
 
 Triton ships `cuobjdump` and `nvdisasm` with its NVIDIA backend, so this runs on any machine with Triton.
 """
@@ -103,6 +106,8 @@ class KernelReport:
     shared_bytes: int
     hgmma: int
     hmma: int
+    wgmma_waits: int
+    wgmma_serialized: bool
 
 
 def _resource_usage(cubin: bytes) -> dict[str, int]:
@@ -115,13 +120,25 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     return {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out)}
 
 
+def _wgmma_serialized(ptx: str) -> bool:
+    """Whether ptxas serialises the kernel's wgmma instructions (advisory C7515), from a second ptxas run."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run([tool, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
+                             text=True, check=True)
+    return "C7515" in out.stdout + out.stderr
+
+
 def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool, config: str) -> KernelReport:
     usage = _resource_usage(compiled.asm["cubin"])
     sass = compiled.asm["sass"]
     return KernelReport(name, head_dim, str(dtype).removeprefix("torch."), causal, config,
                         usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
                         compiled.metadata.shared, len(re.findall(r"\bHGMMA\.", sass)),
-                        len(re.findall(r"\bHMMA\.", sass)))
+                        len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
+                        _wgmma_serialized(compiled.asm["ptx"]))
 
 
 def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
@@ -174,8 +191,10 @@ def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
 
 
 def markdown(reports: list[KernelReport]) -> str:
-    lines = ["| kernel | D | dtype | causal | tiles | regs | spill (stack+local B) | smem B | HGMMA | HMMA |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | D | dtype | causal | tiles | regs | spill (stack+local B) | smem B | HGMMA | HMMA "
+             "| wgmma waits | serialised |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.kernel} | {r.head_dim} | {r.dtype} | {r.causal} | {r.config} | {r.registers} | "
-              f"{r.stack_bytes + r.local_bytes} | {r.shared_bytes} | {r.hgmma} | {r.hmma} |" for r in reports]
+              f"{r.stack_bytes + r.local_bytes} | {r.shared_bytes} | {r.hgmma} | {r.hmma} | {r.wgmma_waits} | "
+              f"{'yes' if r.wgmma_serialized else 'no'} |" for r in reports]
     return "\n".join(lines)

@@ -58,8 +58,9 @@ def bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, 
 
 def o_rounding_slack(o: torch.Tensor, do: torch.Tensor, o64: torch.Tensor, lse64: torch.Tensor,
                      inputs64: tuple[torch.Tensor, ...], packed: bool = False) -> list[float]:
-    """What FlashAttention's backward owes to the rounding of O, per input of `inputs64` (float64 leaves
-    of the reference's graph, which must still be alive): the backward takes D = rowsum(dO * O) from the
+    """What FlashAttention's backward owes to its own roundings, per input of `inputs64` (float64 leaves
+    of the reference's graph, which must still be alive; `o64` must be that graph's output). First, the
+    rounding of O: the backward takes D = rowsum(dO * O) from the
     O it returned, in the inputs' precision, so each dS_ij = P_ij (dP_ij - D_i) is off by -P_ij dD_i with
     dD_i = rowsum(dO * (O - O64)). Since P_ij = dL_i / ds_ij, that error is exactly the gradient of
     -sum_i dD_i L_i, computed here through the reference's L (`packed`: o is (total, H, D) and L (H, total),
@@ -81,10 +82,23 @@ def o_rounding_slack(o: torch.Tensor, do: torch.Tensor, o64: torch.Tensor, lse64
     noise = torch.where(finite, noise, torch.zeros_like(noise))
     exact = torch.autograd.grad(lse64, inputs64, -delta_err, retain_graph=True, allow_unused=True)
     rough = torch.autograd.grad(lse64, inputs64, noise, retain_graph=True, allow_unused=True)
+    # And P itself: the backward recomputes P_ij = exp2(s_ij c - L_i c) in float32 from L stored in float32,
+    # so P_ij is off by a relative ~(|s_ij| + |L_i|) 2^-24 a few times over; where P_ij matters, |s_ij| is
+    # within ~17 of |L_i|. Relative errors eps_ij of P move dV_j by sum_i eps_ij P_ij dO_i, which the
+    # gradient of O with the upstream |dO| eps_i bounds exactly (P >= 0); for dQ and dK the same gradient
+    # is an estimate of the size (their terms carry dS_ij, of either sign), doubled. It matters in float32
+    # only (the fuzzer found dV 1.97e-5 against 1.71e-5 at D=128, scale 1.625, |L| ~ 60).
+    eps = 4 * 2.0**-24 * (2 * lse64.detach().abs() + 17)
+    eps = torch.where(finite, eps, torch.zeros_like(eps))
+    if packed:
+        eps = eps.transpose(0, 1)
+    recompute = torch.autograd.grad(o64, inputs64, do.double().abs() * eps[..., None], retain_graph=True,
+                                    allow_unused=True)
 
     def size(g):
         return 0.0 if g is None or not g.numel() else torch.nan_to_num(g, nan=0.0).abs().max().item()
-    return [size(e) + size(r) for e, r in zip(exact, rough, strict=True)]
+    return [size(e) + size(r) + (1 if i == 2 else 2) * size(p)
+            for i, (e, r, p) in enumerate(zip(exact, rough, recompute, strict=True))]
 
 
 def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,

@@ -67,14 +67,16 @@ def attn_bwd_preprocess_kernel(
 def _dkdv_inner(
     dk, dv, k, v,
     q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
-    lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2,
-    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
+    lse_ptr, delta_ptr, start, end, unmasked_start, unmasked_end, offs_n, seqlen_q, band_lo, band_hi,
+    qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+    EDGES: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
-    ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands."""
+    ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands. MASKED: every tile takes the
+    band's mask and bounds-checked loads; EDGES: the loads are bounds-checked and the tiles outside
+    [unmasked_start, unmasked_end) take the mask, decided tile by tile; neither: no mask at all."""
     q_ptr = tl.advance(q_ptr, (start, 0))
     do_ptr = tl.advance(do_ptr, (start, 0))
     for start_m in range(start, end, BLOCK_M):
@@ -83,9 +85,9 @@ def _dkdv_inner(
             q = load_desc_rows(desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
             do = load_desc_rows(desc_do, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
         else:
-            q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-            do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-        if MASKED:
+            q = load_tile(q_ptr, MASKED or EDGES, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+            do = load_tile(do_ptr, MASKED or EDGES, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+        if MASKED or EDGES:
             # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
             lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
             delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
@@ -101,10 +103,11 @@ def _dkdv_inner(
             p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
         # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here. Keys past
         # seqlen_k need no mask: their dK and dV rows are never stored.
-        if MASKED and MASK_RIGHT:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + band_hi, p_t, 0.0)
-        if MASKED and MASK_LEFT:
-            p_t = tl.where(offs_n[:, None] >= offs_m[None, :] + band_lo, p_t, 0.0)
+        if MASKED:
+            p_t = _band_mask_t(p_t, offs_m, offs_n, band_lo, band_hi, MASK_LEFT, MASK_RIGHT)
+        elif EDGES and (MASK_LEFT or MASK_RIGHT):
+            if (start_m < unmasked_start) | (start_m >= unmasked_end):
+                p_t = _band_mask_t(p_t, offs_m, offs_n, band_lo, band_hi, MASK_LEFT, MASK_RIGHT)
         if DROPOUT:  # the forward's mask (same Philox counters); O used P * keep / (1 - p)
             keep_t = dropout_keep(seed, bh, offs_m[None, :], offs_n[:, None], dropout_p)
             dv = tl.dot((tl.where(keep_t, p_t, 0.0) * (1.0 / (1.0 - dropout_p))).to(do.dtype), do, dv,
@@ -121,6 +124,16 @@ def _dkdv_inner(
         q_ptr = tl.advance(q_ptr, (BLOCK_M, 0))
         do_ptr = tl.advance(do_ptr, (BLOCK_M, 0))
     return dk, dv
+
+
+@triton.jit
+def _band_mask_t(p_t, offs_m, offs_n, band_lo, band_hi, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr):
+    """p_t ([keys, queries]) with 0 where query i does not see key j."""
+    if MASK_RIGHT:
+        p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + band_hi, p_t, 0.0)
+    if MASK_LEFT:
+        p_t = tl.where(offs_n[:, None] >= offs_m[None, :] + band_lo, p_t, 0.0)
+    return p_t
 
 
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
@@ -157,6 +170,16 @@ def attn_bwd_dkdv_kernel(
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    # The query tiles a key tile sees: one loop over all of them that masks the band's edge tiles tile by
+    # tile, or three loops (edge, interior, edge) whose interior compiles without any mask. The three
+    # loops hold fewer registers, but in their PTX the code that zeroes dK and dV for a loop that runs no
+    # iteration sits between a wgmma and its wait, and ptxas then serialises every wgmma of the kernel
+    # (its advisory C7515). Measured (NOTES entry 31), one loop pays without a band (+4% at D=64, +2% at
+    # D=128) and on the causal 8-warp tile (+3% at D=128), and loses 12% on the causal 4-warp tile at
+    # D=64, where its registers cost a resident block. The variants keep the three loops: they were not
+    # measured, and one loop spills more with them.
+    ONE_LOOP: tl.constexpr = (not (SOFTCAP or ALIBI or DROPOUT or VARLEN) and not MASK_LEFT
+                              and (not MASK_RIGHT or BLOCK_N >= 128))
     b32, hkv32, pid_n = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group, KEY_TILES=True)
     off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
     start_n = pid_n * BLOCK_N
@@ -207,21 +230,28 @@ def attn_bwd_dkdv_kernel(
         if ALIBI:
             alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
         bh = off_b * num_heads_kv * GROUP_SIZE + off_hq  # the forward's dropout counter
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                             lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                             BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                             SOFTCAP, ALIBI, DROPOUT)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                             lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                             BLOCK_M, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                             SOFTCAP, ALIBI, DROPOUT)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                             lse_ptr, delta_ptr, ragged_start, end, offs_n, seqlen_q, band_lo, band_hi,
-                             qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                             BLOCK_M, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
-                             SOFTCAP, ALIBI, DROPOUT)
+        if ONE_LOOP:
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, start, end, unmasked_start, unmasked_end, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False, True, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+        else:
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, start, unmasked_start, start, unmasked_start, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, unmasked_start, unmasked_end, unmasked_start, unmasked_end,
+                                 offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2, diag, softcap_scale,
+                                 softcap_log2, alibi_log2, seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False,
+                                 False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, ragged_start, end, ragged_start, end, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
 
     dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, seqlen_k,
                             stride_dkn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
