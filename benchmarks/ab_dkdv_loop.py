@@ -9,13 +9,12 @@ gradients. NOTES entry 31 compared the one-loop kernel with the three-loop one o
 import argparse
 import importlib.util
 import json
-import statistics
 import tempfile
 from pathlib import Path
 
 import torch
-import triton.testing
 
+from ab_backward import interleaved_medians  # this folder is on the path when run as a script
 from flashtriton import ops
 from flashtriton.testing import make_qkv
 from flashtriton.tuning import TileConfig
@@ -68,14 +67,10 @@ def main() -> None:
         ga, gb = a(), b()
         diff = max((x.float() - y.float()).abs().max().item() / y.float().abs().max().item()
                    for x, y in zip(ga, gb, strict=True))
-        times = {"old": [], "new": []}
-        for _ in range(args.rounds):
-            times["old"].append(triton.testing.do_bench(a, warmup=10, rep=50))
-            times["new"].append(triton.testing.do_bench(b, warmup=10, rep=50))
-        told, tnew = statistics.median(times["old"]), statistics.median(times["new"])
+        told, tnew, times_old, times_new = interleaved_medians(a, b, args.rounds, warmup=10, rep=50)
         rows.append(dict(shape=[batch, heads, seqlen, head_dim], causal=causal, dkdv=dkdv.name, dq=DQ.name,
-                         old_ms=told, new_ms=tnew, speedup=told / tnew, max_rel_diff=diff, old_all=times["old"],
-                         new_all=times["new"]))
+                         old_ms=told, new_ms=tnew, speedup=told / tnew, max_rel_diff=diff, old_all=times_old,
+                         new_all=times_new))
         print(f"B{batch} H{heads} N{seqlen} D{head_dim} causal={causal} {dkdv.name}: old {told:.3f} ms, "
               f"new {tnew:.3f} ms, speedup {told / tnew:.3f}, grads differ by {diff:.1e} (relative)", flush=True)
     if args.out:

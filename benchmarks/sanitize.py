@@ -18,7 +18,7 @@ def _call(q, k, v, causal, tma, bwd=None, **mods) -> None:
     """Forward and backward with the static tiles of q's head dim (or the backward tiles `bwd`), on the
     chosen data path."""
     device, head_dim = q.device, q.shape[-1]
-    fwd = dataclasses.replace(ops.forward_config(head_dim, q.dtype, device, use_tma=False), use_tma=tma)
+    fwd = ops.forward_config(head_dim, q.dtype, device, use_tma=tma)
     if bwd is None:
         bwd = tuple(dataclasses.replace(c, use_tma=tma) for c in ops.backward_configs(head_dim, q.dtype, device))
     o, lse = ops.attention_forward(q, k, v, causal, head_dim ** -0.5, config=fwd, autotune=False, **mods)

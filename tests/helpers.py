@@ -5,7 +5,7 @@ import torch
 from conftest import DEVICE
 from flashtriton import attention_ref
 from flashtriton.ops import attention_backward, attention_forward
-from flashtriton.testing import bounded, compare_with_reference, make_qkv, max_err, o_rounding_slack
+from flashtriton.testing import backward_rounding_slack, bounded, compare_with_reference, make_qkv, max_err
 
 __all__ = ["WithBackwardTiles", "check_against_reference", "make_qkv", "max_err", "packed_qkv",
            "reference_per_sequence", "failed_checks"]
@@ -75,7 +75,7 @@ def failed_checks(o, lse, grads, inputs, do, reference, factor=2.0, packed=False
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in inputs)
     o64, lse64 = reference(q64, k64, v64, True)
     ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double(), allow_unused=True, retain_graph=True)
-    slack = o_rounding_slack(o, do, o64, lse64, (q64, k64, v64), packed) if o.numel() else [0.0] * 3
+    slack = backward_rounding_slack(o, do, o64, lse64, (q64, k64, v64), packed) if o.numel() else [0.0] * 3
     low_o, low_lse = reference(q, k, v, False)
     low_grads = torch.autograd.grad(low_o, (q, k, v), do, allow_unused=True)
     finite = torch.isfinite(lse64)

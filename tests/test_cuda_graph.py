@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from flashtriton import flash_attention, flash_attention_varlen
+from helpers import packed_qkv
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
@@ -53,10 +54,7 @@ def test_dense_forward_and_backward_replay_like_eager(is_causal):
 
 def test_varlen_forward_and_backward_replay_like_eager():
     lengths = [0, 17, 63, 130]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    total = sum(lengths)
-    q = torch.randn(total, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(total, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    q, k, v, cu, _ = packed_qkv(lengths, lengths, 4, 2, 64, torch.bfloat16, device="cuda")
     do = torch.randn_like(q)
 
     def step():

@@ -22,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from conftest import DEVICE, ON_GPU  # noqa: E402
 from flashtriton import attention_ref, flash_attention, flash_attention_varlen, ops  # noqa: E402
-from helpers import failed_checks, packed_qkv, reference_per_sequence  # noqa: E402
+from helpers import failed_checks, make_qkv, packed_qkv, reference_per_sequence  # noqa: E402
 
 EXAMPLES = int(os.environ.get("FLASHTRITON_FUZZ_EXAMPLES", "12" if ON_GPU else "50"))
 SOAK = os.environ.get("FLASHTRITON_FUZZ_SOAK") == "1"
@@ -92,10 +92,8 @@ def dense_cases(draw):
 def test_fuzz_dense_against_reference(case):
     shape, kwargs, seed = case
     torch.manual_seed(seed)
-    q, k, v = (torch.randn(shape["batch"], h, n, shape["head_dim"], dtype=shape["dtype"], device=DEVICE,
-                           requires_grad=True)
-               for h, n in ((shape["heads_q"], shape["seqlen_q"]), (shape["heads_kv"], shape["seqlen_k"]),
-                            (shape["heads_kv"], shape["seqlen_k"])))
+    q, k, v = make_qkv(shape["batch"], shape["heads_q"], shape["heads_kv"], shape["seqlen_q"], shape["seqlen_k"],
+                       shape["head_dim"], shape["dtype"], DEVICE)
     _check_call(flash_attention, (q, k, v), attention_ref, kwargs, seed,
                 (shape["batch"], shape["heads_q"], shape["seqlen_q"], shape["seqlen_k"]), f"{shape}")
 

@@ -89,7 +89,7 @@ def test_one_query_one_key():
     q, k, v = _leaves(*(torch.randn(1, 1, 1, 8, device=DEVICE, dtype=torch.bfloat16) for _ in range(3)))
     o, lse, grads, _ = _run(q, k, v)
     assert torch.equal(o, v)  # one key: P = 1 exactly
-    assert grads[1].abs().max() < 1e-2  # dK = scale * dS^T q with dS ~ 0 (see testing.o_rounding_slack)
+    assert grads[1].abs().max() < 1e-2  # dK = scale * dS^T q with dS ~ 0 (see testing.backward_rounding_slack)
 
 
 @pytest.mark.parametrize("kwargs", [dict(is_causal=True), dict(window_size=(0, 0)), dict(window_size=(2, 0))])

@@ -51,7 +51,7 @@ def _reference_head(q, k, v, do, scale, is_causal, rows, cols, outputs):
     sums run over every query row, in chunks). dQ and dK are computed for each entry of `outputs`
     (path -> that path's O of this head) with D = rowsum(dO * O) from that O, as FlashAttention's backward
     defines it: O itself is checked against the reference, and D from the rounded O is otherwise the
-    dominant error where dS is ~0 (a causal row with one or two keys; see testing.o_rounding_slack)."""
+    dominant error where dS is ~0 (a causal row with one or two keys; see testing.backward_rounding_slack)."""
     n_q = q.shape[0]
     qf, kf, vf, dof = q.float(), k.float(), v.float(), do.float()
     full_lse = _chunked_lse(qf, kf, scale, is_causal)
@@ -88,11 +88,10 @@ def _run_and_check(batch, heads, seqlen, head_dim, is_causal, heads_to_check, sa
     do = torch.randn_like(q)
     scale = head_dim ** -0.5
     device = torch.device(DEVICE)
-    fwd_cfg = ops.forward_config(head_dim, q.dtype, device, use_tma=False)
     bwd_cfgs = ops.backward_configs(head_dim, q.dtype, device)
     kept = {}  # path -> {(b, h): (o, lse, dq, dk, dv)}
     for path, tma in (("block pointers", False), ("TMA", True)):
-        f = dataclasses.replace(fwd_cfg, use_tma=tma)
+        f = ops.forward_config(head_dim, q.dtype, device, use_tma=tma)
         bw = tuple(dataclasses.replace(c, use_tma=tma) for c in bwd_cfgs)
         o, lse = ops.attention_forward(q, k, v, is_causal, scale, config=f, autotune=False)
         dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, is_causal, scale, configs=bw, autotune=False)

@@ -199,6 +199,7 @@ def _bench_gpu(args: argparse.Namespace) -> int:
         article_table,
         check_correctness,
         environment,
+        has_memory_figures,
         memory_table,
         provider_table,
         run_suite,
@@ -239,7 +240,7 @@ def _bench_gpu(args: argparse.Namespace) -> int:
         rows = write_results(args.out, args.suite, rows, meta, merge=args.merge)
         print(f"\nwrote {args.out}/{args.suite}.json, .md, .png")
     print(f"\n{provider_table(rows)}")
-    if any(r.peak_mem_mb is not None for r in rows) or any("out of memory" in u["reason"].lower() for u in unavailable):
+    if has_memory_figures(rows, unavailable):
         print(f"\nPeak memory of one forward + backward beyond its inputs (MiB):\n{memory_table(rows, unavailable)}")
     if args.suite == "article" and "sdpa" in providers:
         print(f"\nThe article's table (forward, B=4, H=8, D=64, bf16; SDPA = {meta['sdpa_backend']}):")

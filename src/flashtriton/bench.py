@@ -506,6 +506,16 @@ def provider_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _out_of_memory(unavailable: list[dict]) -> list[dict]:
+    """The entries of `unavailable` that ran out of memory (others lack a variant, e.g.)."""
+    return [u for u in unavailable if "out of memory" in u["reason"].lower()]
+
+
+def has_memory_figures(rows: list[Row], unavailable: list[dict] = ()) -> bool:
+    """Whether a memory table has anything to show: a measured peak, or a provider that ran out of memory."""
+    return any(r.peak_mem_mb is not None for r in rows) or bool(_out_of_memory(unavailable))
+
+
 def memory_table(rows: list[Row], unavailable: list[dict] = ()) -> str:
     """Peak extra memory of forward + backward per provider (MiB), one line per shape; '-' where a
     provider did not run and 'OOM' where it ran out of memory."""
@@ -516,7 +526,7 @@ def memory_table(rows: list[Row], unavailable: list[dict] = ()) -> str:
                                       for u in unavailable) if k not in keys]
     peaks = {(r.B, r.Hq, r.Nq, r.D, r.causal, r.provider): r.peak_mem_mb for r in mem}
     oom = {(u["batch"], u["heads_q"], u["seqlen_q"], u["head_dim"], u["causal"], u["provider"])
-           for u in unavailable if "out of memory" in u["reason"].lower()}
+           for u in _out_of_memory(unavailable)}
     lines = ["| B | H | N | D | causal | " + " | ".join(providers) + " |", "|" + "---|" * (5 + len(providers))]
     for key in keys:
         cells = [f"{peaks[(*key, p)]:.0f}" if (*key, p) in peaks else "OOM" if (*key, p) in oom else "-"
@@ -588,8 +598,7 @@ def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict, merge:
         md += ["Forward, B=4, H=8, D=64, bf16; SDPA is plain `F.scaled_dot_product_attention` "
                f"({meta.get('sdpa_backend', '?')} on this GPU).", "", article_table(rows), ""]
     md += ["TFLOP/s of every provider:", "", provider_table(rows), ""]
-    ooms = [u for u in meta.get("unavailable", []) if "out of memory" in u["reason"].lower()]
-    if any(r.peak_mem_mb is not None for r in rows) or ooms:  # (not for peers that lack a variant)
+    if has_memory_figures(rows, meta.get("unavailable", [])):
         md += ["Peak memory of one forward + backward beyond its inputs (MiB; `torch.cuda.max_memory_allocated`):",
                "", memory_table(rows, meta.get("unavailable", [])), ""]
     (out_dir / f"{suite}.md").write_text("\n".join(md))

@@ -48,7 +48,7 @@ class Check:
 
 def bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, dtype: torch.dtype,
             factor: float = 2.0, extra: float = 0.0) -> Check:
-    """`extra`: a further error the algorithm makes by design (see o_rounding_slack)."""
+    """`extra`: a further error the algorithm makes by design (see backward_rounding_slack)."""
     if out.shape != ref.shape:
         raise AssertionError(f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}")
     slack = EPS[dtype] * (ref.double().abs().max().item() if ref.numel() else 0.0)
@@ -56,16 +56,20 @@ def bounded(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, 
     return Check(name, max_err(out, ref), allowed, bool(torch.isnan(out).any()))
 
 
-def o_rounding_slack(o: torch.Tensor, do: torch.Tensor, o64: torch.Tensor, lse64: torch.Tensor,
-                     inputs64: tuple[torch.Tensor, ...], packed: bool = False) -> list[float]:
-    """What FlashAttention's backward owes to its own roundings, per input of `inputs64` (float64 leaves
-    of the reference's graph, which must still be alive; `o64` must be that graph's output). First, the
-    rounding of O: the backward takes D = rowsum(dO * O) from the
-    O it returned, in the inputs' precision, so each dS_ij = P_ij (dP_ij - D_i) is off by -P_ij dD_i with
-    dD_i = rowsum(dO * (O - O64)). Since P_ij = dL_i / ds_ij, that error is exactly the gradient of
-    -sum_i dD_i L_i, computed here through the reference's L (`packed`: o is (total, H, D) and L (H, total),
-    flash_attention_varlen's layouts; else L is o.shape[:-1]). Plain attention does not have it (its
-    softmax backward uses P), and it dominates where the true dS is ~0, e.g. a row with one key."""
+def backward_rounding_slack(o: torch.Tensor, do: torch.Tensor, o64: torch.Tensor, lse64: torch.Tensor,
+                            inputs64: tuple[torch.Tensor, ...], packed: bool = False) -> list[float]:
+    """What FlashAttention's backward owes, by design, to its own roundings, per input of `inputs64`
+    (float64 leaves of the reference's graph, which must still be alive; `o64` is that graph's output).
+    Plain attention makes none of these errors, so its error alone cannot bound them. Three terms:
+
+    - The rounding of O: the backward takes D = rowsum(dO * O) from the O it returned, in the inputs'
+      precision, so each dS_ij = P_ij (dP_ij - D_i) is off by -P_ij dD_i with dD_i = rowsum(dO * (O - O64)).
+      Since P_ij = dL_i / ds_ij, that error is exactly the gradient of -sum_i dD_i L_i, taken through the
+      reference's L. It dominates where the true dS is ~0, e.g. a row with one key.
+    - Float32 noise between D and dP (below).
+    - P recomputed from L in float32 (below).
+
+    `packed`: o is (total, H, D) and L (H, total), flash_attention_varlen's layouts; else L is o.shape[:-1]."""
     if not lse64.requires_grad:  # no key anywhere: no dS to be off
         return [0.0] * len(inputs64)
     delta_err = (do.double() * (o.double() - o64.detach())).sum(-1)
@@ -115,7 +119,7 @@ def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: to
     mods = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     o64, lse64 = attention_ref(q64, k64, v64, is_causal=is_causal, scale=scale, **mods)
     ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double(), retain_graph=True)
-    slack = o_rounding_slack(o, do, o64, lse64, (q64, k64, v64))
+    slack = backward_rounding_slack(o, do, o64, lse64, (q64, k64, v64))
     low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=scale, upcast=False, **mods)
     low_grads = torch.autograd.grad(low_o, (q, k, v), do)
 
