@@ -8,12 +8,13 @@ import sys
 import pytest
 
 
-def _inspect(*flags: str) -> list[dict]:
+def _inspect(*flags: str, head_dim: int = 64) -> list[dict]:
     # inspect compiles real kernels, so it runs in its own process without TRITON_INTERPRET.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--head-dims", "64", "--json", *flags],
+    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--head-dims", str(head_dim), "--json",
+                          *flags],
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
@@ -39,12 +40,25 @@ def test_forward_does_not_spill(reports):
 def test_wgmma_runs_asynchronously(reports):
     """ptxas serialises a kernel's wgmma instructions (a wait after each) when non-wgmma code defines
     their accumulators between issue and wait (NOTES entry 31). The forward and dQ kernels, and the dK/dV
-    kernel's one-loop form (no band here), must stay clear of it; the causal 4-warp dK/dV tile keeps its
+    kernel's one-loop form (no band here), must stay clear of it; the causal D=64 dK/dV tile keeps its
     three loops, which ptxas still serialises (a known cost, measured cheaper than the alternative)."""
     for r in reports:
         one_loop_dkdv = r["kernel"] == "attn_bwd_dkdv_kernel" and not r["causal"]
         if r["kernel"] in ("attn_fwd_kernel", "attn_bwd_dq_kernel") or one_loop_dkdv:
             assert not r["wgmma_serialized"] and r["wgmma_waits"] < r["hgmma"], r
+
+
+def test_d128_dkdv_runs_one_loop_asynchronously_without_spills():
+    """At D=128 the dK/dV kernel runs one loop with both masks; on the autotuner's TMA tile it must keep
+    its wgmmas asynchronous and its registers unspilled, which is what the causal row's mask written by
+    key row buys (NOTES entry 33)."""
+    reports = _inspect("--backward-tma", head_dim=128)
+    dkdv = [r for r in reports if r["kernel"] == "attn_bwd_dkdv_kernel"]
+    assert {r["causal"] for r in dkdv} == {False, True}
+    for r in dkdv:
+        assert r["config"] == "M64-N64-w4-s2-tma", r
+        assert not r["wgmma_serialized"] and r["wgmma_waits"] < r["hgmma"], r
+        assert r["stack_bytes"] + r["local_bytes"] == 0, r
 
 
 def test_opt_in_variants_compile_to_wgmma_without_spills():

@@ -197,18 +197,21 @@ def test_forward_tile_configs(config, is_causal, dtype):
         assert check.ok, str(check)
 
 
+# D <= 64 takes the dK/dV kernel's three loops under a causal mask, D = 128 its one loop (every tile masked)
 BWD_CONFIGS = [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True), 64),
                (TileConfig(16, 32), TileConfig(32, 16, use_tma=True), 64),
                (TileConfig(16, 32, use_tma=True), TileConfig(32, 16), 128),
-               # 128 keys per dK/dV tile: its one-loop form, with the causal edge tiles masked tile by tile
-               (TileConfig(16, 128, use_tma=True), TileConfig(32, 16), 32),
+               (TileConfig(16, 32), TileConfig(32, 16), 96),
+               (TileConfig(16, 128, use_tma=True), TileConfig(32, 16), 32),  # 128 keys per dK/dV tile
                (TileConfig(16, 128), TileConfig(32, 16), 32)]
 if ON_GPU:
     BWD_CONFIGS = [(TileConfig(32, 128, 4, 3, use_tma=True), TileConfig(128, 32, 4, 3, use_tma=True), 64),
                    (TileConfig(64, 128, 8, 2, use_tma=True), TileConfig(128, 64, 8, 2), 64),
                    (TileConfig(64, 64, 4, 3, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True), 64),
-                   # D=128 causal's autotuner candidates
-                   (TileConfig(64, 128, 8, 3, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True), 128)]
+                   # D=128's autotuner candidates
+                   (TileConfig(64, 64, 4, 2, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True), 128),
+                   (TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3, use_tma=True), 128),
+                   (TileConfig(64, 64, 4, 2), TileConfig(128, 64, 8, 3), 96)]
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])

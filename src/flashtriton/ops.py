@@ -361,12 +361,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         bm, bn = tile
         return _descriptors((q, k, v, do), tma_strides, (bm, bn, bn, bm), bd)
 
-    # A launch's TMA candidates share one tile (per kernel, width and mask: backward_tma_tile), so the
-    # descriptors exist before the pick and the pruner keeps the candidates of their tile. A packed
+    # A launch's TMA candidates share one tile (per kernel and width: backward_tma_tile), so the
+    # descriptors exist before the pick; the pruner checks that the candidates match their tile. A packed
     # batch takes block pointers: a tile past a sequence's end would read into the next one.
     if autotune:
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
-        tiles = [backward_tma_tile(kernel, head_dim, q.dtype, causal_order) for kernel in ("dkdv", "dq")]
+        tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
         tuners = []
         for tile, autotuned, grid, args, rest, wanted in (
                 (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),

@@ -207,15 +207,13 @@ TMA_TILES = {128: (128, 64), 256: (128, 64), 512: (64, 32)}  # (BLOCK_M, BLOCK_N
 
 # The backward kernels' candidates, from their sweeps (cs336's shape at D=64, the paper's N=4096 at D=128,
 # both masks; benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the two best TMA configs on the
-# width's TMA tile and the best block-pointer ones. At D=128 causal, dK/dV's best tile is 64 x 128 with 8
-# warps (2.06 ms on TMA, 2.11 on block pointers, against 2.16 for 64 x 64 on TMA), so causal launches
-# build their dK/dV descriptors at 64 x 128 (CAUSAL_BACKWARD_TMA_TILES) and the pruner keeps the TMA
-# candidates whose tile matches the descriptors at hand. D=256 keeps its one static config.
+# width's TMA tile and the best block-pointer ones. At D=128 causal, dK/dV's 64 x 64 tile with two stages
+# on TMA wins since it runs one loop (7-13% ahead of 64 x 128 with 8 warps, its best before; NOTES entry
+# 33). D=256 keeps its one static config.
 BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
     "dkdv": {128: [TileConfig(64, 64, 4, 3, True), TileConfig(64, 64, 4, 2, True),
                    TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
              256: [TileConfig(64, 64, 4, 2, True), TileConfig(64, 64, 4, 3, True),
-                   TileConfig(64, 128, 8, 3, True), TileConfig(64, 128, 8, 2, True),
                    TileConfig(64, 64, 4, 2), TileConfig(64, 128, 8, 3), TileConfig(64, 128, 8, 2)],
              512: [TileConfig(16, 64, 8, 1)]},
     "dq": {128: [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 4, 3, True),
@@ -225,7 +223,6 @@ BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
            512: [TileConfig(64, 16, 8, 1)]},
 }
 BACKWARD_TMA_TILES = {"dkdv": {128: (64, 64), 256: (64, 64)}, "dq": {128: (128, 64), 256: (128, 64)}}
-CAUSAL_BACKWARD_TMA_TILES = {"dkdv": {256: (64, 128)}}  # launches in causal order (a band bounded on the right)
 
 # Below this much work (B * Hq * Nq * Nk * D) a forward takes tens of microseconds, the static table is
 # within noise of the best config, and the autotuner's own host cost (it keys every call) would show.
@@ -242,13 +239,9 @@ def tma_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
     return TMA_TILES[width_class(head_dim, dtype)]
 
 
-def backward_tma_tile(kernel: str, head_dim: int, dtype: torch.dtype, causal_order: bool = False,
-                      ) -> tuple[int, int] | None:
+def backward_tma_tile(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[int, int] | None:
     """The (BLOCK_M, BLOCK_N) of a backward kernel's TMA candidates, or None if it has none."""
-    width = width_class(head_dim, dtype)
-    if causal_order and width in CAUSAL_BACKWARD_TMA_TILES.get(kernel, {}):
-        return CAUSAL_BACKWARD_TMA_TILES[kernel][width]
-    return BACKWARD_TMA_TILES[kernel].get(width)
+    return BACKWARD_TMA_TILES[kernel].get(width_class(head_dim, dtype))
 
 
 def tile_config_of(config: triton.Config) -> TileConfig:

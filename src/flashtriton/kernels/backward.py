@@ -67,16 +67,16 @@ def attn_bwd_preprocess_kernel(
 def _dkdv_inner(
     dk, dv, k, v,
     q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
-    lse_ptr, delta_ptr, start, end, unmasked_start, unmasked_end, offs_n, seqlen_q, band_lo, band_hi,
+    lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi,
     qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    EDGES: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    ONE_LOOP: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
     ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands. MASKED: every tile takes the
-    band's mask and bounds-checked loads; EDGES: the loads are bounds-checked and the tiles outside
-    [unmasked_start, unmasked_end) take the mask, decided tile by tile; neither: no mask at all."""
+    band's mask and bounds-checked loads; else no mask at all. ONE_LOOP: this loop covers every query
+    tile the key tile sees (see the kernel), so the mask is on every tile and must be cheap."""
     q_ptr = tl.advance(q_ptr, (start, 0))
     do_ptr = tl.advance(do_ptr, (start, 0))
     for start_m in range(start, end, BLOCK_M):
@@ -85,9 +85,9 @@ def _dkdv_inner(
             q = load_desc_rows(desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
             do = load_desc_rows(desc_do, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
         else:
-            q = load_tile(q_ptr, MASKED or EDGES, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-            do = load_tile(do_ptr, MASKED or EDGES, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-        if MASKED or EDGES:
+            q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+            do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+        if MASKED:
             # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
             lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
             delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
@@ -103,11 +103,10 @@ def _dkdv_inner(
             p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
         # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here. Keys past
         # seqlen_k need no mask: their dK and dV rows are never stored.
-        if MASKED:
+        if MASKED and ONE_LOOP:
+            p_t = _band_mask_by_row_t(p_t, start_m, offs_n, band_lo, band_hi, BLOCK_M, MASK_LEFT, MASK_RIGHT)
+        elif MASKED:
             p_t = _band_mask_t(p_t, offs_m, offs_n, band_lo, band_hi, MASK_LEFT, MASK_RIGHT)
-        elif EDGES and (MASK_LEFT or MASK_RIGHT):
-            if (start_m < unmasked_start) | (start_m >= unmasked_end):
-                p_t = _band_mask_t(p_t, offs_m, offs_n, band_lo, band_hi, MASK_LEFT, MASK_RIGHT)
         if DROPOUT:  # the forward's mask (same Philox counters); O used P * keep / (1 - p)
             keep_t = dropout_keep(seed, bh, offs_m[None, :], offs_n[:, None], dropout_p)
             dv = tl.dot((tl.where(keep_t, p_t, 0.0) * (1.0 / (1.0 - dropout_p))).to(do.dtype), do, dv,
@@ -133,6 +132,21 @@ def _band_mask_t(p_t, offs_m, offs_n, band_lo, band_hi, MASK_LEFT: tl.constexpr,
         p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + band_hi, p_t, 0.0)
     if MASK_LEFT:
         p_t = tl.where(offs_n[:, None] >= offs_m[None, :] + band_lo, p_t, 0.0)
+    return p_t
+
+
+@triton.jit
+def _band_mask_by_row_t(p_t, start_m, offs_n, band_lo, band_hi, BLOCK_M: tl.constexpr, MASK_LEFT: tl.constexpr,
+                        MASK_RIGHT: tl.constexpr):
+    """_band_mask_t for query rows from start_m, written as each key row's first (and last) visible query,
+    compared with the column index. The same mask, but the compiler no longer hoists a full tile of indices
+    out of the loop: 30 registers fewer when every tile takes it (NOTES entry 33)."""
+    cols = tl.arange(0, BLOCK_M)[None, :]
+    rel = offs_n - start_m  # [BLOCK_N]: each key against the tile's first query
+    if MASK_RIGHT:
+        p_t = tl.where(cols >= (rel - band_hi)[:, None], p_t, 0.0)
+    if MASK_LEFT:
+        p_t = tl.where(cols <= (rel - band_lo)[:, None], p_t, 0.0)
     return p_t
 
 
@@ -170,16 +184,17 @@ def attn_bwd_dkdv_kernel(
 ):
     """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    # The query tiles a key tile sees: one loop over all of them that masks the band's edge tiles tile by
-    # tile, or three loops (edge, interior, edge) whose interior compiles without any mask. The three
-    # loops hold fewer registers, but in their PTX the code that zeroes dK and dV for a loop that runs no
-    # iteration sits between a wgmma and its wait, and ptxas then serialises every wgmma of the kernel
-    # (its advisory C7515). Measured (NOTES entry 31), one loop pays without a band (+4% at D=64, +2% at
-    # D=128) and on the causal 8-warp tile (+3% at D=128), and loses 12% on the causal 4-warp tile at
-    # D=64, where its registers cost a resident block. The variants keep the three loops: they were not
-    # measured, and one loop spills more with them.
-    ONE_LOOP: tl.constexpr = (not (SOFTCAP or ALIBI or DROPOUT or VARLEN) and not MASK_LEFT
-                              and (not MASK_RIGHT or BLOCK_N >= 128))
+    # The query tiles a key tile sees: one loop over all of them, every tile masked (bounds-checked loads,
+    # and the band's mask if any), or three loops (edge, interior, edge) whose interior compiles without
+    # any mask. The three loops do less work per tile, but in their PTX the code that zeroes dK and dV for
+    # a loop that runs no iteration sits between a wgmma and its wait, and ptxas then serialises every
+    # wgmma of the kernel (its advisory C7515; NOTES entry 31). Measured (entries 31 and 33), one loop
+    # pays without a band (+4% at D=64, +2% at D=128) and on the causal D=128 tiles (+7-13%), and loses
+    # 7-12% on the causal D=64 tile, whose three loops keep three blocks per SM and hide each other's
+    # waits. D=256 runs one stage, which is never serialised. The variants keep the three loops: they
+    # were not measured, and one loop spills more with them.
+    ONE_LOOP: tl.constexpr = (not (SOFTCAP or ALIBI or DROPOUT or VARLEN or MASK_LEFT)
+                              and (not MASK_RIGHT or BLOCK_D == 128))
     b32, hkv32, pid_n = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group, KEY_TILES=True)
     off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
     start_n = pid_n * BLOCK_N
@@ -232,23 +247,23 @@ def attn_bwd_dkdv_kernel(
         bh = off_b * num_heads_kv * GROUP_SIZE + off_hq  # the forward's dropout counter
         if ONE_LOOP:
             dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, start, end, unmasked_start, unmasked_end, offs_n, seqlen_q,
+                                 lse_ptr, delta_ptr, start, end, offs_n, seqlen_q,
                                  band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
-                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False, True, MASK_LEFT, MASK_RIGHT,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, True, MASK_LEFT, MASK_RIGHT,
                                  INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
         else:
             dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, start, unmasked_start, start, unmasked_start, offs_n, seqlen_q,
+                                 lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q,
                                  band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
                                  seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
                                  INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
             dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, unmasked_start, unmasked_end, unmasked_start, unmasked_end,
-                                 offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2, diag, softcap_scale,
-                                 softcap_log2, alibi_log2, seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False,
-                                 False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+                                 lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False, False, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
             dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, ragged_start, end, ragged_start, end, offs_n, seqlen_q,
+                                 lse_ptr, delta_ptr, ragged_start, end, offs_n, seqlen_q,
                                  band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
                                  seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
                                  INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)

@@ -1,0 +1,443 @@
+"""FlashAttention-2 backward kernels.
+
+The forward saved O and the logsumexp L, so each score tile's probabilities can be recomputed as
+P = exp(S - L) without the softmax's running state. With D = rowsum(dO * O) (the preprocess kernel):
+
+    dV  = P^T dO
+    dP  = dO V^T
+    dS  = P * (dP - D)          (the softmax Jacobian, row by row)
+    dK  = scale * dS^T Q
+    dQ  = scale * dS K
+
+Two kernels split the work so that every output has exactly one writer and the result is deterministic
+(no atomics): `attn_bwd_dkdv_kernel` keeps a key/value tile resident and streams the query tiles that see
+it (for GQA, of every query head in its group); `attn_bwd_dq_kernel` keeps a query tile resident and
+streams the key/value tiles it sees, like the forward. Both skip the tiles outside the visible band
+(causal, sliding window) and mask only its edges and the ragged tiles.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import (
+    LOG2E,
+    SEQLEN_ARGS,
+    dropout_keep,
+    head_block_ptr,
+    key_tiles_for_query_tile,
+    load_desc_rows,
+    load_tile,
+    modified_scores,
+    program_tile,
+    query_tiles_for_key_tile,
+    sequence_bounds,
+    visible_keys,
+)
+
+
+@triton.jit(do_not_specialize=["seqlen_q"])
+def attn_bwd_preprocess_kernel(
+    O, DO, DELTA, CU_SEQLENS_Q,
+    stride_ob, stride_oh, stride_om,
+    stride_dob, stride_doh, stride_dom,
+    num_heads, seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr = False,
+):
+    """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is laid out like LSE: contiguous
+    (B, H, seqlen_q), or (H, total_q) for a packed batch (VARLEN, seqlen_q the total)."""
+    off_b, off_h, pid_m = program_tile(False, 1)
+    off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    q_start, seqlen_q, _, _, row = sequence_bounds(off_b, off_h, num_heads, seqlen_q, seqlen_q, CU_SEQLENS_Q,
+                                                   CU_SEQLENS_Q, VARLEN)
+    if VARLEN:
+        if start_m >= seqlen_q:
+            return
+    o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om, seqlen_q, stride_om,
+                           start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, seqlen_q,
+                            stride_dom, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    o = load_tile(o_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
+    do = load_tile(do_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    tl.store(DELTA + row + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _dkdv_inner(
+    dk, dv, k, v,
+    q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
+    lse_ptr, delta_ptr, start, end, unmasked_start, unmasked_end, offs_n, seqlen_q, band_lo, band_hi,
+    qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    EDGES: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+    JUMP: tl.constexpr = False,
+):
+    """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
+    ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands. MASKED: every tile takes the
+    band's mask and bounds-checked loads; EDGES: the loads are bounds-checked and the tiles outside
+    [unmasked_start, unmasked_end) take the mask, decided tile by tile; neither: no mask at all."""
+    if JUMP:  # the tiles of [start, end) outside [unmasked_start, unmasked_end)
+        loop_end = end - (unmasked_end - unmasked_start)
+    else:
+        loop_end = end
+        q_ptr = tl.advance(q_ptr, (start, 0))
+        do_ptr = tl.advance(do_ptr, (start, 0))
+    for virtual_m in range(start, loop_end, BLOCK_M):
+        start_m = virtual_m
+        if JUMP:
+            start_m = tl.where(virtual_m < unmasked_start, virtual_m, virtual_m + unmasked_end - unmasked_start)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        if JUMP and not USE_TMA:
+            q_tile_ptr = tl.advance(q_ptr, (start_m, 0))
+            do_tile_ptr = tl.advance(do_ptr, (start_m, 0))
+        else:
+            q_tile_ptr = q_ptr
+            do_tile_ptr = do_ptr
+        if USE_TMA:
+            q = load_desc_rows(desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
+            do = load_desc_rows(desc_do, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
+        else:
+            q = load_tile(q_tile_ptr, MASKED or EDGES, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+            do = load_tile(do_tile_ptr, MASKED or EDGES, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+        if MASKED or EDGES:
+            # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
+            lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            lse = tl.load(lse_ptr + offs_m)
+            delta = tl.load(delta_ptr + offs_m)
+        qk_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        if SOFTCAP or ALIBI:
+            s_t, tanh_t = modified_scores(qk_t, offs_m[None, :], offs_n[:, None], diag, qk_scale_log2,
+                                          softcap_scale, softcap_log2, alibi_log2, SOFTCAP, ALIBI)
+            p_t = tl.exp2(s_t - (lse * LOG2E)[None, :])
+        else:
+            p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
+        # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here. Keys past
+        # seqlen_k need no mask: their dK and dV rows are never stored.
+        if MASKED:
+            p_t = _band_mask_t(p_t, start_m, offs_n, band_lo, band_hi, BLOCK_M, MASK_LEFT, MASK_RIGHT)
+        elif EDGES and (MASK_LEFT or MASK_RIGHT):
+            if (start_m < unmasked_start) | (start_m >= unmasked_end):
+                p_t = _band_mask_t(p_t, start_m, offs_n, band_lo, band_hi, BLOCK_M, MASK_LEFT, MASK_RIGHT)
+        if DROPOUT:  # the forward's mask (same Philox counters); O used P * keep / (1 - p)
+            keep_t = dropout_keep(seed, bh, offs_m[None, :], offs_n[:, None], dropout_p)
+            dv = tl.dot((tl.where(keep_t, p_t, 0.0) * (1.0 / (1.0 - dropout_p))).to(do.dtype), do, dv,
+                        input_precision=INPUT_PRECISION)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+            dp_t = tl.where(keep_t, dp_t * (1.0 / (1.0 - dropout_p)), 0.0)
+        else:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:  # d/ds of softcap * tanh(s / softcap)
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        if not JUMP:
+            q_ptr = tl.advance(q_ptr, (BLOCK_M, 0))
+            do_ptr = tl.advance(do_ptr, (BLOCK_M, 0))
+    return dk, dv
+
+
+@triton.jit
+def _band_mask_t(p_t, start_m, offs_n, band_lo, band_hi, BLOCK_M: tl.constexpr, MASK_LEFT: tl.constexpr,
+                 MASK_RIGHT: tl.constexpr):
+    """p_t ([keys, queries], queries from start_m) with 0 where query i does not see key j. Each key row's
+    bounds are computed in the loop and compared with the column index: written as offs_n <= offs_m +
+    band_hi, the compiler hoists a tile of indices out of the loop and holds it in ~40 registers."""
+    cols = tl.arange(0, BLOCK_M)[None, :]
+    rel = offs_n - start_m  # [BLOCK_N]: key j against the tile's first query
+    if MASK_RIGHT:
+        p_t = tl.where(cols >= (rel - band_hi)[:, None], p_t, 0.0)
+    if MASK_LEFT:
+        p_t = tl.where(cols <= (rel - band_lo)[:, None], p_t, 0.0)
+    return p_t
+
+
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
+                                             "stride_alibi_b"])
+def attn_bwd_dkdv_kernel(
+    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q) or (Hq, total_q) with VARLEN; ALIBI_SLOPES,
+    # CU_SEQLENS_Q/K and SEED as in the forward
+    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
+    # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
+    desc_q, desc_k, desc_v, desc_do,
+    # strides (the last dim of every tensor is contiguous)
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    # sizes
+    num_heads_kv, seqlen_q, seqlen_k,
+    window_left, window_right,  # the band around the diagonal (kernels/common.py), used under MASK_*
+    scale, qk_scale_log2,
+    softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
+    dropout_p,
+    heads_per_group,  # causal launch order: (batch, key/value head) pairs that share the L2 (see program_tile)
+    tuning_seqlen,  # the autotuner's key (a power of two >= both lengths); the kernel ignores it
+    # meta-parameters
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
+    SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
+    VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,  # as in the forward
+    LOOP_FORM: tl.constexpr = 0,  # EXPERIMENT: 0 policy, 1 three loops, 2 one loop, 3 masked everywhere, 4 two loops
+):
+    """One program per (key tile, key/value head, batch): writes dK and dV of that tile."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    # The query tiles a key tile sees: one loop over all of them that masks the band's edge tiles tile by
+    # tile, or three loops (edge, interior, edge) whose interior compiles without any mask. The three
+    # loops hold fewer registers, but in their PTX the code that zeroes dK and dV for a loop that runs no
+    # iteration sits between a wgmma and its wait, and ptxas then serialises every wgmma of the kernel
+    # (its advisory C7515). Measured (NOTES entry 31), one loop pays without a band (+4% at D=64, +2% at
+    # D=128) and on the causal 8-warp tile (+3% at D=128), and loses 12% on the causal 4-warp tile at
+    # D=64, where its registers cost a resident block. The variants keep the three loops: they were not
+    # measured, and one loop spills more with them.
+    ONE_LOOP: tl.constexpr = ((LOOP_FORM == 0 and not (SOFTCAP or ALIBI or DROPOUT or VARLEN) and not MASK_LEFT
+                               and (not MASK_RIGHT or BLOCK_N >= 128)) or LOOP_FORM == 2)
+    b32, hkv32, pid_n = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group, KEY_TILES=True)
+    off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    total_q = seqlen_q  # with VARLEN, the packed length: LSE and DELTA rows are (Hq, total_q)
+    # (the LSE row is per query head, below: the one returned here would be unused)
+    q_start, seqlen_q, k_start, seqlen_k, _ = sequence_bounds(off_b, off_hkv, num_heads_kv, seqlen_q, seqlen_k,
+                                                              CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
+    if VARLEN:
+        if start_n >= seqlen_k:  # the grid covers the longest sequence
+            return
+    band_lo = seqlen_k - seqlen_q - window_left
+    band_hi = seqlen_k - seqlen_q + window_right
+    diag = seqlen_k - seqlen_q
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
+
+    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, seqlen_k, stride_kn,
+                           start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, seqlen_k, stride_vn,
+                           start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
+    if USE_TMA:
+        k = load_desc_rows(desc_k, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
+        v = load_desc_rows(desc_v, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
+    else:
+        k = load_tile(k_ptr, True, not EVEN_D)  # [BLOCK_N, BLOCK_D], resident
+        v = load_tile(v_ptr, True, not EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    start, unmasked_start, unmasked_end, ragged_start, end = query_tiles_for_key_tile(
+        start_n, seqlen_q, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
+    for g in range(GROUP_SIZE):  # every query head that reads this key/value head
+        off_hq = off_hkv * GROUP_SIZE + g
+        q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q,
+                               stride_qm, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
+        do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
+                                stride_dom, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
+        if VARLEN:
+            row = off_hq * total_q + q_start
+        else:
+            row = (off_b * num_heads_kv * GROUP_SIZE + off_hq) * seqlen_q
+        lse_ptr = LSE + row
+        delta_ptr = DELTA + row
+        hq32 = off_hq.to(tl.int32)
+        alibi_log2 = 0.0
+        if ALIBI:
+            alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
+        bh = off_b * num_heads_kv * GROUP_SIZE + off_hq  # the forward's dropout counter
+        if ONE_LOOP:
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, start, end, unmasked_start, unmasked_end, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False, True, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+        elif LOOP_FORM == 3:
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, start, end, start, end, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+        elif LOOP_FORM == 4:
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, unmasked_start, unmasked_end, unmasked_start, unmasked_end,
+                                 offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2, diag, softcap_scale,
+                                 softcap_log2, alibi_log2, seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False,
+                                 False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+            gap_end = tl.maximum(unmasked_end, unmasked_start)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, start, end, unmasked_start, gap_end, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT, JUMP=True)
+        else:
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, start, unmasked_start, start, unmasked_start, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, unmasked_start, unmasked_end, unmasked_start, unmasked_end,
+                                 offs_n, seqlen_q, band_lo, band_hi, qk_scale_log2, diag, softcap_scale,
+                                 softcap_log2, alibi_log2, seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False,
+                                 False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
+                                 lse_ptr, delta_ptr, ragged_start, end, ragged_start, end, offs_n, seqlen_q,
+                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
+                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+
+    dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, seqlen_k,
+                            stride_dkn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
+    dv_ptr = head_block_ptr(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_start * stride_dvn, seqlen_k,
+                            stride_dvn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
+    tl.store(dk_ptr, (dk * scale).to(DK.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(dv_ptr, dv.to(DV.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def _dq_inner(
+    dq, q, do, lse_log2, delta,
+    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    """Accumulate dQ of one query tile over key tiles [start, end)."""
+    k_ptr = tl.advance(k_ptr, (start, 0))
+    v_ptr = tl.advance(v_ptr, (start, 0))
+    for start_n in range(start, end, BLOCK_N):
+        if USE_TMA:
+            k = load_desc_rows(desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D)
+            v = load_desc_rows(desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D)
+        else:
+            k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
+            v = load_tile(v_ptr, MASKED, not EVEN_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP or ALIBI:
+            s, tanh_s = modified_scores(qk, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :], diag,
+                                        qk_scale_log2, softcap_scale, softcap_log2, alibi_log2, SOFTCAP, ALIBI)
+            p = tl.exp2(s - lse_log2[:, None])
+        else:
+            p = tl.exp2(qk * qk_scale_log2 - lse_log2[:, None])
+        if MASKED:
+            visible = visible_keys(offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, band_lo, band_hi,
+                                   MASK_LEFT, MASK_RIGHT)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if DROPOUT:
+            keep = dropout_keep(seed, bh, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :], dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+        k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
+        v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
+    return dq
+
+
+@triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
+                                             "stride_alibi_b"])
+def attn_bwd_dq_kernel(
+    # pointers; LSE and DELTA as in the dK/dV kernel; ALIBI_SLOPES, CU_SEQLENS_Q/K and SEED as in the forward
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
+    # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
+    desc_q, desc_k, desc_v, desc_do,
+    # strides (the last dim of every tensor is contiguous)
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dqb, stride_dqh, stride_dqm,
+    # sizes
+    num_heads_q, seqlen_q, seqlen_k,
+    window_left, window_right,  # the band around the diagonal, as in the dK/dV kernel
+    scale, qk_scale_log2,
+    softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
+    dropout_p,
+    heads_per_group,  # causal launch order (see program_tile)
+    tuning_seqlen,  # the autotuner's key, as in the dK/dV kernel
+    # meta-parameters
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr = False,  # loads through the TMA copy engine (descriptors above)
+    SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,  # as in the forward
+    VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,  # as in the forward
+):
+    """One program per (query tile, query head, batch): writes dQ of that tile."""
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    off_b, off_hq, pid_m = program_tile(MASK_RIGHT and not MASK_LEFT, heads_per_group)
+    b32, hq32 = off_b, off_hq  # descriptor coords
+    off_b, off_hq = off_b.to(tl.int64), off_hq.to(tl.int64)
+    off_hkv = off_hq // GROUP_SIZE
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q_start, seqlen_q, k_start, seqlen_k, row = sequence_bounds(off_b, off_hq, num_heads_q, seqlen_q, seqlen_k,
+                                                                CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
+    if VARLEN:
+        if start_m >= seqlen_q:  # the grid covers the longest sequence
+            return
+
+    q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q, stride_qm,
+                           start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
+                            stride_dom, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, seqlen_k, stride_kn,
+                           0, BLOCK_N, HEAD_DIM, BLOCK_D)
+    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, seqlen_k, stride_vn,
+                           0, BLOCK_N, HEAD_DIM, BLOCK_D)
+    hkv32 = off_hkv.to(tl.int32)
+    if USE_TMA:
+        q = load_desc_rows(desc_q, b32, hq32, start_m, BLOCK_M, BLOCK_D)
+        do = load_desc_rows(desc_do, b32, hq32, start_m, BLOCK_M, BLOCK_D)
+    else:
+        q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], resident
+        do = load_tile(do_ptr, True, not EVEN_D)
+    row_in_range = offs_m < seqlen_q
+    # Rows past seqlen_q load L = D = 0 (finite) and dO = 0; they are never stored.
+    lse_log2 = tl.load(LSE + row + offs_m, mask=row_in_range, other=0.0) * LOG2E
+    delta = tl.load(DELTA + row + offs_m, mask=row_in_range, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    band_lo = seqlen_k - seqlen_q - window_left
+    band_hi = seqlen_k - seqlen_q + window_right
+    diag = seqlen_k - seqlen_q
+    alibi_log2 = 0.0
+    if ALIBI:
+        alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
+    seed = 0
+    bh = off_b * num_heads_q + off_hq  # the forward's dropout counter
+    if DROPOUT:
+        seed = tl.load(SEED)
+    start, unmasked_start, unmasked_end, end = key_tiles_for_query_tile(
+        start_m, seqlen_k, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
+    if MASK_LEFT:
+        dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, start, unmasked_start,
+                       offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                       diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
+                       BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                       SOFTCAP, ALIBI, DROPOUT)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_start,
+                   unmasked_end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                   diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
+                   BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                   SOFTCAP, ALIBI, DROPOUT)
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_end, end,
+                   offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+                   diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
+                   BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                   SOFTCAP, ALIBI, DROPOUT)
+
+    dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh + q_start * stride_dqm, seqlen_q,
+                            stride_dqm, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
+    tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0, 1))
