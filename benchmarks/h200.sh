@@ -61,7 +61,7 @@ if [ "${SWEEP:-0}" = 1 ]; then
   done
 fi
 if [ "${HOST:-0}" = 1 ]; then
-  python3 benchmarks/host_overhead.py --out "$out" 2>&1 | tail -n 14
+  python3 benchmarks/host_overhead.py --out "$out" 2>&1 | tail -n 20
   pack
 fi
 if [ "${FIRST:-0}" = 1 ]; then

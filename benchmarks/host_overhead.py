@@ -1,10 +1,14 @@
-"""Where the host time of one small forward call goes (GPU only).
+"""Where the host time of one small forward call, and of one small backward, goes (GPU only).
 
 The kernel of a tiny problem takes a few microseconds, so the GPU keeps up and the CPU time per call is
 the host path alone. Each line peels off one layer: the public API, the launcher, Triton's launch of
 the same compiled kernel with the arguments already built, and an empty kernel (Triton's floor).
 Also times the 256 MB cache flush that `triton.testing.do_bench` runs before every timed call: an eager
 time only shows the part of the host path that outlasts that flush.
+
+The backward lines time `ops.attention_backward` (three launches: D, dK/dV, dQ) with static tiles and
+with the autotuners, and a forward + backward through autograd against SDPA's; a second profile covers
+the autotuned backward.
 
     PYTHONPATH=src python benchmarks/host_overhead.py [--out DIR]
 """
@@ -77,6 +81,26 @@ def flush_us() -> float:
     return sorted(times)[len(times) // 2]
 
 
+def fwd_bwd(attention, q, k, v, do):
+    def call():
+        for x in (q, k, v):
+            x.grad = None
+        attention(q, k, v).backward(do)
+    return call
+
+
+def profile(fn, calls: int = 2000) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    return text.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None)
@@ -99,23 +123,33 @@ def main() -> None:
     with torch.no_grad():
         results = {name: per_call_us(fn) for name, fn in cases.items()}
         results["do_bench's 256 MB flush (GPU time)"] = flush_us()
+        forward_profile = profile(lambda: flash_attention(q, k, v))
 
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(2000):
-            flash_attention(q, k, v)
-        profiler.disable()
-        torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        o, lse = ops.attention_forward(q, k, v, False, 0.125)
+        do = torch.randn_like(o)
+        backward = {
+            "static block pointers": (TileConfig(64, 64, 4, 3), TileConfig(128, 64, 8, 3)),
+            "static TMA": (TileConfig(64, 64, 4, 3, True), TileConfig(128, 64, 8, 3, True)),
+        }
+        for name, configs in backward.items():
+            results[f"ops.attention_backward ({name})"] = per_call_us(
+                lambda configs=configs: ops.attention_backward(do, q, k, v, o, lse, False, 0.125, configs, False))
+        autotuned = lambda: ops.attention_backward(do, q, k, v, o, lse, False, 0.125, autotune=True)  # noqa: E731
+        results["ops.attention_backward (autotuned)"] = per_call_us(autotuned)
+        backward_profile = profile(autotuned)
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    results["flash_attention forward + backward (autograd)"] = per_call_us(fwd_bwd(flash_attention, qg, kg, vg, do))
+    results["SDPA forward + backward (autograd)"] = per_call_us(fwd_bwd(F.scaled_dot_product_attention, qg, kg, vg,
+                                                                        do))
 
     lines = ["| what | µs per call |", "|---|---|"] + [f"| {n} | {t:.1f} |" for n, t in results.items()]
     table = "\n".join(lines)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "host_overhead.json").write_text(json.dumps(results, indent=1))
-        (args.out / "host_overhead_profile.txt").write_text(text.getvalue())
-    print(text.getvalue()[:6000])
+        (args.out / "host_overhead_profile.txt").write_text(forward_profile)
+        (args.out / "host_overhead_backward_profile.txt").write_text(backward_profile)
+    print(backward_profile[:6000])
     print(table)
 
 
