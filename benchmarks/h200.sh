@@ -6,7 +6,7 @@
 #      against the peers                                                    -> <suite>.json/.md/.png, bench_<suite>.log
 #   3. with SWEEP=1, the forward tile sweep on the FlashAttention-2 paper's D=64 and D=128 shapes
 #                                                                            -> sweeps/sweep_*.csv/.md/.png
-#   4. with HOST=1, where the host time of a small call goes              -> host_overhead.json, _profile.txt
+#   4. with HOST=1, where the host time of a small call goes              -> host_overhead.json, *_profile.txt
 #   5. with FIRST=1, what a first call costs (compiling, autotuning)        -> first_call.json
 #   6. with SANITIZE=1, compute-sanitizer memcheck and racecheck over benchmarks/sanitize.py -> sanitize_*.log
 #   7. with ROOFLINE=1, the ceilings, the roofline and an ncu profile      -> roofline.json/.md/.png, ncu_*.csv

@@ -50,6 +50,7 @@ def test_autotuner_candidates_follow_the_head_dim(head_dim, dtype, with_tma):
 def test_autotuned_forward_matches_reference_and_keys_by_bucket(is_causal):
     tuner = tuning.attn_fwd_autotuned[True]  # contiguous inputs: descriptors at hand
     tuner.cache.clear()
+    tuning.forget_picks()
     for seqlen_q, seqlen_k in [(17, 29), (3, 31), (63, 97)]:  # buckets 32, 32, 128
         q, k, v = make_qkv(2, 2, 1, seqlen_q, seqlen_k, 64, torch.float16, DEVICE, requires_grad=False)
         o, lse = ops.attention_forward(q, k, v, is_causal, 0.125, autotune=True)
@@ -88,11 +89,31 @@ def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dty
         assert TileConfig(64, 64, 4, 2, True) in cfgs
 
 
+def test_a_tuned_key_skips_the_autotuner(monkeypatch):
+    """run_autotuned sends a key through Triton's autotuner once, then launches its pick directly: the
+    same tiles, the same numbers, and the logs still name the pick."""
+    tuner = tuning.attn_fwd_autotuned[True]
+    tuner.cache.clear()
+    tuning.forget_picks()
+    through_autotuner = []
+    run = tuner.run
+    monkeypatch.setattr(tuner, "run", lambda *args, **kwargs: through_autotuner.append(1) or run(*args, **kwargs))
+    q, k, v = make_qkv(1, 2, 2, 33, 40, 64, torch.float16, DEVICE, requires_grad=False)
+    first = ops.attention_forward(q, k, v, True, 0.125, autotune=True)
+    picked = ops.last_forward_choice()
+    again = ops.attention_forward(q, k, v, True, 0.125, autotune=True)
+    assert len(through_autotuner) == 1 and ops.last_forward_choice() == picked
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    ops.attention_forward(q, k, v, False, 0.125, autotune=True)  # another mask: another key
+    assert len(through_autotuner) == 2
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_autotuned_backward_matches_reference_and_keys_by_bucket(is_causal):
     tuners = (tuning.attn_bwd_dkdv_autotuned[True], tuning.attn_bwd_dq_autotuned[True])
     for tuner in tuners:
         tuner.cache.clear()
+    tuning.forget_picks()
     for seqlen_q, seqlen_k in [(17, 29), (3, 31), (63, 97)]:  # buckets 32, 32, 128
         q, k, v = make_qkv(1, 4, 2, seqlen_q, seqlen_k, 64, torch.float16, DEVICE)
         check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, is_causal, None, True),
@@ -101,6 +122,17 @@ def test_autotuned_backward_matches_reference_and_keys_by_bucket(is_causal):
         dkdv_name, dq_name = ops.last_backward_choice().removeprefix("dK/dV ").split(", dQ ")
         assert dkdv_name in names["dkdv"] and dq_name in names["dq"]
     assert all(len(tuner.cache) == 2 for tuner in tuners)  # (17, 29) and (3, 31) share a bucket
+
+
+def test_descriptors_match_triton_s_own():
+    """ops._descriptors skips TensorDescriptor's checks (host time): it must build the same descriptors."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    q = torch.randn(2, 3, 40, 64, dtype=torch.bfloat16)[:, :, 4:]  # a view: the base pointer is offset
+    strides = ops._tma_strides(q, q)
+    assert strides is not None
+    ours = ops._descriptors((q, q), strides, (64, 32), 64)
+    assert ours == tuple(TensorDescriptor(q, list(q.shape), st, [1, 1, r, 64])
+                         for st, r in zip(strides, (64, 32), strict=True))
 
 
 def test_tma_needs_16_byte_aligned_heads_and_rows():

@@ -13,6 +13,7 @@ import os
 from typing import NamedTuple
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import _interpreter
 from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
@@ -27,6 +28,7 @@ from .tuning import (
     backward_tma_tile,
     block_d,
     forward_config,
+    run_autotuned,
     seqlen_bucket,
     tile_config_of,
     tma_tile,
@@ -134,11 +136,17 @@ def _tma_strides(*tensors: torch.Tensor) -> list[list[int]] | None:
 
 
 def _descriptors(tensors: tuple, strides: list[list[int]], rows: tuple, bd: int) -> tuple:
-    """(B, H, N, D) tensor descriptors whose boxes are one head's [rows, bd] tile. Triton's launcher
-    encodes them on the host at every launch (~10 µs for four on the H200 machine's CPU)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    return tuple(TensorDescriptor(t, list(t.shape), st, [1, 1, r, bd])
-                 for t, st, r in zip(tensors, strides, rows, strict=True))
+    """(B, H, N, D) tensor descriptors whose boxes are one head's [rows, bd] tile, for tensors that passed
+    _tma_strides. Triton's launcher encodes them on the host at every launch (~10 µs for four on the H200
+    machine's CPU). They are made without the dataclass's __post_init__, which checks again what
+    _tma_strides checked, at ~5 µs a descriptor: a backward makes eight (NOTES entry 34)."""
+    descs = []
+    for t, st, r in zip(tensors, strides, rows, strict=True):
+        desc = object.__new__(TensorDescriptor)
+        desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), st, [1, 1, r, bd]
+        desc.padding = "zero"
+        descs.append(desc)
+    return tuple(descs)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -152,18 +160,18 @@ def _autotune_by_default(work: int) -> bool:
     return work >= AUTOTUNE_MIN_WORK and os.environ.get("FLASHTRITON_AUTOTUNE", "1") != "0"
 
 
-# The latest forward launch, for logs: (static config, whether it got TMA) or (autotuner, None). Kept
-# raw because building a TileConfig per call would cost the hot path microseconds.
+# The latest forward launch, for logs: (static TileConfig, whether it got TMA) or (the autotuner's pick, a
+# triton.Config, None). Kept raw because building a TileConfig per call would cost the hot path microseconds.
 _last_forward_choice: list = [None]
 
 
 def _chosen_tiles(choice, use_tma: bool | None) -> str:
-    """The name of the tiles a launch ran: an autotuner's pick (use_tma None), or a static TileConfig with
-    its TMA paths as far as the tensors allowed them; None for a kernel that did not run."""
+    """The name of the tiles a launch ran: an autotuner's pick (a triton.Config; use_tma None), or a static
+    TileConfig with its TMA paths as far as the tensors allowed them; None for a kernel that did not run."""
     if choice is None:
         return "not run"
     if use_tma is None:
-        return tile_config_of(choice.best_config).name
+        return tile_config_of(choice).name
     return dataclasses.replace(choice, use_tma=choice.use_tma and use_tma,
                                warp_specialize=choice.warp_specialize and use_tma).name
 
@@ -245,9 +253,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         dropout_seed = new_dropout_seed(q.device)
     flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
                                                                    varlen, dropout_p)
+    bucket = seqlen_bucket(grid_q, grid_k)
     rest = (*_bhr_strides(q, k, v, o, varlen=varlen), heads_q, seqlen_q, seqlen_k, window_left, window_right,
             scale * LOG2E, *_score_mods(scale, softcap, alibi_slopes), dropout_p,
-            _heads_per_group(k, heads_q // heads_kv, causal_order), seqlen_bucket(grid_q, grid_k))
+            _heads_per_group(k, heads_q // heads_kv, causal_order), bucket)
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
                 INPUT_PRECISION=_input_precision(q.dtype), **flags)
     # the variants' pointers (None where off)
@@ -263,8 +272,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         def grid(meta):
             return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
-        tuner[grid](q, k, v, o, lse, *optional, *descs, *rest, **meta)
-        _last_forward_choice[0] = (tuner, None)
+        key = (*meta.values(), q.dtype, bucket)  # determines the autotuner's own key
+        picked = run_autotuned(tuner, grid, (q, k, v, o, lse, *optional, *descs, *rest), meta, key)
+        _last_forward_choice[0] = (picked, None)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
@@ -283,7 +293,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
 
 
 # The latest backward launch's tiles, for logs: ((dK/dV, dQ) static configs, whether they got TMA) or
-# ((dK/dV, dQ) autotuners, None).
+# ((dK/dV, dQ) the autotuners' picks, None).
 _last_backward_choice: list = [None]
 
 
@@ -367,16 +377,17 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if autotune:
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
         tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
-        tuners = []
+        key = (*meta.values(), q.dtype, bucket)
+        picks = []
         for tile, autotuned, grid, args, rest, wanted in (
                 (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
                 (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
-            descs = descriptors(tile)
-            tuner = autotuned[descs[0] is not None]
             if wanted:
-                tuner[grid](*args, *descs, *rest, **meta)
-            tuners.append(tuner if wanted else None)
-        _last_backward_choice[0] = (tuple(tuners), None)
+                descs = descriptors(tile)
+                picks.append(run_autotuned(autotuned[descs[0] is not None], grid, (*args, *descs, *rest), meta, key))
+            else:
+                picks.append(None)
+        _last_backward_choice[0] = (tuple(picks), None)
         return _wanted((dq, dk, dv), needs)
 
     dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)

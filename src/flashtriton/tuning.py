@@ -335,6 +335,30 @@ def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
     )(kernel)
 
 
+# (autotuner, launch key) -> (the triton.Config it picked, its launch keywords); see run_autotuned.
+_picked: dict = {}
+
+
+def run_autotuned(tuner, grid, args: tuple, meta: dict, key: tuple) -> triton.Config:
+    """tuner[grid](*args, **meta); returns the config that ran. Triton's Autotuner rebuilds its key from
+    every argument of every call (~40 µs of host time for these kernels' ~50 arguments; NOTES entry 34).
+    `key` must determine that key (the launchers pass the constexpr flags, the dtype and the length
+    bucket): once a key has been through the autotuner, its pick is launched straight away."""
+    picked = _picked.get((tuner, key))
+    if picked is None:
+        tuner[grid](*args, **meta)
+        _picked[(tuner, key)] = tuner.best_config, tuner.best_config.all_kwargs()
+        return tuner.best_config
+    config, config_kwargs = picked
+    tuner.fn[grid](*args, **meta, **config_kwargs)
+    return config
+
+
+def forget_picks() -> None:
+    """Drop run_autotuned's memory of the autotuners' picks (tests that clear an autotuner's cache)."""
+    _picked.clear()
+
+
 def _all(candidates_by_width: dict[int, list[TileConfig]]) -> list[TileConfig]:
     return [c for configs in candidates_by_width.values() for c in configs]
 
