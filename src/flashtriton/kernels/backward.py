@@ -190,7 +190,7 @@ def attn_bwd_dkdv_kernel(
     # a loop that runs no iteration sits between a wgmma and its wait, and ptxas then serialises every
     # wgmma of the kernel (its advisory C7515; NOTES entry 31). Measured (entries 31 and 33), one loop
     # pays without a band (+4% at D=64, +2% at D=128) and on the causal D=128 tiles (+7-13%), and loses
-    # 7-12% on the causal D=64 tile, whose three loops keep three blocks per SM and hide each other's
+    # 6-12% on the causal D=64 tile, whose three loops keep three blocks per SM and hide each other's
     # waits. D=256 runs one stage, which is never serialised. The variants keep the three loops: they
     # were not measured, and one loop spills more with them.
     ONE_LOOP: tl.constexpr = (not (SOFTCAP or ALIBI or DROPOUT or VARLEN or MASK_LEFT)
