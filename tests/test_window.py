@@ -5,9 +5,12 @@ start or end mid-tile, and rows that see no key are all covered."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from conftest import DEVICE, ON_GPU
 from flashtriton import flash_attention
+from flashtriton.kernels.backward import _band_mask_by_row_t, _band_mask_t
 from flashtriton.reference import _visible
 from flashtriton.tuning import TileConfig
 from helpers import WithBackwardTiles, check_against_reference, make_qkv
@@ -85,3 +88,40 @@ def test_bad_window_size_is_a_clear_error(bad, error, match):
     q, k, v = make_qkv(1, 1, 1, 8, 8, 16, torch.float32, DEVICE, requires_grad=False)
     with pytest.raises(error, match=match):
         flash_attention(q, k, v, window_size=bad)
+
+
+@triton.jit
+def _both_band_masks_kernel(FULL_TILE, BY_ROW, start_m, start_n, band_lo, band_hi, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr):
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    ones = tl.full([BLOCK_N, BLOCK_M], 1.0, tl.float32)
+    at = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    tl.store(FULL_TILE + at, _band_mask_t(ones, offs_m, offs_n, band_lo, band_hi, MASK_LEFT, MASK_RIGHT))
+    tl.store(BY_ROW + at, _band_mask_by_row_t(ones, start_m, offs_n, band_lo, band_hi, BLOCK_M, MASK_LEFT,
+                                              MASK_RIGHT))
+
+
+@pytest.mark.parametrize("mask_left,mask_right", [(False, True), (True, False), (True, True)],
+                         ids=["right", "left", "both"])
+def test_the_dkdv_kernel_s_two_mask_forms_agree(mask_left, mask_right):
+    """The dK/dV kernel masks its transposed [keys, queries] tiles two ways: over the full tile of indices
+    (three loops) or by key row (one loop, NOTES entry 33). Both must be the band: key j visible to
+    query i iff i + band_lo <= j <= i + band_hi, for tiles on, above and below it."""
+    gen = torch.Generator().manual_seed(0)
+    block_m, block_n = 16, 32
+    for _ in range(12):
+        start_m, start_n = (int(x) * 16 for x in torch.randint(0, 8, (2,), generator=gen))
+        band_lo, band_hi = sorted(int(x) for x in torch.randint(-40, 40, (2,), generator=gen))
+        full_tile, by_row = (torch.full((block_n, block_m), float("nan"), device=DEVICE) for _ in range(2))
+        _both_band_masks_kernel[(1,)](full_tile, by_row, start_m, start_n, band_lo, band_hi, block_m, block_n,
+                                      mask_left, mask_right)
+        queries = torch.arange(start_m, start_m + block_m, device=DEVICE)[None, :]
+        keys = torch.arange(start_n, start_n + block_n, device=DEVICE)[:, None]
+        band = torch.ones(block_n, block_m, dtype=torch.bool, device=DEVICE)
+        if mask_right:
+            band &= keys <= queries + band_hi
+        if mask_left:
+            band &= keys >= queries + band_lo
+        assert torch.equal(full_tile, band.float()), (start_m, start_n, band_lo, band_hi)
+        assert torch.equal(by_row, band.float()), (start_m, start_n, band_lo, band_hi)

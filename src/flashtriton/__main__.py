@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16, fp32")
     inspect.add_argument("--no-tma", action="store_true", help="the block-pointer forward instead of TMA")
     inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
-    inspect.add_argument("--backward-tma", action="store_true", help="the backward with its opt-in TMA loads")
+    inspect.add_argument("--backward-tma", action="store_true",
+                         help="the backward's static tiles on TMA (the autotuner's data path)")
     inspect.add_argument("--variants", action="store_true",
                          help="compile each variant (window + softcap + ALiBi, dropout, varlen) instead")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
