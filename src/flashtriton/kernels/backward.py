@@ -245,28 +245,20 @@ def attn_bwd_dkdv_kernel(
         if ALIBI:
             alibi_log2 = tl.load(ALIBI_SLOPES + off_b * stride_alibi_b + off_hq) * LOG2E
         bh = off_b * num_heads_kv * GROUP_SIZE + off_hq  # the forward's dropout counter
-        if ONE_LOOP:
+        for part in tl.static_range(1 if ONE_LOOP else 3):  # [start, end), or edge, interior, edge
+            if ONE_LOOP:
+                lo, hi = start, end
+            elif part == 0:
+                lo, hi = start, unmasked_start
+            elif part == 1:
+                lo, hi = unmasked_start, unmasked_end
+            else:
+                lo, hi = ragged_start, end
             dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, start, end, offs_n, seqlen_q,
+                                 lse_ptr, delta_ptr, lo, hi, offs_n, seqlen_q,
                                  band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
-                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, True, MASK_LEFT, MASK_RIGHT,
-                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
-        else:
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, start, unmasked_start, offs_n, seqlen_q,
-                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
-                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
-                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, unmasked_start, unmasked_end, offs_n, seqlen_q,
-                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
-                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, False, False, MASK_LEFT, MASK_RIGHT,
-                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, ragged_start, end, offs_n, seqlen_q,
-                                 band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
-                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, True, False, MASK_LEFT, MASK_RIGHT,
-                                 INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, ONE_LOOP or part != 1, ONE_LOOP,
+                                 MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
 
     dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, seqlen_k,
                             stride_dkn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
