@@ -272,8 +272,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         def grid(meta):
             return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
-        key = (*meta.values(), q.dtype, bucket)  # determines the autotuner's own key
-        picked = run_autotuned(tuner, grid, (q, k, v, o, lse, *optional, *descs, *rest), meta, key)
+        picked = run_autotuned(tuner, grid, (q, k, v, o, lse, *optional, *descs, *rest), meta, q.dtype, bucket)
         _last_forward_choice[0] = (picked, None)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
@@ -372,19 +371,19 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         return _descriptors((q, k, v, do), tma_strides, (bm, bn, bn, bm), bd)
 
     # A launch's TMA candidates share one tile (per kernel and width: backward_tma_tile), so the
-    # descriptors exist before the pick; the pruner checks that the candidates match their tile. A packed
-    # batch takes block pointers: a tile past a sequence's end would read into the next one.
+    # descriptors exist before the pick. A packed batch takes block pointers: a tile past a sequence's end
+    # would read into the next one.
     if autotune:
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
         tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
-        key = (*meta.values(), q.dtype, bucket)
         picks = []
         for tile, autotuned, grid, args, rest, wanted in (
                 (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
                 (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
             if wanted:
                 descs = descriptors(tile)
-                picks.append(run_autotuned(autotuned[descs[0] is not None], grid, (*args, *descs, *rest), meta, key))
+                picks.append(run_autotuned(autotuned[descs[0] is not None], grid, (*args, *descs, *rest), meta,
+                                           q.dtype, bucket))
             else:
                 picks.append(None)
         _last_backward_choice[0] = (tuple(picks), None)

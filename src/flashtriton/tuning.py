@@ -278,24 +278,10 @@ def _backward_pruner(kernel: str):
         q, head_dim = named_args["Q"], meta["HEAD_DIM"]
         smem = shared_memory_limit(q.device)
         static = backward_configs(head_dim, q.dtype, _GPU)[0 if kernel == "dkdv" else 1]
-        box = _descriptor_tile(named_args)
-
-        def fits(cfg: TileConfig) -> bool:
-            if cfg.use_tma and (cfg.block_m, cfg.block_n) != box:
-                return False  # the descriptors at hand load tiles of another shape
-            return why_pruned_backward(kernel, cfg, head_dim, q.dtype, smem) is None or cfg == static
-
-        return _keep_candidates(configs, BACKWARD_CANDIDATES[kernel][width_class(head_dim, q.dtype)], fits, static)
+        return _keep_candidates(configs, BACKWARD_CANDIDATES[kernel][width_class(head_dim, q.dtype)],
+                                lambda cfg: why_pruned_backward(kernel, cfg, head_dim, q.dtype, smem) is None
+                                or cfg == static, static)
     return prune
-
-
-def _descriptor_tile(named_args: dict) -> tuple[int, int] | None:
-    """(BLOCK_M, BLOCK_N) of the Q and K descriptors passed to a backward kernel (their boxes are
-    [1, 1, rows, BLOCK_D]), or None without descriptors."""
-    desc_q, desc_k = named_args.get("desc_q"), named_args.get("desc_k")
-    if desc_q is None or desc_k is None:
-        return None
-    return desc_q.block_shape[2], desc_k.block_shape[2]
 
 
 def _triton_configs(candidates: list[TileConfig], with_tma: bool, forward: bool) -> list[triton.Config]:
@@ -335,19 +321,20 @@ def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
     )(kernel)
 
 
-# (autotuner, launch key) -> (the triton.Config it picked, its launch keywords); see run_autotuned.
+# (autotuner, constexprs, dtype, length bucket) -> (the triton.Config it picked, its launch keywords).
 _picked: dict = {}
 
 
-def run_autotuned(tuner, grid, args: tuple, meta: dict, key: tuple) -> triton.Config:
+def run_autotuned(tuner, grid, args: tuple, meta: dict, dtype: torch.dtype, bucket: int) -> triton.Config:
     """tuner[grid](*args, **meta); returns the config that ran. Triton's Autotuner rebuilds its key from
     every argument of every call (~40 µs of host time for these kernels' ~50 arguments; NOTES entry 34).
-    `key` must determine that key (the launchers pass the constexpr flags, the dtype and the length
-    bucket): once a key has been through the autotuner, its pick is launched straight away."""
-    picked = _picked.get((tuner, key))
+    The launch's constexprs (`meta`), input dtype and length bucket determine that key (the other tensors'
+    dtypes are fixed), so once they have been through the autotuner, its pick is launched straight away."""
+    key = (tuner, *meta.values(), dtype, bucket)
+    picked = _picked.get(key)
     if picked is None:
         tuner[grid](*args, **meta)
-        _picked[(tuner, key)] = tuner.best_config, tuner.best_config.all_kwargs()
+        _picked[key] = tuner.best_config, tuner.best_config.all_kwargs()
         return tuner.best_config
     config, config_kwargs = picked
     tuner.fn[grid](*args, **meta, **config_kwargs)
