@@ -72,18 +72,17 @@ def backward_rounding_slack(o: torch.Tensor, do: torch.Tensor, o64: torch.Tensor
     `packed`: o is (total, H, D) and L (H, total), flash_attention_varlen's layouts; else L is o.shape[:-1]."""
     if not lse64.requires_grad:  # no key anywhere: no dS to be off
         return [0.0] * len(inputs64)
-    delta_err = (do.double() * (o.double() - o64.detach())).sum(-1)
-    if packed:
-        delta_err = delta_err.transpose(0, 1)
+    finite = torch.isfinite(lse64.detach())
+
+    def per_row(x):  # a per-row quantity of O's layout in L's, 0 on rows that see no key
+        x = x.transpose(0, 1) if packed else x
+        return torch.where(finite, x, torch.zeros_like(x))
+
+    delta_err = per_row((do.double() * (o.double() - o64.detach())).sum(-1))
     # Plus float32 noise: D and each dP_ij are sums of D products taken in different orders, which differ
     # by a few roundings of the terms' size even where O is exact (one key: O = V). Weighted by a generous
     # 8 roundings of sum |dO * O|, taken through the same gradient with its sign dropped.
-    noise = 8 * 2.0**-24 * (do.double() * o64.detach()).abs().sum(-1)
-    if packed:
-        noise = noise.transpose(0, 1)
-    finite = torch.isfinite(lse64.detach())
-    delta_err = torch.where(finite, delta_err, torch.zeros_like(delta_err))
-    noise = torch.where(finite, noise, torch.zeros_like(noise))
+    noise = per_row(8 * 2.0**-24 * (do.double() * o64.detach()).abs().sum(-1))
     exact = torch.autograd.grad(lse64, inputs64, -delta_err, retain_graph=True, allow_unused=True)
     rough = torch.autograd.grad(lse64, inputs64, noise, retain_graph=True, allow_unused=True)
     # And P itself: the backward recomputes P_ij = exp2(s_ij c - L_i c) in float32 from L stored in float32,
@@ -92,10 +91,8 @@ def backward_rounding_slack(o: torch.Tensor, do: torch.Tensor, o64: torch.Tensor
     # gradient of O with the upstream |dO| eps_i bounds exactly (P >= 0); for dQ and dK the same gradient
     # is an estimate of the size (their terms carry dS_ij, of either sign), doubled. It matters in float32
     # only (the fuzzer found dV 1.97e-5 against 1.71e-5 at D=128, scale 1.625, |L| ~ 60).
-    eps = 4 * 2.0**-24 * (2 * lse64.detach().abs() + 17)
-    eps = torch.where(finite, eps, torch.zeros_like(eps))
-    if packed:
-        eps = eps.transpose(0, 1)
+    eps = torch.where(finite, 4 * 2.0**-24 * (2 * lse64.detach().abs() + 17), 0.0)
+    eps = eps.transpose(0, 1) if packed else eps  # in O's layout
     recompute = torch.autograd.grad(o64, inputs64, do.double().abs() * eps[..., None], retain_graph=True,
                                     allow_unused=True)
 
