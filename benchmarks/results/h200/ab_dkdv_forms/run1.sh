@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# Call 1 of NOTES entry 33: dK/dV loop forms and tiles, interleaved A/B. Its kernels: head_backward.py is 4864065's
-# (git show 4864065:src/flashtriton/kernels/backward.py > head_backward.py, untracked so that it travels);
-# the loop_forms*.py files are the scratch kernel with a LOOP_FORM constexpr (0 the policy of the day, 1 three
-# loops, 2 one loop masking the edge tiles through a branch, 3 one loop masking every tile, 4 the interior
-# then one loop over the edge tiles), with the mask written by key row or, in *_oldmask*, over the full tile.
+# Call 1 of NOTES entry 33: dK/dV loop forms and tiles, interleaved A/B.
+# Its kernels: bash benchmarks/results/h200/ab_dkdv_forms/make_kernels.sh first.
 # Run from the repository root on the two-GPU machine: bash benchmarks/results/h200/ab_dkdv_forms/run1.sh
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-AB="python3 benchmarks/ab_dkdv.py --kernel head=head_backward.py --kernel forms=benchmarks/results/h200/ab_dkdv_forms/loop_forms_backward.py --out $OUT"
+AB="python3 benchmarks/ab_dkdv.py --kernel head=head_backward.py --kernel forms=loop_forms_backward.py --out $OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv > $OUT/gpu.txt
 (CUDA_VISIBLE_DEVICES=0 timeout 530 $AB --name ab_d64_causal --case 1,16,16384,64,causal --case 4,32,4096,64,causal \
   --variant "head 3 loops:head:64,64,4,3,tma" \

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# Call 2 of NOTES entry 33: D=128 causal mask formulations at more lengths; D=64 tiles and dQ tiles. Its kernels: head_backward.py is 4864065's
-# (git show 4864065:src/flashtriton/kernels/backward.py > head_backward.py, untracked so that it travels);
-# the loop_forms*.py files are the scratch kernel with a LOOP_FORM constexpr (0 the policy of the day, 1 three
-# loops, 2 one loop masking the edge tiles through a branch, 3 one loop masking every tile, 4 the interior
-# then one loop over the edge tiles), with the mask written by key row or, in *_oldmask*, over the full tile.
+# Call 2 of NOTES entry 33: D=128 causal mask formulations at more lengths; D=64 tiles and dQ tiles.
+# Its kernels: bash benchmarks/results/h200/ab_dkdv_forms/make_kernels.sh first.
 # Run from the repository root on the two-GPU machine: bash benchmarks/results/h200/ab_dkdv_forms/run2.sh
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-AB="python3 benchmarks/ab_dkdv.py --kernel head=head_backward.py --kernel forms=benchmarks/results/h200/ab_dkdv_forms/loop_forms_backward.py --kernel oldmask=benchmarks/results/h200/ab_dkdv_forms/loop_forms_oldmask_backward.py --out $OUT"
+AB="python3 benchmarks/ab_dkdv.py --kernel head=head_backward.py --kernel forms=loop_forms_backward.py --kernel oldmask=loop_forms_oldmask_backward.py --out $OUT"
 (CUDA_VISIBLE_DEVICES=0 timeout 530 $AB --name ab_d128_causal_2 --case 16,16,1024,128,causal --case 1,16,16384,128,causal --case 4,16,4096,128,causal \
   --variant "head one loop:head:64,128,8,3,tma" \
   --variant "new mask everywhere 64 s2:forms:64,64,4,2,tma:LOOP_FORM=3" \
