@@ -53,14 +53,14 @@ def _with_dkdv_groups_of_one(fn, q):
     return run
 
 
-def interleaved_medians(a, b, rounds: int, **bench_kwargs) -> tuple[float, float, list[float], list[float]]:
-    """(median of a, median of b, every time of a, every time of b) in ms: `rounds` rounds of
-    `triton.testing.do_bench`, a then b in each, so that a drift of the clocks hits both alike."""
-    times_a, times_b = [], []
+def interleaved_times(calls, rounds: int, **bench_kwargs) -> list[list[float]]:
+    """Every time (ms) of each call: `rounds` rounds of `triton.testing.do_bench`, the calls in turn in
+    each, so that a drift of the clocks hits all alike."""
+    times = [[] for _ in calls]
     for _ in range(rounds):
-        times_a.append(triton.testing.do_bench(a, **bench_kwargs))
-        times_b.append(triton.testing.do_bench(b, **bench_kwargs))
-    return statistics.median(times_a), statistics.median(times_b), times_a, times_b
+        for call, call_times in zip(calls, times, strict=True):
+            call_times.append(triton.testing.do_bench(call, **bench_kwargs))
+    return times
 
 
 def main() -> None:
@@ -83,7 +83,8 @@ def main() -> None:
                                _backward(q, k, v, o, lse, do, configs=(TileConfig(64, 128, 8, 3, True), dq_cfg)))
         for name, (a, b) in variants.items():
             a(), b()  # compile and autotune outside the timing
-            ta, tb, times_a, times_b = interleaved_medians(a, b, args.rounds)
+            times_a, times_b = interleaved_times((a, b), args.rounds)
+            ta, tb = statistics.median(times_a), statistics.median(times_b)
             rows.append(dict(shape=[batch, heads, seqlen, head_dim], ab=name, a_ms=ta, b_ms=tb, speedup=ta / tb,
                              a_all=times_a, b_all=times_b, choice=ops.last_backward_choice()))
             print(f"B{batch} H{heads} N{seqlen} D{head_dim} {name:5s}  A {ta:.3f} ms  B {tb:.3f} ms  "

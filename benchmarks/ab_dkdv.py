@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-import triton.testing
 
+from ab_backward import interleaved_times  # this folder is on the path when run as a script
 from flashtriton import ops
 from flashtriton.testing import make_qkv
 from flashtriton.tuning import TileConfig
@@ -114,10 +114,7 @@ def main() -> None:
                 calls.append((label, f"{config.name} {dq.name}", call))
             except Exception as error:  # a variant that does not compile or fit is reported, not fatal
                 print(f"{label}: failed: {str(error).splitlines()[0][:200]}", flush=True)
-        times = [[] for _ in calls]
-        for _ in range(args.rounds):
-            for i, (_, _, call) in enumerate(calls):
-                times[i].append(triton.testing.do_bench(call, warmup=10, rep=50))
+        times = interleaved_times([call for _, _, call in calls], args.rounds, warmup=10, rep=50)
         first = statistics.median(times[0])
         print(f"B{batch} H{heads} N{seqlen} D{head_dim} causal={causal} (dK/dV tiles, dQ tiles)", flush=True)
         for (label, config, _), g, all_ms in zip(calls, grads, times, strict=True):
