@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import re
 import subprocess
@@ -108,6 +109,7 @@ class KernelReport:
     hmma: int
     wgmma_waits: int
     wgmma_serialized: bool
+    sass_sha1: str  # of the SASS without the kernel's name: equal hashes, same machine code (--json only)
 
 
 def _resource_usage(cubin: bytes) -> dict[str, int]:
@@ -138,7 +140,8 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
                         compiled.metadata.shared, len(re.findall(r"\bHGMMA\.", sass)),
                         len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
-                        _wgmma_serialized(compiled.asm["ptx"]))
+                        _wgmma_serialized(compiled.asm["ptx"]),
+                        hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12])
 
 
 def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
