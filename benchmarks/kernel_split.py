@@ -1,0 +1,96 @@
+"""Where a backward's time goes as the sequence grows at a fixed B * N (GPU only): our backward split into
+its kernels, next to the peers' backward, all in one process and interleaved round by round, so that the
+clocks' drift (the H200 slows by up to ~10% as it warms) hits every line alike.
+
+Lines per case:
+- "ours": the whole backward through the launchers (autotuned, as a user's call);
+- "ours D+dQ" and "ours D+dK/dV": the same with only dq, or only dk and dv, wanted (the preprocess runs in
+  both); their difference from "ours" is the other kernel's time;
+- "flashtriton", "sdpa_flash", "sdpa_cudnn", "flex": the backward through autograd, as the suites time it
+  (ours included: its difference from "ours" is the autograd path's).
+
+TFLOP/s count the backward's FLOPs as bench.py does (2.5x the forward's; the visible half when causal).
+
+    PYTHONPATH=src python benchmarks/kernel_split.py --case 1,16,16384,128,causal [--case ...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from ab_backward import interleaved_times  # this folder is on the path when run as a script
+from flashtriton import ops
+from flashtriton.bench import PROVIDERS, Shape, warm_up_gpu
+from flashtriton.testing import make_qkv
+
+
+def ours(do, q, k, v, o, lse, causal: bool, needs):
+    scale = q.shape[-1] ** -0.5
+    return lambda: ops.attention_backward(do, q, k, v, o, lse, causal, scale, autotune=True, needs=needs)
+
+
+def peer(name: str, shape: Shape, q, k, v, do):
+    provider = PROVIDERS[name]
+    with provider.context():
+        out = provider.run(q, k, v, shape)
+
+    def call():
+        with provider.context():
+            for x in (q, k, v):
+                x.grad = None
+            out.backward(do, retain_graph=True)
+    return call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", required=True, help="B,H,N,D[,causal]")
+    parser.add_argument("--peers", default="flashtriton,sdpa_flash,sdpa_cudnn,flex")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--name", default="kernel_split")
+    args = parser.parse_args()
+    warm_up_gpu()
+    rows = []
+    for case in args.case:
+        *dims, causal = case.split(",") if case.endswith("causal") else (*case.split(","), "")
+        batch, heads, seqlen, head_dim = map(int, dims)
+        shape = Shape(batch, heads, heads, seqlen, seqlen, head_dim, causal == "causal")
+        q, k, v = make_qkv(batch, heads, heads, seqlen, seqlen, head_dim, torch.bfloat16, "cuda")
+        o, lse = ops.attention_forward(q.detach(), k.detach(), v.detach(), shape.causal, head_dim ** -0.5)
+        do = torch.randn_like(o)
+        plain = [x.detach() for x in (q, k, v)]
+        calls = {"ours": ours(do, *plain, o, lse, shape.causal, (True, True, True)),
+                 "ours D+dQ": ours(do, *plain, o, lse, shape.causal, (True, False, False)),
+                 "ours D+dK/dV": ours(do, *plain, o, lse, shape.causal, (False, True, True))}
+        for name in filter(None, args.peers.split(",")):
+            calls[name] = peer(name, shape, q, k, v, do)
+        for call in calls.values():  # autotune and compile outside the timed rounds
+            call()
+        times = interleaved_times(list(calls.values()), args.rounds, warmup=10, rep=50)
+        ms = {name: statistics.median(t) for name, t in zip(calls, times, strict=True)}
+        ms["dQ alone (ours - D+dK/dV)"] = ms["ours"] - ms["ours D+dK/dV"]
+        ms["dK/dV alone (ours - D+dQ)"] = ms["ours"] - ms["ours D+dQ"]
+        flops = shape.flops("bwd")
+        print(f"{shape} [{ops.last_backward_choice()}]", flush=True)
+        for name, value in ms.items():
+            share = f"{value / ms['ours']:6.1%} of ours" if name.startswith(("dQ", "dK")) else \
+                f"{flops / value / 1e9:6.0f} TFLOP/s"
+            print(f"  {name:28s} {value:8.3f} ms  {share}", flush=True)
+        rows.append(dict(case=case, ms=ms, all_ms={n: t for n, t in zip(calls, times, strict=True)},
+                         tiles=ops.last_backward_choice()))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{args.name}.json").write_text(json.dumps(
+                dict(gpu=torch.cuda.get_device_name(), rows=rows), indent=1))
+        del q, k, v, o, lse, do, plain, calls
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
