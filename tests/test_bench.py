@@ -210,3 +210,49 @@ def test_varlen_shape_runs_the_same_attention_for_every_provider():
     flex = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
     assert ours.shape == q.shape
     assert (ours[part] - ref).abs().max() < 1e-4 and (flex[part] - ref).abs().max() < 1e-4
+
+
+def test_suite_times_the_providers_in_interleaved_rounds(monkeypatch):
+    """Every (shape, mode) times each provider once per round, in turn, and keeps the median: a drift of
+    the clocks during a suite then hits every provider alike. CPU fakes stand in for the GPU parts."""
+    import contextlib
+
+    import torch
+
+    from flashtriton import bench, testing
+
+    current, timed = [None], []
+    fake_ms = {("a", "fwd"): iter([3.0, 1.0, 2.0]), ("b", "fwd"): iter([2.0, 2.0, 2.0]),
+               ("a", "bwd"): iter([5.0, 4.0, 6.0]), ("b", "bwd"): iter([9.0, 7.0, 8.0])}
+
+    def provider(name):
+        @contextlib.contextmanager
+        def context():  # the timer enters the provider's context around each timing
+            current[0] = name
+            yield
+            current[0] = None
+
+        def run(q, k, v, shape):
+            return torch.softmax(q @ k.transpose(-1, -2) * shape.head_dim ** -0.5, -1) @ v
+        return bench.Provider(run, context)
+
+    def fake_time(fn, grad_to_none=None):
+        fn()  # the forward, or the backward through the graph the timer kept
+        mode = "fwd" if grad_to_none is None else "bwd"
+        timed.append((current[0], mode))
+        return next(fake_ms[current[0], mode])
+
+    monkeypatch.setattr(bench, "warm_up_gpu", lambda: None)
+    monkeypatch.setattr(bench, "make_qkv", lambda *args: testing.make_qkv(*args[:-1], "cpu"))
+    monkeypatch.setattr(bench, "_time", fake_time)
+    monkeypatch.setattr(bench, "_time_graph", lambda fn: 1.0)
+    monkeypatch.setitem(bench.SUITES, "tiny", lambda: [Shape(1, 2, 2, 17, 17, 8, False)])
+    monkeypatch.setitem(bench.PROVIDERS, "a", provider("a"))
+    monkeypatch.setitem(bench.PROVIDERS, "b", provider("b"))
+    rows = bench.run_suite("tiny", ["a", "b"], ["fwd", "bwd"], dtype=torch.float32, log=lambda line: None)
+    assert timed == [("a", "fwd"), ("b", "fwd")] * bench.ROUNDS + [("a", "bwd"), ("b", "bwd")] * bench.ROUNDS
+    by_key = {(row.provider, row.mode): row for row in rows}
+    assert (by_key["a", "fwd"].ms, by_key["a", "fwd"].spread) == (2.0, 1.0)  # median of 3, 1, 2; (3 - 1) / 2
+    assert (by_key["b", "fwd"].ms, by_key["b", "fwd"].spread) == (2.0, 0.0)
+    assert (by_key["b", "bwd"].ms, by_key["b", "bwd"].spread) == (8.0, 0.25)
+    assert by_key["a", "fwd"].ms_graph == 1.0 and by_key["a", "bwd"].ms_graph is None

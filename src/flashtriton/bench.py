@@ -1,7 +1,8 @@
 """Benchmarks against the peers, and the correctness check that runs before any timing.
 
 On a GPU every provider's output is checked against a float32 reference next to ours before it is timed;
-times are `triton.testing.do_bench` medians on fresh random inputs. FLOPs are counted as the
+times are `triton.testing.do_bench` medians on fresh random inputs, the providers timed in turn over
+ROUNDS rounds (median of the rounds). FLOPs are counted as the
 FlashAttention papers do: forward = 4 * B * Hq * Nq * Nk * D, halved when causal; backward = 2.5 x forward.
 """
 
@@ -14,6 +15,7 @@ import itertools
 import json
 import os
 import platform
+import statistics
 import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -284,7 +286,7 @@ class Row:
     ms: float
     tflops: float
     max_err_vs_fp32: float | None = None
-    spread: float = 0.0  # |difference| of two back-to-back timings, relative to their mean
+    spread: float = 0.0  # (max - min) / median of the ROUNDS interleaved timings
     ms_graph: float | None = None  # forward replayed from a CUDA graph: the GPU's time without launch overhead
     peak_mem_mb: float | None = None  # fwd_bwd: memory one call allocates at its peak, beyond q, k, v, dO
     variant: str = ""  # Shape.variant: GQA, window, softcap, ALiBi (the variants suite)
@@ -314,17 +316,35 @@ def warm_up_gpu(seconds: float = 2.0) -> None:
 def time_provider(name: str, shape: Shape, mode: str, q, k, v, graph: bool = False) -> float:
     """Median ms of one call as the user makes it (eager: Python and launch overhead included), or with
     `graph`, of the forward replayed from a CUDA graph (what the GPU itself spends)."""
+    return provider_timer(name, shape, mode, q, k, v, graph)()
+
+
+def provider_timer(name: str, shape: Shape, mode: str, q, k, v, graph: bool = False) -> Callable[[], float]:
+    """A function that times one call of `name` (time_provider) each time it is called. The bwd mode's
+    forward runs once, here; its graph is kept for the repeated backwards."""
     provider = PROVIDERS[name]
     fn = provider.run
-    with provider.context():
-        if mode == "fwd":
-            with torch.no_grad():
+    if mode == "fwd":
+        def timed():
+            with provider.context(), torch.no_grad():
                 return (_time_graph if graph else _time)(lambda: fn(q, k, v, shape))
+        return timed
+    with provider.context():
         o = fn(q, k, v, shape)
-        do = torch.randn_like(o)
-        if mode == "bwd":
-            return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v])
-        return _time(lambda: fn(q, k, v, shape).backward(do), grad_to_none=[q, k, v])
+    do = torch.randn_like(o)
+
+    def timed():
+        with provider.context():
+            if mode == "bwd":
+                return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v])
+            return _time(lambda: fn(q, k, v, shape).backward(do), grad_to_none=[q, k, v])
+    return timed
+
+
+# Each (shape, mode) times every provider once per round, ROUNDS rounds, and keeps the median. Timing one
+# provider after another instead let the clocks' drift land on whoever ran last or first: our backward's
+# two back-to-back timings differed by up to 8% where sdpa_flash's did not (NOTES entry 35).
+ROUNDS = 3
 
 
 def peak_memory_mb(name: str, shape: Shape, q, k, v) -> float:
@@ -408,19 +428,33 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                     skip(name, shape, "check", exc)
             del ref
         for mode in modes:
+            timers = {}
             for name in errors:
                 try:
-                    first, second = (time_provider(name, shape, mode, q, k, v) for _ in range(2))
+                    timers[name] = provider_timer(name, shape, mode, q, k, v)
+                except torch.cuda.OutOfMemoryError as exc:
+                    skip(name, shape, mode, exc)
+            times = {name: [] for name in timers}
+            for _ in range(ROUNDS):  # interleaved, so that a drift of the clocks hits every provider alike
+                for name in list(timers):
+                    try:
+                        times[name].append(timers[name]())
+                    except torch.cuda.OutOfMemoryError as exc:
+                        skip(name, shape, mode, exc)
+                        del timers[name]
+            del timers  # the bwd mode's graphs
+            for name in (n for n in errors if n in times and len(times[n]) == ROUNDS):
+                try:
                     ms_graph = time_provider(name, shape, mode, q, k, v, graph=True) if mode == "fwd" else None
                     peak = peak_memory_mb(name, shape, q, k, v) if mode == "fwd_bwd" else None
                 except torch.cuda.OutOfMemoryError as exc:
                     skip(name, shape, mode, exc)
                     continue
-                ms = (first + second) / 2
+                ms = statistics.median(times[name])
                 rows.append(Row(name, suite, shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
                                 shape.seqlen_k, shape.head_dim, DTYPE_NAMES[dtype], shape.causal, mode, ms,
-                                shape.flops(mode) / ms / 1e9, errors[name], abs(first - second) / ms, ms_graph,
-                                peak, shape.variant))
+                                shape.flops(mode) / ms / 1e9, errors[name], (max(times[name]) - min(times[name])) / ms,
+                                ms_graph, peak, shape.variant))
                 notes = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
                 notes += f" peak {peak:.0f} MiB" if peak is not None else ""
                 notes += f" [{last_backward_choice()}]" if name == "flashtriton" and mode != "fwd" else ""
