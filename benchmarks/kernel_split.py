@@ -6,6 +6,7 @@ Lines per case:
 - "ours": the whole backward through the launchers (autotuned, as a user's call);
 - "ours D+dQ" and "ours D+dK/dV": the same with only dq, or only dk and dv, wanted (the preprocess runs in
   both); their difference from "ours" is the other kernel's time;
+- "ours D alone": the preprocess kernel (D = rowsum(dO * O)) by itself, launched as the backward does;
 - "flashtriton", "sdpa_flash", "sdpa_cudnn", "flex": the backward through autograd, as the suites time it
   (ours included: its difference from "ours" is the autograd path's).
 
@@ -22,16 +23,28 @@ import statistics
 from pathlib import Path
 
 import torch
+import triton
 
 from ab_backward import interleaved_times  # this folder is on the path when run as a script
 from flashtriton import ops
 from flashtriton.bench import PROVIDERS, Shape, warm_up_gpu
 from flashtriton.testing import make_qkv
+from flashtriton.tuning import block_d
 
 
 def ours(do, q, k, v, o, lse, causal: bool, needs):
     scale = q.shape[-1] ** -0.5
     return lambda: ops.attention_backward(do, q, k, v, o, lse, causal, scale, autotune=True, needs=needs)
+
+
+def delta_alone(do, o):
+    """The backward's first launch (ops.attention_backward) by itself."""
+    batch, heads, seqlen, head_dim = o.shape
+    delta = torch.empty(batch, heads, seqlen, device=o.device)
+    grid = (triton.cdiv(seqlen, 64), heads, batch)
+    return lambda: ops.attn_bwd_preprocess_kernel[grid](
+        o, do, delta, None, *ops._bhr_strides(o, do), heads, seqlen,
+        HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=64)
 
 
 def peer(name: str, shape: Shape, q, k, v, do):
@@ -67,7 +80,8 @@ def main() -> None:
         plain = [x.detach() for x in (q, k, v)]
         calls = {"ours": ours(do, *plain, o, lse, shape.causal, (True, True, True)),
                  "ours D+dQ": ours(do, *plain, o, lse, shape.causal, (True, False, False)),
-                 "ours D+dK/dV": ours(do, *plain, o, lse, shape.causal, (False, True, True))}
+                 "ours D+dK/dV": ours(do, *plain, o, lse, shape.causal, (False, True, True)),
+                 "ours D alone": delta_alone(do, o)}
         for name in filter(None, args.peers.split(",")):
             calls[name] = peer(name, shape, q, k, v, do)
         for call in calls.values():  # autotune and compile outside the timed rounds
@@ -79,7 +93,7 @@ def main() -> None:
         flops = shape.flops("bwd")
         print(f"{shape} [{ops.last_backward_choice()}]", flush=True)
         for name, value in ms.items():
-            share = f"{value / ms['ours']:6.1%} of ours" if name.startswith(("dQ", "dK")) else \
+            share = f"{value / ms['ours']:6.1%} of ours" if name.startswith(("dQ", "dK", "ours D alone")) else \
                 f"{flops / value / 1e9:6.0f} TFLOP/s"
             print(f"  {name:28s} {value:8.3f} ms  {share}", flush=True)
         rows.append(dict(case=case, ms=ms, all_ms={n: t for n, t in zip(calls, times, strict=True)},
