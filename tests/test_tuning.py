@@ -41,8 +41,6 @@ def test_autotuner_candidates_follow_the_head_dim(head_dim, dtype, with_tma):
     assert cfgs and all(c in wanted for c in cfgs)  # the candidates are TileConfigs
     assert all(why_pruned(c, head_dim, dtype, SMEM) is None for c in cfgs)
     assert any(c.use_tma for c in cfgs) == with_tma
-    # the host builds descriptors for one tile shape per width: every TMA candidate must use it
-    assert all((c.block_m, c.block_n) == tuning.tma_tile(head_dim, dtype) for c in cfgs if c.use_tma)
     assert not any(c.warp_specialize for c in cfgs)  # a no-op on sm_90 with Triton 3.6 (NOTES entry 25)
 
 
@@ -67,9 +65,9 @@ def test_autotuned_forward_matches_reference_and_keys_by_bucket(is_causal):
                                                      (256, torch.float16, True)])
 def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dtype, with_tma):
     q = torch.empty(1, 1, 8, head_dim, dtype=dtype)
-    tile = tuning.backward_tma_tile(kernel, head_dim, dtype)
+    tile = tuning.tma_candidate_tile(kernel, head_dim, dtype)
     args = {"Q": q}
-    if with_tma and tile is not None:  # the launcher builds the descriptors at the launch's TMA tile
+    if with_tma and tile is not None:  # the launcher builds the descriptors at the first TMA candidate's tile
         bm, bn = tile
         strides = [list(q.stride())] * 4
         args.update(zip(("desc_q", "desc_k", "desc_v", "desc_do"),
@@ -84,9 +82,38 @@ def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dty
     static = tuning.backward_configs(head_dim, dtype, torch.device("cuda"))[0 if kernel == "dkdv" else 1]
     assert all(c == static or tuning.why_pruned_backward(kernel, c, head_dim, dtype, SMEM) is None for c in cfgs)
     assert any(c.use_tma for c in cfgs) == (with_tma and tile is not None)
-    assert all((c.block_m, c.block_n) == tile for c in cfgs if c.use_tma)  # the descriptors' tile only
     if kernel == "dkdv" and head_dim == 128 and with_tma:  # the causal winner since it runs one loop (NOTES 33)
         assert TileConfig(64, 64, 4, 2, True) in cfgs
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_autotuned_tma_candidates_of_different_tiles_each_get_their_boxes(monkeypatch, head_dim):
+    """The TMA candidates of one width have different tiles (64 x 128 and 128 x 64 at D=64), and the
+    launcher builds one set of descriptors: every launch the autotuner times must reset their boxes to its
+    own tiles, and compute the right O with them."""
+    tuner = tuning.attn_fwd_autotuned[True]
+    tuner.cache.clear()
+    tuning.forget_picks()
+    launches = []
+
+    def timed(kernel_call, quantiles):  # what _time_config does in the interpreter, and a record
+        kernel_call()
+        args = tuner.nargs
+        launches.append((args["desc_q"].block_shape[2], args["desc_k"].block_shape[2], args["O"].clone()))
+        return [1.0] * len(quantiles)
+    monkeypatch.setitem(tuner.__dict__, "do_bench", timed)
+    q, k, v = make_qkv(1, 2, 2, 130, 97, head_dim, torch.float16, DEVICE, requires_grad=False)
+    ops.attention_forward(q, k, v, True, 0.125, autotune=True)
+    o64, _ = attention_ref(*(x.double() for x in (q, k, v)), is_causal=True, scale=0.125)
+    low_o, _ = attention_ref(q, k, v, is_causal=True, scale=0.125, upcast=False)
+    candidates = tuning.FORWARD_CANDIDATES[tuning.width_class(head_dim, q.dtype)]
+    assert {(m, n) for m, n, _ in launches} == {(c.block_m, c.block_n) for c in candidates}
+    assert len({(c.block_m, c.block_n) for c in candidates if c.use_tma}) > 1
+    for m, n, o in launches:
+        check = bounded(f"O at {m}x{n}", o, o64, low_o, q.dtype)
+        assert check.ok, str(check)
+    tuning.forget_picks()
+    tuner.cache.clear()
 
 
 def test_a_tuned_key_skips_the_autotuner(monkeypatch):

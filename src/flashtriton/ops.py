@@ -25,13 +25,12 @@ from .tuning import (
     attn_bwd_dq_autotuned,
     attn_fwd_autotuned,
     backward_configs,
-    backward_tma_tile,
     block_d,
     forward_config,
     run_autotuned,
     seqlen_bucket,
     tile_config_of,
-    tma_tile,
+    tma_candidate_tile,
 )
 from .validation import (
     check_alibi_slopes,
@@ -264,10 +263,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     optional = (alibi_slopes, *cu_seqlens, dropout_seed)
     # A packed batch takes block pointers: a tile past a sequence's end would read into the next one.
     if autotune:
-        tma_strides = _tma_strides(q, k, v, o) if varlen is None else None
+        tile = tma_candidate_tile("fwd", head_dim, q.dtype)
+        tma_strides = _tma_strides(q, k, v, o) if varlen is None and tile is not None else None
         with_tma = tma_strides is not None
-        bm, bn = tma_tile(head_dim, q.dtype)
-        descs = _descriptors((q, k, v, o), tma_strides, (bm, bn, bn, bm), bd) if with_tma else (None,) * 4
+        if with_tma:  # at the first TMA candidate's tiles; each autotuned launch sets its own
+            bm, bn = tile
+            descs = _descriptors((q, k, v, o), tma_strides, (bm, bn, bn, bm), bd)
+        else:
+            descs = (None,) * 4
 
         def grid(meta):
             return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
@@ -370,12 +373,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         bm, bn = tile
         return _descriptors((q, k, v, do), tma_strides, (bm, bn, bn, bm), bd)
 
-    # A launch's TMA candidates share one tile (per kernel and width: backward_tma_tile), so the
-    # descriptors exist before the pick. A packed batch takes block pointers: a tile past a sequence's end
-    # would read into the next one.
+    # The descriptors exist before the pick, at the first TMA candidate's tiles; each autotuned launch
+    # sets their boxes to its own (tuning._WithDescriptorBoxes). A packed batch takes block pointers: a
+    # tile past a sequence's end would read into the next one.
     if autotune:
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
-        tiles = [backward_tma_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
+        tiles = [tma_candidate_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
         picks = []
         for tile, autotuned, grid, args, rest, wanted in (
                 (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),

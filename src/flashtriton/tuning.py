@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.testing
+from triton.runtime.jit import KernelInterface
 
 from . import _interpreter
 from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
@@ -67,10 +68,12 @@ def _forward_config(head_dim: int, dtype: torch.dtype, device_type: str, use_tma
         # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
         return TileConfig(block_m=32, block_n=16, use_tma=use_tma)
     width = row_bytes(head_dim, dtype)
+    # TMA: the interleaved A/B of NOTES entry 36 (benchmarks/results/h200/ab_forward_tiles/); block
+    # pointers: the sweeps.
     if width <= 128:  # D <= 64 in 16 bits
-        return TileConfig(128, 64, num_warps=4, num_stages=3, use_tma=use_tma)
+        return TileConfig(64, 128, 4, 2, True) if use_tma else TileConfig(128, 64, num_warps=4, num_stages=3)
     if width <= 256:  # D = 128 in 16 bits
-        return TileConfig(128, 64, num_warps=8, num_stages=3, use_tma=use_tma)
+        return TileConfig(64, 64, 4, 3, True) if use_tma else TileConfig(128, 64, num_warps=8, num_stages=3)
     return TileConfig(64, 32, num_warps=4, num_stages=1, use_tma=use_tma)  # D = 256
 
 
@@ -188,28 +191,27 @@ def _cuda_shared_memory(index: int) -> int:
 
 # ------------------------------------------------------------------------------------------- autotuning
 
-# The forward's candidates per row width (BLOCK_D * itemsize), from the sweeps at N=4096 (docs/tuning.md),
-# (TileConfig: BLOCK_M, BLOCK_N, warps, stages, TMA, warp specialisation). TMA candidates use the width's one
-# TMA tile (TMA_TILES): the host builds the tensor descriptors, whose box is the tile, before the
-# autotuner picks a config. (Per-config descriptors would need a config pre_hook, which stops Triton from
-# caching the autotuner's choice on disk. Descriptors built on the device would lift that limit: see
-# benchmarks/NOTES.md, entry 10.) D=256 was not swept: its candidates are the static choice and
-# neighbours that fit shared memory.
+# The forward's candidates per row width (BLOCK_D * itemsize), (TileConfig: BLOCK_M, BLOCK_N, warps, stages,
+# TMA): on TMA, the winners of an interleaved A/B over the paper suite's shapes (NOTES entry 36; 64 x 128
+# at D=64 and 64 x 64 at D=128 beat the tiles the first sweeps picked, by 5-18%, and each loses only a few
+# rows by 1-2%, which the second candidate covers); on block pointers, the sweeps' winners at N=4096
+# (docs/tuning.md). Every launch through an autotuner sets the descriptors' boxes to its own tiles
+# (_WithDescriptorBoxes), so TMA candidates of different tiles sit side by side. D=256 was not swept: its
+# candidates are the static choice and neighbours that fit shared memory.
 FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
-    128: [TileConfig(128, 64, 4, 3, True), TileConfig(128, 64, 4, 4, True), TileConfig(128, 64, 8, 3, True),
+    128: [TileConfig(64, 128, 4, 2, True), TileConfig(128, 64, 4, 3, True), TileConfig(64, 64, 4, 3, True),
           TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 4), TileConfig(64, 128, 4, 2)],
-    256: [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 8, 4, True),
+    256: [TileConfig(64, 64, 4, 3, True), TileConfig(64, 64, 4, 2, True), TileConfig(128, 64, 8, 3, True),
           TileConfig(128, 32, 8, 3), TileConfig(128, 64, 8, 3)],
     512: [TileConfig(64, 32, 4, 1, True), TileConfig(64, 32, 4, 2, True), TileConfig(64, 32, 4, 1),
           TileConfig(64, 64, 4, 2), TileConfig(128, 32, 8, 2)],
 }
-TMA_TILES = {128: (128, 64), 256: (128, 64), 512: (64, 32)}  # (BLOCK_M, BLOCK_N) of the TMA candidates
 
 # The backward kernels' candidates, from their sweeps (cs336's shape at D=64, the paper's N=4096 at D=128,
-# both masks; benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the two best TMA configs on the
-# width's TMA tile and the best block-pointer ones. At D=128 causal, dK/dV's 64 x 64 tile with two stages
-# on TMA wins since it runs one loop (7-13% ahead of 64 x 128 with 8 warps, its best before; NOTES entry
-# 33). D=256 keeps its one static config.
+# both masks; benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the two best TMA configs and the
+# best block-pointer ones. At D=128 causal, dK/dV's 64 x 64 tile with two stages on TMA wins since it runs
+# one loop (7-13% ahead of 64 x 128 with 8 warps, its best before; NOTES entry 33). dQ tiles of 128 keys
+# lost (NOTES entry 35). D=256 keeps its one static config.
 BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
     "dkdv": {128: [TileConfig(64, 64, 4, 3, True), TileConfig(64, 64, 4, 2, True),
                    TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
@@ -222,7 +224,6 @@ BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
                  TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2)],
            512: [TileConfig(64, 16, 8, 1)]},
 }
-BACKWARD_TMA_TILES = {"dkdv": {128: (64, 64), 256: (64, 64)}, "dq": {128: (128, 64), 256: (128, 64)}}
 
 # Below this much work (B * Hq * Nq * Nk * D) a forward takes tens of microseconds, the static table is
 # within noise of the best config, and the autotuner's own host cost (it keys every call) would show.
@@ -235,13 +236,12 @@ def width_class(head_dim: int, dtype: torch.dtype) -> int:
     return next(w for w in sorted(FORWARD_CANDIDATES) if width <= w)
 
 
-def tma_tile(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
-    return TMA_TILES[width_class(head_dim, dtype)]
-
-
-def backward_tma_tile(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[int, int] | None:
-    """The (BLOCK_M, BLOCK_N) of a backward kernel's TMA candidates, or None if it has none."""
-    return BACKWARD_TMA_TILES[kernel].get(width_class(head_dim, dtype))
+def tma_candidate_tile(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[int, int] | None:
+    """(BLOCK_M, BLOCK_N) of the first TMA candidate of `kernel` ("fwd", "dkdv", "dq") for this width, or
+    None if it has none (the launch then takes the autotuner without descriptors). The launcher builds the
+    descriptors at this tile; each autotuned launch resets their boxes to its own tiles."""
+    candidates = (FORWARD_CANDIDATES if kernel == "fwd" else BACKWARD_CANDIDATES[kernel])[width_class(head_dim, dtype)]
+    return next(((c.block_m, c.block_n) for c in candidates if c.use_tma), None)
 
 
 def tile_config_of(config: triton.Config) -> TileConfig:
@@ -309,6 +309,29 @@ def _time_config(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=10, rep=40, quantiles=quantiles)
 
 
+class _WithDescriptorBoxes(KernelInterface):
+    """A kernel as its autotuner launches it: each launch first sets the tensor descriptors' boxes to the
+    launched config's tiles (Q and O or dO rows: BLOCK_M; K and V rows: BLOCK_N), so that TMA candidates of
+    different tiles share the one set of descriptors that the launcher built. An autotuner's own pre_hook
+    would not do: Triton calls it while timing, but not before launching a pick it found in its disk
+    cache; and a config's pre_hook turns that cache off."""
+
+    BOXES = {"desc_q": "BLOCK_M", "desc_o": "BLOCK_M", "desc_do": "BLOCK_M", "desc_k": "BLOCK_N", "desc_v": "BLOCK_N"}
+
+    def __init__(self, kernel):
+        self.fn = kernel  # Triton's autotuner finds the JIT function (its cache key) through .fn
+        self.arg_names = kernel.arg_names
+        self.boxes = [(kernel.arg_names.index(name), block) for name, block in self.BOXES.items()
+                      if name in kernel.arg_names]
+
+    def run(self, *args, **kwargs):
+        for index, block in self.boxes:
+            desc = args[index]
+            if desc is not None:
+                desc.block_shape = [1, 1, kwargs[block], desc.block_shape[-1]]
+        return self.fn.run(*args, **kwargs)
+
+
 def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
     # The dtypes of the tensor arguments join the key automatically.
     return triton.autotune(
@@ -318,7 +341,7 @@ def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
         prune_configs_by={"early_config_prune": prune},
         do_bench=_time_config,
         cache_results=True,
-    )(kernel)
+    )(_WithDescriptorBoxes(kernel) if with_tma else kernel)
 
 
 # (autotuner, constexprs, dtype, length bucket) -> (the triton.Config it picked, its launch keywords).
