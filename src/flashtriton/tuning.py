@@ -192,16 +192,16 @@ def _cuda_shared_memory(index: int) -> int:
 # ------------------------------------------------------------------------------------------- autotuning
 
 # The forward's candidates per row width (BLOCK_D * itemsize), (TileConfig: BLOCK_M, BLOCK_N, warps, stages,
-# TMA): on TMA, the winners of an interleaved A/B over the paper suite's shapes (NOTES entry 36; 64 x 128
-# at D=64 and 64 x 64 at D=128 beat the tiles the first sweeps picked, by 5-18%, and each loses only a few
-# rows by 1-2%, which the second candidate covers); on block pointers, the sweeps' winners at N=4096
+# TMA): on TMA, the winners of an interleaved A/B over the paper suite's shapes (NOTES entry 36: 64 x 128
+# at D=64 and 64 x 64 at D=128 beat the tiles the first sweeps picked, and 128 x 64 stays for the D=64
+# causal rows at N <= 2048 that it wins by 1-2%); on block pointers, the sweeps' winners at N=4096
 # (docs/tuning.md). Every launch through an autotuner sets the descriptors' boxes to its own tiles
 # (_WithDescriptorBoxes), so TMA candidates of different tiles sit side by side. D=256 was not swept: its
 # candidates are the static choice and neighbours that fit shared memory.
 FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
-    128: [TileConfig(64, 128, 4, 2, True), TileConfig(128, 64, 4, 3, True), TileConfig(64, 64, 4, 3, True),
+    128: [TileConfig(64, 128, 4, 2, True), TileConfig(128, 64, 4, 3, True),
           TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 4), TileConfig(64, 128, 4, 2)],
-    256: [TileConfig(64, 64, 4, 3, True), TileConfig(64, 64, 4, 2, True), TileConfig(128, 64, 8, 3, True),
+    256: [TileConfig(64, 64, 4, 3, True), TileConfig(128, 64, 8, 3, True),
           TileConfig(128, 32, 8, 3), TileConfig(128, 64, 8, 3)],
     512: [TileConfig(64, 32, 4, 1, True), TileConfig(64, 32, 4, 2, True), TileConfig(64, 32, 4, 1),
           TileConfig(64, 64, 4, 2), TileConfig(128, 32, 8, 2)],
