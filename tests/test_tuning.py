@@ -116,6 +116,30 @@ def test_autotuned_tma_candidates_of_different_tiles_each_get_their_boxes(monkey
     tuner.cache.clear()
 
 
+def test_a_cached_pick_of_another_tile_gets_its_boxes():
+    """Triton's autotuner launches a pick found in its (disk) cache without timing anything and without
+    calling its pre_hook: the launch must still set the descriptors' boxes to the pick's tiles, which
+    here differ from the ones the launcher built the descriptors at (the first TMA candidate's)."""
+    tuner = tuning.attn_fwd_autotuned[True]
+    tuner.cache.clear()
+    tuning.forget_picks()
+    q, k, v = make_qkv(1, 2, 2, 97, 130, 64, torch.float16, DEVICE, requires_grad=False)
+    ops.attention_forward(q, k, v, False, 0.125, autotune=True)
+    (key,) = tuner.cache
+    built_at = tuning.tma_candidate_tile("fwd", 64, q.dtype)
+    other = next(c for c in tuner.configs if c.kwargs["USE_TMA"] and tuning.tile_config_of(c).block_m != built_at[0])
+    tuner.cache[key] = other  # what check_disk_cache does on a hit
+    tuning.forget_picks()
+    o, _ = ops.attention_forward(q, k, v, False, 0.125, autotune=True)
+    assert ops.last_forward_choice() == tuning.tile_config_of(other).name
+    o64, _ = attention_ref(*(x.double() for x in (q, k, v)), is_causal=False, scale=0.125)
+    low_o, _ = attention_ref(q, k, v, is_causal=False, scale=0.125, upcast=False)
+    check = bounded("O", o, o64, low_o, q.dtype)
+    assert check.ok, str(check)
+    tuner.cache.clear()
+    tuning.forget_picks()
+
+
 def test_a_tuned_key_skips_the_autotuner(monkeypatch):
     """run_autotuned sends a key through Triton's autotuner once, then launches its pick directly: the
     same tiles, the same numbers, and the logs still name the pick."""
