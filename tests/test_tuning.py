@@ -71,7 +71,7 @@ def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dty
         bm, bn = tile
         strides = [list(q.stride())] * 4
         args.update(zip(("desc_q", "desc_k", "desc_v", "desc_do"),
-                        ops._descriptors((q,) * 4, strides, (bm, bn, bn, bm), tuning.block_d(head_dim)),
+                        ops._descriptors((q,) * 4, strides, (bm, bn), tuning.block_d(head_dim)),
                         strict=True))
     autotuned = {"dkdv": tuning.attn_bwd_dkdv_autotuned, "dq": tuning.attn_bwd_dq_autotuned}[kernel]
     configs = autotuned[with_tma].configs
@@ -179,11 +179,13 @@ def test_descriptors_match_triton_s_own():
     """ops._descriptors skips TensorDescriptor's checks (host time): it must build the same descriptors."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     q = torch.randn(2, 3, 40, 64, dtype=torch.bfloat16)[:, :, 4:]  # a view: the base pointer is offset
-    strides = ops._tma_strides(q, q)
+    strides = ops._tma_strides(q, q, q, q)
     assert strides is not None
-    ours = ops._descriptors((q, q), strides, (64, 32), 64)
+    ours = ops._descriptors((q,) * 4, strides, (64, 32), 64)  # (q, k, v, o) at BLOCK_M = 64, BLOCK_N = 32
     assert ours == tuple(TensorDescriptor(q, list(q.shape), st, [1, 1, r, 64])
-                         for st, r in zip(strides, (64, 32), strict=True))
+                         for st, r in zip(strides, (64, 32, 32, 64), strict=True))
+    assert ops._descriptors((q,) * 4, strides, None, 64) == (None,) * 4
+    assert ops._descriptors((q,) * 4, None, (64, 32), 64) == (None,) * 4
 
 
 def test_tma_needs_16_byte_aligned_heads_and_rows():

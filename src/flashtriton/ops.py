@@ -134,15 +134,20 @@ def _tma_strides(*tensors: torch.Tensor) -> list[list[int]] | None:
     return all_strides
 
 
-def _descriptors(tensors: tuple, strides: list[list[int]], rows: tuple, bd: int) -> tuple:
-    """(B, H, N, D) tensor descriptors whose boxes are one head's [rows, bd] tile, for tensors that passed
-    _tma_strides. Triton's launcher encodes them on the host at every launch (~10 µs for four on the H200
-    machine's CPU). They are made without the dataclass's __post_init__, which checks again what
-    _tma_strides checked, at ~5 µs a descriptor: a backward makes eight (NOTES entry 34)."""
+def _descriptors(tensors: tuple, strides: list[list[int]] | None, tile: tuple[int, int] | None, bd: int) -> tuple:
+    """(B, H, N, D) tensor descriptors of (q, k, v, o or dO) at tile (BLOCK_M, BLOCK_N): Q's and O's (dO's)
+    boxes are one head's [BLOCK_M, bd] rows, K's and V's [BLOCK_N, bd] (the rule
+    tuning._WithDescriptorBoxes applies per autotuned launch); four Nones without a tile, or without the
+    strides of tensors that passed _tma_strides. Triton's launcher encodes them on the host at every launch
+    (~10 µs for four on the H200 machine's CPU). They are made without the dataclass's __post_init__, which
+    checks again what _tma_strides checked, at ~5 µs a descriptor: a backward makes eight (NOTES entry 34)."""
+    if tile is None or strides is None:
+        return (None,) * len(tensors)
+    block_m, block_n = tile
     descs = []
-    for t, st, r in zip(tensors, strides, rows, strict=True):
+    for t, st, rows in zip(tensors, strides, (block_m, block_n, block_n, block_m), strict=True):
         desc = object.__new__(TensorDescriptor)
-        desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), st, [1, 1, r, bd]
+        desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), st, [1, 1, rows, bd]
         desc.padding = "zero"
         descs.append(desc)
     return tuple(descs)
@@ -263,14 +268,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     optional = (alibi_slopes, *cu_seqlens, dropout_seed)
     # A packed batch takes block pointers: a tile past a sequence's end would read into the next one.
     if autotune:
-        tile = tma_candidate_tile("fwd", head_dim, q.dtype)
+        tile = tma_candidate_tile("fwd", head_dim, q.dtype)  # each autotuned launch sets its own
         tma_strides = _tma_strides(q, k, v, o) if varlen is None and tile is not None else None
         with_tma = tma_strides is not None
-        if with_tma:  # at the first TMA candidate's tiles; each autotuned launch sets its own
-            bm, bn = tile
-            descs = _descriptors((q, k, v, o), tma_strides, (bm, bn, bn, bm), bd)
-        else:
-            descs = (None,) * 4
+        descs = _descriptors((q, k, v, o), tma_strides, tile, bd)
 
         def grid(meta):
             return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
@@ -284,8 +285,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     tma_strides = _tma_strides(q, k, v, o) if cfg.use_tma and varlen is None else None
     use_tma = tma_strides is not None
     _last_forward_choice[0] = (cfg, use_tma)
-    rows = (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)
-    descs = _descriptors((q, k, v, o), tma_strides, rows, bd) if use_tma else (None,) * 4
+    descs = _descriptors((q, k, v, o), tma_strides, (cfg.block_m, cfg.block_n), bd)
     attn_fwd_kernel[(_cdiv(grid_q, cfg.block_m), heads_q, batch)](
         q, k, v, o, lse, *optional, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         USE_TMA=use_tma, WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
@@ -367,12 +367,6 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     def dq_grid(meta):
         return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
 
-    def descriptors(tile: tuple[int, int] | None) -> tuple:  # of q, k, v, dO at (BLOCK_M, BLOCK_N), or Nones
-        if tile is None or tma_strides is None:
-            return (None,) * 4
-        bm, bn = tile
-        return _descriptors((q, k, v, do), tma_strides, (bm, bn, bn, bm), bd)
-
     # The descriptors exist before the pick, at the first TMA candidate's tiles; each autotuned launch
     # sets their boxes to its own (tuning._WithDescriptorBoxes). A packed batch takes block pointers: a
     # tile past a sequence's end would read into the next one.
@@ -384,7 +378,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
                 (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
             if wanted:
-                descs = descriptors(tile)
+                descs = _descriptors((q, k, v, do), tma_strides, tile, bd)
                 picks.append(run_autotuned(autotuned[descs[0] is not None], grid, (*args, *descs, *rest), meta,
                                            q.dtype, bucket))
             else:
@@ -402,7 +396,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest, need_dq)):
         if not wanted:
             continue
-        descs = descriptors((cfg.block_m, cfg.block_n) if cfg.use_tma else None)
+        descs = _descriptors((q, k, v, do), tma_strides, (cfg.block_m, cfg.block_n) if cfg.use_tma else None, bd)
         kernel[grid(dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))](
             *args, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             USE_TMA=descs[0] is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -236,6 +236,7 @@ def width_class(head_dim: int, dtype: torch.dtype) -> int:
     return next(w for w in sorted(FORWARD_CANDIDATES) if width <= w)
 
 
+@functools.cache  # on every autotuned call's host path
 def tma_candidate_tile(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[int, int] | None:
     """(BLOCK_M, BLOCK_N) of the first TMA candidate of `kernel` ("fwd", "dkdv", "dq") for this width, or
     None if it has none (the launch then takes the autotuner without descriptors). The launcher builds the
