@@ -53,14 +53,22 @@ def _with_dkdv_groups_of_one(fn, q):
     return run
 
 
-def interleaved_times(calls, rounds: int, **bench_kwargs) -> list[list[float]]:
-    """Every time (ms) of each call: `rounds` rounds of `triton.testing.do_bench`, the calls in turn in
-    each, so that a drift of the clocks hits all alike."""
+def interleaved_times(calls, rounds: int, timer=None, **bench_kwargs) -> list[list[float]]:
+    """Every time of each call: `rounds` rounds of `timer(call)` (default: `triton.testing.do_bench` with
+    `bench_kwargs`, in ms), the calls in turn in each, so that a drift of the clocks hits all alike."""
+    timer = timer or (lambda call: triton.testing.do_bench(call, **bench_kwargs))
     times = [[] for _ in calls]
     for _ in range(rounds):
         for call, call_times in zip(calls, times, strict=True):
-            call_times.append(triton.testing.do_bench(call, **bench_kwargs))
+            call_times.append(timer(call))
     return times
+
+
+def parse_case(text: str) -> tuple[int, int, int, int, bool]:
+    """"B,H,N,D" or "B,H,N,D,causal" -> (B, H, N, D, causal): the scripts' --case."""
+    *dims, causal = text.split(",") if text.endswith("causal") else (*text.split(","), "")
+    batch, heads, seqlen, head_dim = map(int, dims)
+    return batch, heads, seqlen, head_dim, causal == "causal"
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ab_backward import interleaved_times  # this folder is on the path when run as a script
+from ab_backward import interleaved_times, parse_case  # this folder is on the path when run as a script
 from flashtriton import ops
 from flashtriton.testing import make_qkv
 from flashtriton.tuning import TileConfig
@@ -99,9 +99,7 @@ def main() -> None:
     variants = [parse_variant(v, kernels, args.dq) for v in args.variant]
     rows = []
     for case in args.case:
-        *dims, causal = case.split(",") if case.endswith("causal") else (*case.split(","), "")
-        batch, heads, seqlen, head_dim = map(int, dims)
-        causal = causal == "causal"
+        batch, heads, seqlen, head_dim, causal = parse_case(case)
         q, k, v = make_qkv(batch, heads, heads, seqlen, seqlen, head_dim, torch.bfloat16, args.device,
                            requires_grad=False)
         o, lse = ops.attention_forward(q, k, v, causal, head_dim ** -0.5)

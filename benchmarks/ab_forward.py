@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ab_backward import interleaved_times  # this folder is on the path when run as a script
+from ab_backward import interleaved_times, parse_case  # this folder is on the path when run as a script
 from ab_dkdv import tile
 from flashtriton import ops
 from flashtriton.bench import Shape
@@ -35,9 +35,8 @@ def main() -> None:
     configs = [tile(v) for v in args.variant]
     rows = []
     for case in args.case:
-        *dims, causal = case.split(",") if case.endswith("causal") else (*case.split(","), "")
-        batch, heads, seqlen, head_dim = map(int, dims)
-        shape = Shape(batch, heads, heads, seqlen, seqlen, head_dim, causal == "causal")
+        batch, heads, seqlen, head_dim, causal = parse_case(case)
+        shape = Shape(batch, heads, heads, seqlen, seqlen, head_dim, causal)
         q, k, v = make_qkv(batch, heads, heads, seqlen, seqlen, head_dim, torch.bfloat16, "cuda",
                            requires_grad=False)
         calls = [functools.partial(ops.attention_forward, q, k, v, shape.causal, head_dim ** -0.5, cfg)

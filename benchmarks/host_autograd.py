@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
+from ab_backward import interleaved_times  # this folder is on the path when run as a script
 from flashtriton import flash_attention, ops
 from flashtriton.testing import make_qkv
-from host_overhead import per_call_us  # this folder is on the path when run as a script
+from host_overhead import fwd_bwd, per_call_us
 
 
 class Bare(torch.autograd.Function):
@@ -48,16 +49,10 @@ def calls(q, k, v, do, causal: bool) -> dict:
         o, lse = ops.attention_forward(*plain, causal, q.shape[-1] ** -0.5)
         ops.attention_backward(do, *plain, o, lse, causal, q.shape[-1] ** -0.5)
 
-    def through(attention):
-        def call():
-            for x in (q, k, v):
-                x.grad = None
-            attention(q, k, v).backward(do)
-        return call
     return {"launchers": launchers,
-            "bare Function": through(lambda q, k, v: Bare.apply(q, k, v, causal)),
-            "flash_attention": through(lambda q, k, v: flash_attention(q, k, v, is_causal=causal)),
-            "SDPA": through(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))}
+            "bare Function": fwd_bwd(lambda q, k, v: Bare.apply(q, k, v, causal), q, k, v, do),
+            "flash_attention": fwd_bwd(lambda q, k, v: flash_attention(q, k, v, is_causal=causal), q, k, v, do),
+            "SDPA": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, do)}
 
 
 def main() -> None:
@@ -66,6 +61,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     results = {}
+
     def bench_ms(fn):
         return triton.testing.do_bench(fn, warmup=10, rep=100)
     cases = {"tiny (1, 2, 128, 64), µs of host time per call": ((1, 2, 2, 128, 128, 64), False, per_call_us),
@@ -76,10 +72,7 @@ def main() -> None:
         fns = calls(q, k, v, do, causal)
         for fn in fns.values():  # compile and autotune outside the timed rounds
             fn()
-        times = {label: [] for label in fns}
-        for _ in range(args.rounds):
-            for label, fn in fns.items():
-                times[label].append(timer(fn))
+        times = dict(zip(fns, interleaved_times(list(fns.values()), args.rounds, timer=timer), strict=True))
         results[name] = {label: statistics.median(t) for label, t in times.items()}
         print(name, flush=True)
         for label, t in results[name].items():

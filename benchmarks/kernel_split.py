@@ -18,46 +18,22 @@ TFLOP/s count the backward's FLOPs as bench.py does (2.5x the forward's; the vis
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from pathlib import Path
 
 import torch
-import triton
 
-from ab_backward import interleaved_times  # this folder is on the path when run as a script
+from ab_backward import interleaved_times, parse_case  # this folder is on the path when run as a script
 from flashtriton import ops
-from flashtriton.bench import PROVIDERS, Shape, warm_up_gpu
+from flashtriton.bench import Shape, _time, provider_timer, warm_up_gpu
 from flashtriton.testing import make_qkv
-from flashtriton.tuning import block_d
 
 
 def ours(do, q, k, v, o, lse, causal: bool, needs):
     scale = q.shape[-1] ** -0.5
     return lambda: ops.attention_backward(do, q, k, v, o, lse, causal, scale, autotune=True, needs=needs)
-
-
-def delta_alone(do, o):
-    """The backward's first launch (ops.attention_backward) by itself."""
-    batch, heads, seqlen, head_dim = o.shape
-    delta = torch.empty(batch, heads, seqlen, device=o.device)
-    grid = (triton.cdiv(seqlen, 64), heads, batch)
-    return lambda: ops.attn_bwd_preprocess_kernel[grid](
-        o, do, delta, None, *ops._bhr_strides(o, do), heads, seqlen,
-        HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=64)
-
-
-def peer(name: str, shape: Shape, q, k, v, do):
-    provider = PROVIDERS[name]
-    with provider.context():
-        out = provider.run(q, k, v, shape)
-
-    def call():
-        with provider.context():
-            for x in (q, k, v):
-                x.grad = None
-            out.backward(do, retain_graph=True)
-    return call
 
 
 def main() -> None:
@@ -71,9 +47,8 @@ def main() -> None:
     warm_up_gpu()
     rows = []
     for case in args.case:
-        *dims, causal = case.split(",") if case.endswith("causal") else (*case.split(","), "")
-        batch, heads, seqlen, head_dim = map(int, dims)
-        shape = Shape(batch, heads, heads, seqlen, seqlen, head_dim, causal == "causal")
+        batch, heads, seqlen, head_dim, causal = parse_case(case)
+        shape = Shape(batch, heads, heads, seqlen, seqlen, head_dim, causal)
         q, k, v = make_qkv(batch, heads, heads, seqlen, seqlen, head_dim, torch.bfloat16, "cuda")
         o, lse = ops.attention_forward(q.detach(), k.detach(), v.detach(), shape.causal, head_dim ** -0.5)
         do = torch.randn_like(o)
@@ -81,13 +56,15 @@ def main() -> None:
         calls = {"ours": ours(do, *plain, o, lse, shape.causal, (True, True, True)),
                  "ours D+dQ": ours(do, *plain, o, lse, shape.causal, (True, False, False)),
                  "ours D+dK/dV": ours(do, *plain, o, lse, shape.causal, (False, True, True)),
-                 "ours D alone": delta_alone(do, o)}
-        for name in filter(None, args.peers.split(",")):
-            calls[name] = peer(name, shape, q, k, v, do)
+                 "ours D alone": functools.partial(ops.backward_delta, o, do, lse)}
         for call in calls.values():  # autotune and compile outside the timed rounds
             call()
-        times = interleaved_times(list(calls.values()), args.rounds, warmup=10, rep=50)
-        ms = {name: statistics.median(t) for name, t in zip(calls, times, strict=True)}
+        # each a function that times one call, as the suites do (bench.provider_timer for the peers)
+        timers = {name: functools.partial(_time, call) for name, call in calls.items()}
+        for name in filter(None, args.peers.split(",")):
+            timers[name] = provider_timer(name, shape, "bwd", q, k, v)
+        times = interleaved_times(list(timers.values()), args.rounds, timer=lambda timed: timed())
+        ms = {name: statistics.median(t) for name, t in zip(timers, times, strict=True)}
         ms["dQ alone (ours - D+dK/dV)"] = ms["ours"] - ms["ours D+dK/dV"]
         ms["dK/dV alone (ours - D+dQ)"] = ms["ours"] - ms["ours D+dQ"]
         flops = shape.flops("bwd")
@@ -96,13 +73,13 @@ def main() -> None:
             share = f"{value / ms['ours']:6.1%} of ours" if name.startswith(("dQ", "dK", "ours D alone")) else \
                 f"{flops / value / 1e9:6.0f} TFLOP/s"
             print(f"  {name:28s} {value:8.3f} ms  {share}", flush=True)
-        rows.append(dict(case=case, ms=ms, all_ms={n: t for n, t in zip(calls, times, strict=True)},
+        rows.append(dict(case=case, ms=ms, all_ms=dict(zip(timers, times, strict=True)),
                          tiles=ops.last_backward_choice()))
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"{args.name}.json").write_text(json.dumps(
                 dict(gpu=torch.cuda.get_device_name(), rows=rows), indent=1))
-        del q, k, v, o, lse, do, plain, calls
+        del q, k, v, o, lse, do, plain, calls, timers
         torch.cuda.empty_cache()
 
 

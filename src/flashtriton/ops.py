@@ -308,6 +308,22 @@ def last_backward_choice() -> str:
     return f"dK/dV {dkdv}, dQ {dq}"
 
 
+def backward_delta(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen: Varlen | None = None,
+                   ) -> torch.Tensor:
+    """The backward's first launch: D = rowsum(dO * O) in float32, laid out like `lse` (see the
+    preprocess kernel). o and do as attention_backward takes them."""
+    _, heads_q, seqlen_q, head_dim = o.shape
+    batch, grid_q, _ = _grid_dims(o, o, varlen)
+    delta = torch.empty_like(lse)
+    pre_block = 64 if o.device.type == "cuda" else 32
+    attn_bwd_preprocess_kernel[(_cdiv(grid_q, pre_block), heads_q, batch)](
+        o, do, delta, None if varlen is None else varlen.cu_seqlens_q, *_bhr_strides(o, do, varlen=varlen),
+        heads_q, seqlen_q, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block,
+        VARLEN=varlen is not None,
+    )
+    return delta
+
+
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
                        configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
@@ -341,12 +357,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         raise ValueError("dropout_p > 0 needs the forward's dropout_seed, so that the backward drops the same "
                          "probabilities")
 
-    delta = torch.empty_like(lse)
-    pre_block = 64 if q.device.type == "cuda" else 32
-    attn_bwd_preprocess_kernel[(_cdiv(grid_q, pre_block), heads_q, batch)](
-        o, do, delta, cu_seqlens[0], *_bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q,
-        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=pre_block, VARLEN=varlen is not None,
-    )
+    delta = backward_delta(o, do, lse, varlen)
     group = heads_q // heads_kv
     flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
                                                                    varlen, dropout_p)
