@@ -10,6 +10,13 @@ the largest difference of its gradients from the first's.
         --variant "head:old:64,64,4,3,tma" --variant "mask everywhere:.:64,64,4,3,tma:LOOP_FORM=3" [--out DIR]
 
 A variant is "label:kernel:BLOCK_M,BLOCK_N,warps,stages[,tma][:key=value,...]", kernel "." for this tree.
+When a change reaches past the dK/dV kernel (its arguments, the preprocess), compare whole packages
+instead: `--package base=DIR` imports the copy of the package in DIR/flashtriton under its own name, and a
+variant whose kernel is "base" runs that copy's backward, dK/dV kernel and all:
+
+    mkdir -p base && git archive 698da17 src/flashtriton | tar -x -C base --strip-components=1
+    PYTHONPATH=src python benchmarks/ab_dkdv.py --package base=base --case 1,16,16384,64,causal \
+        --variant "before:base:64,64,4,3,tma" --variant "after:.:64,64,4,3,tma"
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import argparse
 import importlib.util
 import json
 import statistics
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -41,6 +50,18 @@ def load_kernel(path: Path):
     return module.attn_bwd_dkdv_kernel
 
 
+def load_package(name: str, folder: Path):
+    """The `ops` module of the copy of flashtriton in folder/flashtriton, imported as package `name` (its
+    imports are relative, so the copy uses its own kernels throughout)."""
+    package = folder / "flashtriton"
+    spec = importlib.util.spec_from_file_location(name, package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module(f"{name}.ops")
+
+
 def tile(text: str) -> TileConfig:
     parts = text.split(",")
     return TileConfig(*map(int, parts[:4]), use_tma=parts[4:] == ["tma"])
@@ -56,8 +77,9 @@ class WithLaunchKeywords:
         return lambda *args, **kwargs: self.kernel[grid](*args, **kwargs, **self.keywords)
 
 
-def parse_variant(text: str, kernels: dict, dq: str) -> tuple[str, object, TileConfig, TileConfig]:
-    """(label, dK/dV kernel, dK/dV tiles, dQ tiles); the keyword dq=M/N/warps/stages[/tma] replaces --dq."""
+def parse_variant(text: str, kernels: dict, dq: str) -> tuple[str, tuple, TileConfig, TileConfig]:
+    """(label, (ops module, dK/dV kernel), dK/dV tiles, dQ tiles); the keyword dq=M/N/warps/stages[/tma]
+    replaces --dq."""
     label, kernel_name, config, *extra = text.split(":")
     keywords = {}
     for item in (extra[0].split(",") if extra else []):
@@ -66,26 +88,36 @@ def parse_variant(text: str, kernels: dict, dq: str) -> tuple[str, object, TileC
             dq = value.replace("/", ",")
         else:
             keywords[key] = int(value)
-    kernel = kernels[kernel_name]
-    return label, WithLaunchKeywords(kernel, keywords) if keywords else kernel, tile(config), tile(dq)
+    module, kernel = kernels[kernel_name]
+    return (label, (module, WithLaunchKeywords(kernel, keywords) if keywords else kernel), tile(config),
+            tile(dq))
 
 
-def backward_with(kernel, do, q, k, v, o, lse, causal: bool, configs):
-    """The backward with `kernel` as its dK/dV kernel (the tree's restored after each call)."""
-    default = ops.attn_bwd_dkdv_kernel
+def backward_with(module_and_kernel, do, q, k, v, o, lse, causal: bool, configs):
+    """`module`'s backward with `kernel` as its dK/dV kernel (the module's own restored after each call)."""
+    module, kernel = module_and_kernel
+    default = module.attn_bwd_dkdv_kernel
 
     def call():
-        ops.attn_bwd_dkdv_kernel = kernel
+        module.attn_bwd_dkdv_kernel = kernel
         try:
-            return ops.attention_backward(do, q, k, v, o, lse, causal, q.shape[-1] ** -0.5, configs, False)
+            return module.attention_backward(do, q, k, v, o, lse, causal, q.shape[-1] ** -0.5, configs, False)
         finally:
-            ops.attn_bwd_dkdv_kernel = default
+            module.attn_bwd_dkdv_kernel = default
     return call
+
+
+def _wall_ms(call) -> float:
+    start = time.perf_counter()
+    call()
+    return (time.perf_counter() - start) * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", action="append", default=[], help="NAME=PATH of another backward.py")
+    parser.add_argument("--package", action="append", default=[],
+                        help="NAME=DIR: the copy of the package in DIR/flashtriton")
     parser.add_argument("--case", action="append", required=True, help="B,H,N,D[,causal]")
     parser.add_argument("--dq", default="128,64,8,3,tma", help="the dQ kernel's tiles")
     parser.add_argument("--variant", action="append", required=True)
@@ -94,8 +126,11 @@ def main() -> None:
     parser.add_argument("--name", default="ab_dkdv", help="the result file's name (without .json)")
     parser.add_argument("--device", default="cuda", help="cpu with TRITON_INTERPRET=1: a dry run of the script")
     args = parser.parse_args()
-    kernels = {".": ops.attn_bwd_dkdv_kernel}
-    kernels.update({name: load_kernel(Path(path)) for name, path in (k.split("=") for k in args.kernel)})
+    kernels = {".": (ops, ops.attn_bwd_dkdv_kernel)}
+    kernels.update({name: (ops, load_kernel(Path(path))) for name, path in (k.split("=") for k in args.kernel)})
+    for name, folder in (p.split("=") for p in args.package):
+        module = load_package(f"flashtriton_{name}", Path(folder))
+        kernels[name] = (module, module.attn_bwd_dkdv_kernel)
     variants = [parse_variant(v, kernels, args.dq) for v in args.variant]
     rows = []
     for case in args.case:
@@ -112,7 +147,8 @@ def main() -> None:
                 calls.append((label, f"{config.name} {dq.name}", call))
             except Exception as error:  # a variant that does not compile or fit is reported, not fatal
                 print(f"{label}: failed: {str(error).splitlines()[0][:200]}", flush=True)
-        times = interleaved_times([call for _, _, call in calls], args.rounds, warmup=10, rep=50)
+        timer = None if args.device == "cuda" else _wall_ms  # a dry run has no do_bench
+        times = interleaved_times([call for _, _, call in calls], args.rounds, timer, warmup=10, rep=50)
         first = statistics.median(times[0])
         print(f"B{batch} H{heads} N{seqlen} D{head_dim} causal={causal} (dK/dV tiles, dQ tiles)", flush=True)
         for (label, config, _), g, all_ms in zip(calls, grads, times, strict=True):

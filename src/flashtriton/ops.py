@@ -289,7 +289,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     attn_fwd_kernel[(_cdiv(grid_q, cfg.block_m), heads_q, batch)](
         q, k, v, o, lse, *optional, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         USE_TMA=use_tma, WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
     )
     return o, lse
 
@@ -308,20 +308,36 @@ def last_backward_choice() -> str:
     return f"dK/dV {dkdv}, dQ {dq}"
 
 
-def backward_delta(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen: Varlen | None = None,
-                   ) -> torch.Tensor:
-    """The backward's first launch: D = rowsum(dO * O) in float32, laid out like `lse` (see the
-    preprocess kernel). o and do as attention_backward takes them."""
+def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen: Varlen | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward's first launch: the per-row statistics its loops stream, L * log2(e) and
+    D = rowsum(dO * O), in float32. Each is laid out like `lse` but with every head's row padded to a
+    multiple of 4 elements (16 bytes, so that TMA can read it): views of shape lse.shape into one buffer.
+    o and do as attention_backward takes them."""
     _, heads_q, seqlen_q, head_dim = o.shape
     batch, grid_q, _ = _grid_dims(o, o, varlen)
-    delta = torch.empty_like(lse)
+    rows = lse.shape[-1]
+    buffer = torch.empty(2, *lse.shape[:-1], _cdiv(rows, 4) * 4, device=lse.device, dtype=torch.float32)
+    lse2, delta = buffer[0, ..., :rows], buffer[1, ..., :rows]
     pre_block = 64 if o.device.type == "cuda" else 32
     attn_bwd_preprocess_kernel[(_cdiv(grid_q, pre_block), heads_q, batch)](
-        o, do, delta, None if varlen is None else varlen.cu_seqlens_q, *_bhr_strides(o, do, varlen=varlen),
-        heads_q, seqlen_q, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block,
-        VARLEN=varlen is not None,
+        o, do, lse, lse2, delta, None if varlen is None else varlen.cu_seqlens_q,
+        *_bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q, lse2.stride(-2),
+        HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None,
     )
-    return delta
+    return lse2, delta
+
+
+def _stats_descriptors(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple:
+    """(B, H, N) tensor descriptors of the statistics, [1, 1, BLOCK_M] boxes (backward_stats pads their rows
+    for TMA); made like _descriptors'."""
+    descs = []
+    for t in (lse2, delta):
+        desc = object.__new__(TensorDescriptor)
+        desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), list(t.stride()), [1, 1, block_m]
+        desc.padding = "zero"
+        descs.append(desc)
+    return tuple(descs)
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -357,7 +373,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         raise ValueError("dropout_p > 0 needs the forward's dropout_seed, so that the backward drops the same "
                          "probabilities")
 
-    delta = backward_delta(o, do, lse, varlen)
+    lse2, delta = backward_stats(o, do, lse, varlen)
+    stride_stats = lse2.stride(-2)
     group = heads_q // heads_kv
     flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
                                                                    varlen, dropout_p)
@@ -365,11 +382,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     bucket = seqlen_bucket(grid_q, grid_k)
     mods = (*_score_mods(scale, softcap, alibi_slopes), dropout_p)
     optional = (alibi_slopes, *cu_seqlens, dropout_seed)  # the variants' pointers (None where off)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, *optional)
-    dkdv_rest = (*_bhr_strides(q, k, v, do, dk, dv, varlen=varlen), heads_kv, seqlen_q, seqlen_k, window_left,
+    dkdv_args = (q, k, v, do, lse2, delta, dk, dv, *optional)
+    dkdv_rest = (*_bhr_strides(q, k, v, do, dk, dv, varlen=varlen), heads_kv, seqlen_q, seqlen_k, stride_stats,
+                 window_left,
                  window_right, scale, scale * LOG2E, *mods, _heads_per_group(q, 1 / group, causal_order), bucket)
-    dq_args = (q, k, v, do, lse, delta, dq, *optional)
-    dq_rest = (*_bhr_strides(q, k, v, do, dq, varlen=varlen), heads_q, seqlen_q, seqlen_k, window_left,
+    dq_args = (q, k, v, do, lse2, delta, dq, *optional)
+    dq_rest = (*_bhr_strides(q, k, v, do, dq, varlen=varlen), heads_q, seqlen_q, seqlen_k, stride_stats,
+               window_left,
                window_right, scale, scale * LOG2E, *mods, _heads_per_group(k, group, causal_order), bucket)
 
     def dkdv_grid(meta):
@@ -385,11 +404,11 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
         tiles = [tma_candidate_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
         picks = []
-        for tile, autotuned, grid, args, rest, wanted in (
-                (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
-                (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
+        for tile, autotuned, grid, args, rest, wanted, stats in (
+                (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv, True),
+                (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq, False)):
             if wanted:
-                descs = _descriptors((q, k, v, do), tma_strides, tile, bd)
+                descs = _backward_descriptors(q, k, v, do, lse2, delta, tma_strides, tile, bd, stats)
                 picks.append(run_autotuned(autotuned[descs[0] is not None], grid, (*args, *descs, *rest), meta,
                                            q.dtype, bucket))
             else:
@@ -402,17 +421,30 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     tma_strides = _tma_strides(q, k, v, do) if use_tma else None
     _last_backward_choice[0] = ((dkdv_cfg if need_dkdv else None, dq_cfg if need_dq else None),
                                 tma_strides is not None)
-    for cfg, kernel, grid, args, rest, wanted in (
-            (dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
-            (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest, need_dq)):
+    for cfg, kernel, grid, args, rest, wanted, stats in (
+            (dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv, True),
+            (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest, need_dq, False)):
         if not wanted:
             continue
-        descs = _descriptors((q, k, v, do), tma_strides, (cfg.block_m, cfg.block_n) if cfg.use_tma else None, bd)
+        descs = _backward_descriptors(q, k, v, do, lse2, delta, tma_strides,
+                                      (cfg.block_m, cfg.block_n) if cfg.use_tma else None, bd, stats)
         kernel[grid(dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))](
             *args, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             USE_TMA=descs[0] is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            maxnreg=cfg.max_registers,
         )
     return _wanted((dq, dk, dv), needs)
+
+
+def _backward_descriptors(q, k, v, do, lse2, delta, strides, tile, bd: int, stats: bool) -> tuple:
+    """A backward kernel's descriptors (Nones without TMA): Q, K, V and dO, then with `stats` (the dK/dV
+    kernel, which streams them per query tile) L * log2 e and D."""
+    descs = _descriptors((q, k, v, do), strides, tile, bd)
+    if not stats:
+        return descs
+    if descs[0] is None:
+        return (*descs, None, None)
+    return (*descs, *_stats_descriptors(lse2, delta, tile[0]))
 
 
 def _wanted(grads: tuple, needs: tuple[bool, bool, bool]) -> tuple:

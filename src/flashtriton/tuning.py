@@ -36,12 +36,16 @@ class TileConfig:
     # fails to compile at 4 warps and changes nothing at 8 (the same SASS; NOTES entry 25): swept, not tuned.
     warp_specialize: bool = False
     qk_ahead: bool = False  # the unmasked loop issues the next q @ k^T before this tile's softmax
+    # registers per thread that ptxas may use (its .maxnreg), None for its own choice: a cap that lets one
+    # more block share the SM's 64K registers (65536 / (3 blocks * 128 threads) -> 168) can pay more than
+    # the few bytes it spills (NOTES entry 38)
+    max_registers: int | None = None
 
     @property
     def name(self) -> str:
         return (f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
                 f"{'-tma' if self.use_tma else ''}{'-ws' if self.warp_specialize else ''}"
-                f"{'-qka' if self.qk_ahead else ''}")
+                f"{'-qka' if self.qk_ahead else ''}{f'-r{self.max_registers}' if self.max_registers else ''}")
 
 
 def block_d(head_dim: int) -> int:
@@ -213,8 +217,8 @@ FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
 # one loop (7-13% ahead of 64 x 128 with 8 warps, its best before; NOTES entry 33). dQ tiles of 128 keys
 # lost (NOTES entry 35). D=256 keeps its one static config.
 BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
-    "dkdv": {128: [TileConfig(64, 64, 4, 3, True), TileConfig(64, 64, 4, 2, True),
-                   TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
+    "dkdv": {128: [TileConfig(64, 64, 4, 3, True, max_registers=168), TileConfig(32, 64, 4, 3, True, max_registers=128),
+                   TileConfig(64, 64, 4, 3, True), TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
              256: [TileConfig(64, 64, 4, 2, True), TileConfig(64, 64, 4, 3, True),
                    TileConfig(64, 64, 4, 2), TileConfig(64, 128, 8, 3), TileConfig(64, 128, 8, 2)],
              512: [TileConfig(16, 64, 8, 1)]},
@@ -249,7 +253,7 @@ def tile_config_of(config: triton.Config) -> TileConfig:
     """The TileConfig that one of the autotuner's configs stands for."""
     kw = config.kwargs
     return TileConfig(kw["BLOCK_M"], kw["BLOCK_N"], config.num_warps, config.num_stages, kw["USE_TMA"],
-                      kw.get("WARP_SPECIALIZE", False))
+                      kw.get("WARP_SPECIALIZE", False), max_registers=config.maxnreg)
 
 
 _GPU = torch.device("cuda")  # the static tables' GPU rows are the fallback (the interpreter runs them too)
@@ -289,7 +293,7 @@ def _triton_configs(candidates: list[TileConfig], with_tma: bool, forward: bool)
     unique = dict.fromkeys(c for c in candidates if with_tma or not c.use_tma)
     return [triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "USE_TMA": c.use_tma,
                            **({"WARP_SPECIALIZE": c.warp_specialize} if forward else {})},
-                          num_warps=c.num_warps, num_stages=c.num_stages)
+                          num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.max_registers)
             for c in unique]
 
 
@@ -317,7 +321,8 @@ class _WithDescriptorBoxes(KernelInterface):
     would not do: Triton calls it while timing, but not before launching a pick it found in its disk
     cache; and a config's pre_hook turns that cache off."""
 
-    BOXES = {"desc_q": "BLOCK_M", "desc_o": "BLOCK_M", "desc_do": "BLOCK_M", "desc_k": "BLOCK_N", "desc_v": "BLOCK_N"}
+    BOXES = {"desc_q": "BLOCK_M", "desc_o": "BLOCK_M", "desc_do": "BLOCK_M", "desc_k": "BLOCK_N", "desc_v": "BLOCK_N",
+             "desc_lse2": "BLOCK_M", "desc_delta": "BLOCK_M"}
 
     def __init__(self, kernel):
         self.fn = kernel  # Triton's autotuner finds the JIT function (its cache key) through .fn
@@ -329,7 +334,7 @@ class _WithDescriptorBoxes(KernelInterface):
         for index, block in self.boxes:
             desc = args[index]
             if desc is not None:
-                desc.block_shape = [1, 1, kwargs[block], desc.block_shape[-1]]
+                desc.block_shape = [1, 1, kwargs[block], *desc.block_shape[3:]]  # (B, H, N[, D]) descriptors
         return self.fn.run(*args, **kwargs)
 
 

@@ -31,25 +31,30 @@ from .common import (
     program_tile,
     query_tiles_for_key_tile,
     sequence_bounds,
+    stats_row_offset,
     visible_keys,
 )
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
 def attn_bwd_preprocess_kernel(
-    O, DO, DELTA, CU_SEQLENS_Q,
+    O, DO, LSE, LSE2, DELTA, CU_SEQLENS_Q,
     stride_ob, stride_oh, stride_om,
     stride_dob, stride_doh, stride_dom,
-    num_heads, seqlen_q,
+    num_heads, seqlen_q, stride_stats,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr = False,
 ):
-    """DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32; DELTA is laid out like LSE: contiguous
-    (B, H, seqlen_q), or (H, total_q) for a packed batch (VARLEN, seqlen_q the total)."""
+    """The per-row statistics the backward's loops stream, each row of a head `stride_stats` apart (a
+    multiple of 4, so that TMA can read them): DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32,
+    and LSE2 = LSE * log2(e), the logsumexp in the exp2 units of the kernels. LSE is contiguous
+    (B, H, seqlen_q), or (H, total_q) for a packed batch (VARLEN, seqlen_q the total); LSE2 and DELTA are
+    (B, H, stride_stats) or (H, stride_stats)."""
     off_b, off_h, pid_m = program_tile(False, 1)
     off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
     start_m = pid_m * BLOCK_M
     q_start, seqlen_q, _, _, row = sequence_bounds(off_b, off_h, num_heads, seqlen_q, seqlen_q, CU_SEQLENS_Q,
                                                    CU_SEQLENS_Q, VARLEN)
+    stats_row = stats_row_offset(off_b, off_h, num_heads, q_start, stride_stats, VARLEN)
     if VARLEN:
         if start_m >= seqlen_q:
             return
@@ -60,14 +65,16 @@ def attn_bwd_preprocess_kernel(
     o = load_tile(o_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     do = load_tile(do_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    tl.store(DELTA + row + offs_m, tl.sum(o * do, axis=1), mask=offs_m < seqlen_q)
+    in_range = offs_m < seqlen_q
+    tl.store(DELTA + stats_row + offs_m, tl.sum(o * do, axis=1), mask=in_range)
+    tl.store(LSE2 + stats_row + offs_m, tl.load(LSE + row + offs_m, mask=in_range) * LOG2E, mask=in_range)
 
 
 @triton.jit
 def _dkdv_inner(
     dk, dv, k, v,
-    q_ptr, do_ptr, desc_q, desc_do, off_b, off_hq,
-    lse_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi,
+    q_ptr, do_ptr, desc_q, desc_do, desc_lse2, desc_delta, off_b, off_hq,
+    lse2_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi,
     qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
     ONE_LOOP: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
@@ -81,26 +88,30 @@ def _dkdv_inner(
     do_ptr = tl.advance(do_ptr, (start, 0))
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
+        # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
         if USE_TMA:
             q = load_desc_rows(desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
             do = load_desc_rows(desc_do, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
         else:
             q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
             do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-        if MASKED:
-            # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
-            lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
-            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        if USE_TMA and not ONE_LOOP:  # L and D too: one copy each, where pointer loads take one instruction per element
+            lse2 = desc_lse2.load([off_b, off_hq, start_m]).reshape(BLOCK_M)
+            delta = desc_delta.load([off_b, off_hq, start_m]).reshape(BLOCK_M)
         else:
-            lse = tl.load(lse_ptr + offs_m)
-            delta = tl.load(delta_ptr + offs_m)
+            if MASKED:
+                lse2 = tl.load(lse2_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+                delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            else:
+                lse2 = tl.load(lse2_ptr + offs_m)
+                delta = tl.load(delta_ptr + offs_m)
         qk_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
         if SOFTCAP or ALIBI:
             s_t, tanh_t = modified_scores(qk_t, offs_m[None, :], offs_n[:, None], diag, qk_scale_log2,
                                           softcap_scale, softcap_log2, alibi_log2, SOFTCAP, ALIBI)
-            p_t = tl.exp2(s_t - (lse * LOG2E)[None, :])
+            p_t = tl.exp2(s_t - lse2[None, :])
         else:
-            p_t = tl.exp2(qk_t * qk_scale_log2 - (lse * LOG2E)[None, :])
+            p_t = tl.exp2(qk_t * qk_scale_log2 - lse2[None, :])
         # tl.where, not a multiply: rows that see no key have L = -inf, so exp2 gives inf here. Keys past
         # seqlen_k need no mask: their dK and dV rows are never stored.
         if MASKED and ONE_LOOP:
@@ -153,11 +164,11 @@ def _band_mask_by_row_t(p_t, start_m, offs_n, band_lo, band_hi, BLOCK_M: tl.cons
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
                                              "stride_alibi_b"])
 def attn_bwd_dkdv_kernel(
-    # pointers; LSE and DELTA are contiguous (B, Hq, seqlen_q) or (Hq, total_q) with VARLEN; ALIBI_SLOPES,
-    # CU_SEQLENS_Q/K and SEED as in the forward
-    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
-    # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
-    desc_q, desc_k, desc_v, desc_do,
+    # pointers; LSE2 (L * log2 e) and DELTA as the preprocess writes them: (B, Hq, stride_stats), or
+    # (Hq, stride_stats) with VARLEN; ALIBI_SLOPES, CU_SEQLENS_Q/K and SEED as in the forward
+    Q, K, V, DO, LSE2, DELTA, DK, DV, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
+    # (B, H, N, D) tensor descriptors of Q, K, V, dO and (B, H, N) of LSE2, DELTA when USE_TMA (else None)
+    desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta,
     # strides (the last dim of every tensor is contiguous)
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -166,7 +177,7 @@ def attn_bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
     # sizes
-    num_heads_kv, seqlen_q, seqlen_k,
+    num_heads_kv, seqlen_q, seqlen_k, stride_stats,
     window_left, window_right,  # the band around the diagonal (kernels/common.py), used under MASK_*
     scale, qk_scale_log2,
     softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
@@ -199,8 +210,7 @@ def attn_bwd_dkdv_kernel(
     off_b, off_hkv = b32.to(tl.int64), hkv32.to(tl.int64)  # 64-bit for offsets, 32-bit for descriptors
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    total_q = seqlen_q  # with VARLEN, the packed length: LSE and DELTA rows are (Hq, total_q)
-    # (the LSE row is per query head, below: the one returned here would be unused)
+    # (the statistics' row is per query head, below: the one returned here would be unused)
     q_start, seqlen_q, k_start, seqlen_k, _ = sequence_bounds(off_b, off_hkv, num_heads_kv, seqlen_q, seqlen_k,
                                                               CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
     if VARLEN:
@@ -234,11 +244,8 @@ def attn_bwd_dkdv_kernel(
                                stride_qm, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
         do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
                                 stride_dom, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
-        if VARLEN:
-            row = off_hq * total_q + q_start
-        else:
-            row = (off_b * num_heads_kv * GROUP_SIZE + off_hq) * seqlen_q
-        lse_ptr = LSE + row
+        row = stats_row_offset(off_b, off_hq, num_heads_kv * GROUP_SIZE, q_start, stride_stats, VARLEN)
+        lse2_ptr = LSE2 + row
         delta_ptr = DELTA + row
         hq32 = off_hq.to(tl.int32)
         alibi_log2 = 0.0
@@ -254,8 +261,8 @@ def attn_bwd_dkdv_kernel(
                 lo, hi = unmasked_start, unmasked_end
             else:
                 lo, hi = ragged_start, end
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, b32, hq32,
-                                 lse_ptr, delta_ptr, lo, hi, offs_n, seqlen_q,
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, desc_lse2, desc_delta, b32, hq32,
+                                 lse2_ptr, delta_ptr, lo, hi, offs_n, seqlen_q,
                                  band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
                                  seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, ONE_LOOP or part != 1, ONE_LOOP,
                                  MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
@@ -315,8 +322,8 @@ def _dq_inner(
 @triton.jit(do_not_specialize=SEQLEN_ARGS + ["window_left", "window_right", "heads_per_group", "tuning_seqlen",
                                              "stride_alibi_b"])
 def attn_bwd_dq_kernel(
-    # pointers; LSE and DELTA as in the dK/dV kernel; ALIBI_SLOPES, CU_SEQLENS_Q/K and SEED as in the forward
-    Q, K, V, DO, LSE, DELTA, DQ, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
+    # pointers; LSE2 and DELTA as in the dK/dV kernel; ALIBI_SLOPES, CU_SEQLENS_Q/K and SEED as in the forward
+    Q, K, V, DO, LSE2, DELTA, DQ, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
     # (B, H, N, D) tensor descriptors of Q, K, V, dO when USE_TMA (else None)
     desc_q, desc_k, desc_v, desc_do,
     # strides (the last dim of every tensor is contiguous)
@@ -326,7 +333,7 @@ def attn_bwd_dq_kernel(
     stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
     # sizes
-    num_heads_q, seqlen_q, seqlen_k,
+    num_heads_q, seqlen_q, seqlen_k, stride_stats,
     window_left, window_right,  # the band around the diagonal, as in the dK/dV kernel
     scale, qk_scale_log2,
     softcap_scale, softcap_log2, stride_alibi_b,  # the score modifications, as in the forward
@@ -350,11 +357,12 @@ def attn_bwd_dq_kernel(
     off_hkv = off_hq // GROUP_SIZE
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q_start, seqlen_q, k_start, seqlen_k, row = sequence_bounds(off_b, off_hq, num_heads_q, seqlen_q, seqlen_k,
-                                                                CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
+    q_start, seqlen_q, k_start, seqlen_k, _ = sequence_bounds(off_b, off_hq, num_heads_q, seqlen_q, seqlen_k,
+                                                              CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN)
     if VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
+    row = stats_row_offset(off_b, off_hq, num_heads_q, q_start, stride_stats, VARLEN)
 
     q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q, stride_qm,
                            start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
@@ -373,7 +381,7 @@ def attn_bwd_dq_kernel(
         do = load_tile(do_ptr, True, not EVEN_D)
     row_in_range = offs_m < seqlen_q
     # Rows past seqlen_q load L = D = 0 (finite) and dO = 0; they are never stored.
-    lse_log2 = tl.load(LSE + row + offs_m, mask=row_in_range, other=0.0) * LOG2E
+    lse_log2 = tl.load(LSE2 + row + offs_m, mask=row_in_range, other=0.0)
     delta = tl.load(DELTA + row + offs_m, mask=row_in_range, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 

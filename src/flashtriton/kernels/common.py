@@ -69,6 +69,15 @@ def sequence_bounds(off_b, off_h, num_heads, seqlen_q, seqlen_k, CU_SEQLENS_Q, C
 
 
 @triton.jit
+def stats_row_offset(off_b, off_h, num_heads, q_start, stride_stats, VARLEN: tl.constexpr):
+    """Offset of head off_h's first row in the backward's per-row statistics (L * log2 e and D): laid out
+    (B, H, stride_stats), or (H, stride_stats) for a packed batch, whose sequences start at q_start."""
+    if VARLEN:
+        return off_h * stride_stats + q_start
+    return (off_b * num_heads + off_h) * stride_stats
+
+
+@triton.jit
 def _clamp(x, lo, hi):
     return tl.minimum(tl.maximum(x, lo), hi)
 
