@@ -74,7 +74,7 @@ class WithLaunchKeywords:
         self.kernel, self.keywords = kernel, keywords
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.kernel[grid](*args, **kwargs, **self.keywords)
+        return lambda *args, **kwargs: self.kernel[grid](*args, **{**kwargs, **self.keywords})
 
 
 def parse_variant(text: str, kernels: dict, dq: str) -> tuple[str, tuple, TileConfig, TileConfig]:
