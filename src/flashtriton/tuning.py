@@ -212,13 +212,15 @@ FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
 }
 
 # The backward kernels' candidates, from their sweeps (cs336's shape at D=64, the paper's N=4096 at D=128,
-# both masks; benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the two best TMA configs and the
-# best block-pointer ones. At D=128 causal, dK/dV's 64 x 64 tile with two stages on TMA wins since it runs
-# one loop (7-13% ahead of 64 x 128 with 8 warps, its best before; NOTES entry 33). dQ tiles of 128 keys
-# lost (NOTES entry 35). D=256 keeps its one static config.
+# both masks; benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the best TMA configs and the best
+# block-pointer ones. At D=64, dK/dV's 64 x 64 TMA tile capped at 168 registers, so that three blocks share
+# an SM, is 12-14% ahead on the causal rows (NOTES entry 38); the uncapped one stays for the variants that
+# the cap would spill (softcap, ALiBi, dropout: 376-568 bytes). At D=128 causal, dK/dV's 64 x 64 tile with
+# two stages on TMA wins since it runs one loop (7-13% ahead of 64 x 128 with 8 warps, its best before;
+# NOTES entry 33). dQ tiles of 128 keys lost (NOTES entry 35). D=256 keeps its one static config.
 BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
-    "dkdv": {128: [TileConfig(64, 64, 4, 3, True, max_registers=168), TileConfig(32, 64, 4, 3, True, max_registers=128),
-                   TileConfig(64, 64, 4, 3, True), TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
+    "dkdv": {128: [TileConfig(64, 64, 4, 3, True, max_registers=168), TileConfig(64, 64, 4, 3, True),
+                   TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
              256: [TileConfig(64, 64, 4, 2, True), TileConfig(64, 64, 4, 3, True),
                    TileConfig(64, 64, 4, 2), TileConfig(64, 128, 8, 3), TileConfig(64, 128, 8, 2)],
              512: [TileConfig(16, 64, 8, 1)]},
