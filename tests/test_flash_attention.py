@@ -234,3 +234,58 @@ def test_inference_path_matches_autograd_path():
     o_plain = flash_attention(q.detach(), k.detach(), v.detach(), is_causal=True)
     assert o.grad_fn is not None and o_ng.grad_fn is None and o_plain.grad_fn is None
     assert torch.equal(o, o_ng) and torch.equal(lse, lse_ng) and torch.equal(o_ng, o_plain)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("seqlen", [1, 17, 97])
+def test_backward_statistics_layout_and_values(seqlen, varlen):
+    """The preprocess's L * log2 e and D = rowsum(dO * O): lse's shape, each row padded to a multiple of 4
+    elements (TMA reads rows 16-byte aligned), float32 sums of the low-precision products; a row that sees
+    no key keeps L = -inf."""
+    heads, dim = 3, 40
+    if varlen:  # two sequences packed: (total, H, D) viewed as (1, H, total, D), LSE (1, H, total)
+        lengths = [seqlen, seqlen + 2]
+        total = sum(lengths)
+        o, do = (torch.randn(total, heads, dim, dtype=torch.bfloat16, device=DEVICE).transpose(0, 1)[None]
+                 for _ in range(2))
+        lse = torch.randn(1, heads, total, device=DEVICE)
+        cu = torch.tensor([0, seqlen, total], dtype=torch.int32, device=DEVICE)
+        packed = ops.Varlen(cu, cu, max(lengths), max(lengths))
+    else:
+        o, do = (torch.randn(2, heads, seqlen, dim, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+        lse = torch.randn(2, heads, seqlen, device=DEVICE)
+        packed = None
+    lse[..., 0] = float("-inf")
+    lse2, delta = ops.backward_stats(o, do, lse, packed)
+    for t in (lse2, delta):
+        assert t.shape == lse.shape and t.dtype == torch.float32
+        assert t.stride(-1) == 1 and t.stride(-2) % 4 == 0 and t.stride(-2) >= lse.shape[-1]
+    torch.testing.assert_close(lse2, lse * 1.4426950408889634, rtol=1e-6, atol=0)
+    rowsum = (o.float() * do.float()).sum(-1)
+    torch.testing.assert_close(delta, rowsum, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(17, 23), (97, 70)])
+def test_backward_never_reads_the_statistics_padding(monkeypatch, seqlen_q, seqlen_k, is_causal):
+    """NaN in every padded element of the L and D rows must not reach a gradient: both data paths read
+    only a row's seqlen_q elements (TMA zero-fills past the descriptor's shape)."""
+    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, 64, torch.bfloat16, DEVICE, requires_grad=False)
+    o, lse = attention_forward(q, k, v, is_causal, 0.125)
+    do = torch.randn_like(o)
+    configs = [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True)),
+               (TileConfig(16, 32), TileConfig(32, 16))]
+    clean = [ops.attention_backward(do, q, k, v, o, lse, is_causal, 0.125, c, autotune=False) for c in configs]
+    original = ops.backward_stats
+
+    def poisoned(*args):
+        lse2, delta = original(*args)
+        for t in (lse2, delta):
+            rows = t.as_strided((*t.shape[:-1], t.stride(-2)), t.stride())
+            rows[..., t.shape[-1]:] = float("nan")
+        return lse2, delta
+    monkeypatch.setattr(ops, "backward_stats", poisoned)
+    for c, grads in zip(configs, clean, strict=True):
+        for got, want in zip(ops.attention_backward(do, q, k, v, o, lse, is_causal, 0.125, c, autotune=False),
+                             grads, strict=True):
+            assert torch.equal(got, want), c

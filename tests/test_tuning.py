@@ -84,6 +84,41 @@ def test_backward_autotuner_candidates_follow_the_head_dim(kernel, head_dim, dty
     assert any(c.use_tma for c in cfgs) == (with_tma and tile is not None)
     if kernel == "dkdv" and head_dim == 128 and with_tma:  # the causal winner since it runs one loop (NOTES 33)
         assert TileConfig(64, 64, 4, 2, True) in cfgs
+    if kernel == "dkdv" and head_dim == 64 and with_tma:  # three blocks per SM, and uncapped for the variants
+        assert {TileConfig(64, 64, 4, 3, True, max_registers=168), TileConfig(64, 64, 4, 3, True)} <= set(cfgs)
+
+
+def test_a_register_cap_reaches_the_compiler_and_comes_back():
+    """TileConfig.max_registers is the autotuner config's maxnreg (ptxas .maxnreg) and part of its name."""
+    capped = TileConfig(64, 64, 4, 3, True, max_registers=168)
+    config, plain = tuning._triton_configs([capped, TileConfig(64, 64, 4, 3, True)], True, forward=False)
+    assert config.maxnreg == 168 and plain.maxnreg is None and config.all_kwargs()["maxnreg"] == 168
+    assert tuning.tile_config_of(config) == capped and tuning.tile_config_of(plain).max_registers is None
+    assert capped.name == "M64-N64-w4-s3-tma-r168"
+
+
+def test_descriptor_boxes_follow_the_launched_tiles_for_the_statistics_too():
+    """The dK/dV kernel's (B, H, N) descriptors of L * log2 e and D take BLOCK_M rows like Q and dO."""
+    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
+    lse2, delta = ops.backward_stats(q, q, torch.randn(1, 2, 70))
+    descs = ops._backward_descriptors(q, q, q, q, lse2, delta, ops._tma_strides(q, q, q, q), (64, 64), 64, True)
+    assert [d.block_shape for d in descs[4:]] == [[1, 1, 64]] * 2
+    launched = {}
+
+    class Recorder:  # stands in for the kernel: records what the wrapper launches
+        def run(self, *args, **kwargs):
+            launched["args"] = args
+    wrapped = tuning._WithDescriptorBoxes(tuning.attn_bwd_dkdv_kernel)
+    wrapped.fn = Recorder()
+    names = tuning.attn_bwd_dkdv_kernel.arg_names
+    args = [None] * len(names)
+    for name, desc in zip(("desc_q", "desc_k", "desc_v", "desc_do", "desc_lse2", "desc_delta"), descs, strict=True):
+        args[names.index(name)] = desc
+    wrapped.run(*args, BLOCK_M=32, BLOCK_N=128)
+    boxes = {name: launched["args"][names.index(name)].block_shape for name in ("desc_q", "desc_k", "desc_do",
+                                                                               "desc_lse2", "desc_delta")}
+    assert boxes == {"desc_q": [1, 1, 32, 64], "desc_k": [1, 1, 128, 64], "desc_do": [1, 1, 32, 64],
+                     "desc_lse2": [1, 1, 32], "desc_delta": [1, 1, 32]}
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
     inspect.add_argument("--backward-tma", action="store_true",
                          help="the backward's static tiles on TMA (the autotuner's data path)")
+    inspect.add_argument("--backward-candidates", action="store_true",
+                         help="the backward on each kernel's first autotuner candidate instead of its static tiles")
     inspect.add_argument("--variants", action="store_true",
                          help="compile each variant (window + softcap + ALiBi, dropout, varlen) instead")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
@@ -134,7 +136,8 @@ def _inspect(args: argparse.Namespace) -> int:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
                     continue
                 reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,
-                                            qk_ahead=args.qk_ahead, backward_tma=args.backward_tma)
+                                            qk_ahead=args.qk_ahead, backward_tma=args.backward_tma,
+                                            backward_candidates=args.backward_candidates)
     print(json.dumps([asdict(r) for r in reports]) if args.json else markdown(reports))
     return 0
 

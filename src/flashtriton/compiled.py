@@ -32,6 +32,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from . import ops
+from .tuning import BACKWARD_CANDIDATES, width_class
 
 HOPPER = GPUTarget("cuda", 90, 32)
 KERNELS = ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel")
@@ -146,14 +147,18 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
 
 def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                      use_tma: bool = True, target: GPUTarget = HOPPER, qk_ahead: bool = False,
-                     backward_tma: bool = False) -> list[KernelReport]:
+                     backward_tma: bool = False, backward_candidates: bool = False) -> list[KernelReport]:
     """Compile the forward and backward kernels with the static tiles of a GPU call of this shape, or with
-    the opt-in variants (`qk_ahead` forward, `backward_tma`) on the same tiles."""
+    the opt-in variants (`qk_ahead` forward, `backward_tma`) on the same tiles; with `backward_candidates`,
+    the backward on each kernel's first autotuner candidate instead (the one large calls usually run)."""
     cuda = torch.device("cuda")
     fwd_cfg = dataclasses.replace(ops.forward_config(head_dim, dtype, cuda, use_tma), qk_ahead=qk_ahead)
     if qk_ahead:
         fwd_cfg = dataclasses.replace(fwd_cfg, warp_specialize=False)  # the two do not combine
     bwd_cfgs = tuple(dataclasses.replace(c, use_tma=backward_tma) for c in ops.backward_configs(head_dim, dtype, cuda))
+    if backward_candidates:
+        width = width_class(head_dim, dtype)
+        bwd_cfgs = tuple(BACKWARD_CANDIDATES[kernel][width][0] for kernel in ("dkdv", "dq"))
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     reports = []
     with _offline(target) as compiled:

@@ -95,16 +95,18 @@ def _dkdv_inner(
         else:
             q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
             do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-        if USE_TMA and not ONE_LOOP:  # L and D too: one copy each, where pointer loads take one instruction per element
+        # L and D: through TMA in the three loops, one copy each where pointer loads are a predicated
+        # 4-byte copy per element, and with them ptxas no longer serialises the loops' wgmmas (NOTES entry
+        # 38). The one loop keeps pointer loads: through TMA, ptxas serialises it instead.
+        if USE_TMA and not ONE_LOOP:
             lse2 = desc_lse2.load([off_b, off_hq, start_m]).reshape(BLOCK_M)
             delta = desc_delta.load([off_b, off_hq, start_m]).reshape(BLOCK_M)
+        elif MASKED:
+            lse2 = tl.load(lse2_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
         else:
-            if MASKED:
-                lse2 = tl.load(lse2_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
-                delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
-            else:
-                lse2 = tl.load(lse2_ptr + offs_m)
-                delta = tl.load(delta_ptr + offs_m)
+            lse2 = tl.load(lse2_ptr + offs_m)
+            delta = tl.load(delta_ptr + offs_m)
         qk_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_M]
         if SOFTCAP or ALIBI:
             s_t, tanh_t = modified_scores(qk_t, offs_m[None, :], offs_n[:, None], diag, qk_scale_log2,
