@@ -318,7 +318,7 @@ def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen:
     batch, grid_q, _ = _grid_dims(o, o, varlen)
     rows = lse.shape[-1]
     buffer = torch.empty(2, *lse.shape[:-1], _cdiv(rows, 4) * 4, device=lse.device, dtype=torch.float32)
-    lse2, delta = buffer[0, ..., :rows], buffer[1, ..., :rows]
+    lse2, delta = buffer[..., :rows].unbind(0)
     pre_block = 64 if o.device.type == "cuda" else 32
     attn_bwd_preprocess_kernel[(_cdiv(grid_q, pre_block), heads_q, batch)](
         o, do, lse, lse2, delta, None if varlen is None else varlen.cu_seqlens_q,
