@@ -6,7 +6,8 @@ Lines per case:
 - "ours": the whole backward through the launchers (autotuned, as a user's call);
 - "ours D+dQ" and "ours D+dK/dV": the same with only dq, or only dk and dv, wanted (the preprocess runs in
   both); their difference from "ours" is the other kernel's time;
-- "ours D alone": the preprocess kernel (D = rowsum(dO * O)) by itself, launched as the backward does;
+- "ours preprocess alone": the preprocess kernel (D = rowsum(dO * O) and L * log2 e) by itself, launched as
+  the backward does;
 - "flashtriton", "sdpa_flash", "sdpa_cudnn", "flex": the backward through autograd, as the suites time it
   (ours included: its difference from "ours" is the autograd path's).
 
@@ -56,7 +57,7 @@ def main() -> None:
         calls = {"ours": ours(do, *plain, o, lse, shape.causal, (True, True, True)),
                  "ours D+dQ": ours(do, *plain, o, lse, shape.causal, (True, False, False)),
                  "ours D+dK/dV": ours(do, *plain, o, lse, shape.causal, (False, True, True)),
-                 "ours D alone": functools.partial(ops.backward_stats, o, do, lse)}
+                 "ours preprocess alone": functools.partial(ops.backward_stats, o, do, lse)}
         for call in calls.values():  # autotune and compile outside the timed rounds
             call()
         # each a function that times one call, as the suites do (bench.provider_timer for the peers)
@@ -70,8 +71,8 @@ def main() -> None:
         flops = shape.flops("bwd")
         print(f"{shape} [{ops.last_backward_choice()}]", flush=True)
         for name, value in ms.items():
-            share = f"{value / ms['ours']:6.1%} of ours" if name.startswith(("dQ", "dK", "ours D alone")) else \
-                f"{flops / value / 1e9:6.0f} TFLOP/s"
+            part = name.startswith(("dQ", "dK", "ours preprocess alone"))
+            share = f"{value / ms['ours']:6.1%} of ours" if part else f"{flops / value / 1e9:6.0f} TFLOP/s"
             print(f"  {name:28s} {value:8.3f} ms  {share}", flush=True)
         rows.append(dict(case=case, ms=ms, all_ms=dict(zip(timers, times, strict=True)),
                          tiles=ops.last_backward_choice()))

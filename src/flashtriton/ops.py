@@ -144,13 +144,16 @@ def _descriptors(tensors: tuple, strides: list[list[int]] | None, tile: tuple[in
     if tile is None or strides is None:
         return (None,) * len(tensors)
     block_m, block_n = tile
-    descs = []
-    for t, st, rows in zip(tensors, strides, (block_m, block_n, block_n, block_m), strict=True):
-        desc = object.__new__(TensorDescriptor)
-        desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), st, [1, 1, rows, bd]
-        desc.padding = "zero"
-        descs.append(desc)
-    return tuple(descs)
+    return tuple(_descriptor(t, st, [1, 1, rows, bd])
+                 for t, st, rows in zip(tensors, strides, (block_m, block_n, block_n, block_m), strict=True))
+
+
+def _descriptor(t: torch.Tensor, strides: list[int], block_shape: list[int]) -> TensorDescriptor:
+    """TensorDescriptor(t, t.shape, strides, block_shape, padding="zero") without its __post_init__ checks."""
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = (t, list(t.shape), strides, block_shape,
+                                                                           "zero")
+    return desc
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -328,18 +331,6 @@ def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen:
     return lse2, delta
 
 
-def _stats_descriptors(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple:
-    """(B, H, N) tensor descriptors of the statistics, [1, 1, BLOCK_M] boxes (backward_stats pads their rows
-    for TMA); made like _descriptors'."""
-    descs = []
-    for t in (lse2, delta):
-        desc = object.__new__(TensorDescriptor)
-        desc.base, desc.shape, desc.strides, desc.block_shape = t, list(t.shape), list(t.stride()), [1, 1, block_m]
-        desc.padding = "zero"
-        descs.append(desc)
-    return tuple(descs)
-
-
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        o: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
                        configs: tuple[TileConfig, TileConfig] | None = None, autotune: bool | None = None,
@@ -384,12 +375,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     optional = (alibi_slopes, *cu_seqlens, dropout_seed)  # the variants' pointers (None where off)
     dkdv_args = (q, k, v, do, lse2, delta, dk, dv, *optional)
     dkdv_rest = (*_bhr_strides(q, k, v, do, dk, dv, varlen=varlen), heads_kv, seqlen_q, seqlen_k, stride_stats,
-                 window_left,
-                 window_right, scale, scale * LOG2E, *mods, _heads_per_group(q, 1 / group, causal_order), bucket)
+                 window_left, window_right, scale, scale * LOG2E, *mods,
+                 _heads_per_group(q, 1 / group, causal_order), bucket)
     dq_args = (q, k, v, do, lse2, delta, dq, *optional)
     dq_rest = (*_bhr_strides(q, k, v, do, dq, varlen=varlen), heads_q, seqlen_q, seqlen_k, stride_stats,
-               window_left,
-               window_right, scale, scale * LOG2E, *mods, _heads_per_group(k, group, causal_order), bucket)
+               window_left, window_right, scale, scale * LOG2E, *mods, _heads_per_group(k, group, causal_order),
+               bucket)
 
     def dkdv_grid(meta):
         return _cdiv(grid_k, meta["BLOCK_N"]), heads_kv, batch
@@ -444,7 +435,8 @@ def _backward_descriptors(q, k, v, do, lse2, delta, strides, tile, bd: int, stat
         return descs
     if descs[0] is None:
         return (*descs, None, None)
-    return (*descs, *_stats_descriptors(lse2, delta, tile[0]))
+    # (B, H, N) with [1, 1, BLOCK_M] boxes; backward_stats pads their rows to 16 bytes for TMA
+    return (*descs, *(_descriptor(t, list(t.stride()), [1, 1, tile[0]]) for t in (lse2, delta)))
 
 
 def _wanted(grads: tuple, needs: tuple[bool, bool, bool]) -> tuple:
