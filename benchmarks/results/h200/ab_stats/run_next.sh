@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# For the next device session (NOTES.md Open, backward 1 and the missing rows): run from the repository
+# root on one H200, with FLASHTRITON_COMMIT set: bash benchmarks/results/h200/ab_stats/run_next.sh
+# 1. D=128 causal: the one-loop dK/dV kernel with L and D through TMA (offline: unserialised, 254 registers)
+#    against the tree's, whole backward, dQ fixed, interleaved;
+# 2. the paper suite's backward rows that missed in entry 38's run (causal N=1024, host-bound there; D=128
+#    causal N=16384, 1.296x sdpa_flash), alone on the GPU.
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+sed 's/        if USE_TMA and not ONE_LOOP:/        if USE_TMA and (not ONE_LOOP or MASK_RIGHT):/' \
+  src/flashtriton/kernels/backward.py > d128_tma_backward.py
+grep -q "not ONE_LOOP or MASK_RIGHT" d128_tma_backward.py || { echo "the sed did not apply"; exit 1; }
+timeout 240 python3 benchmarks/ab_dkdv.py --kernel tma=d128_tma_backward.py --name ab_d128_tma_stats --out $OUT \
+  --case 4,16,4096,128,causal --case 1,16,16384,128,causal --case 16,16,1024,128,causal \
+  --variant "pointer loads:.:64,64,4,2,tma" --variant "TMA statistics:tma:64,64,4,2,tma" > $OUT/ab_d128.log 2>&1
+tail -n 12 $OUT/ab_d128.log
+TESTS=0 MERGE=1 BENCH_ARGS="--seqlens 1024,16384" timeout 300 bash benchmarks/h200.sh paper bwd > $OUT/rerun.log 2>&1
+grep "flashtriton  bwd" $OUT/rerun.log
