@@ -24,6 +24,7 @@ from .common import (
     SEQLEN_ARGS,
     dropout_keep,
     head_block_ptr,
+    head_row_offset,
     key_tiles_for_query_tile,
     load_desc_rows,
     load_tile,
@@ -31,7 +32,6 @@ from .common import (
     program_tile,
     query_tiles_for_key_tile,
     sequence_bounds,
-    stats_row_offset,
     visible_keys,
 )
 
@@ -54,7 +54,7 @@ def attn_bwd_preprocess_kernel(
     start_m = pid_m * BLOCK_M
     q_start, seqlen_q, _, _, row = sequence_bounds(off_b, off_h, num_heads, seqlen_q, seqlen_q, CU_SEQLENS_Q,
                                                    CU_SEQLENS_Q, VARLEN)
-    stats_row = stats_row_offset(off_b, off_h, num_heads, q_start, stride_stats, VARLEN)
+    stats_row = head_row_offset(off_b, off_h, num_heads, q_start, stride_stats, VARLEN)
     if VARLEN:
         if start_m >= seqlen_q:
             return
@@ -246,7 +246,7 @@ def attn_bwd_dkdv_kernel(
                                stride_qm, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
         do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
                                 stride_dom, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
-        row = stats_row_offset(off_b, off_hq, num_heads_kv * GROUP_SIZE, q_start, stride_stats, VARLEN)
+        row = head_row_offset(off_b, off_hq, num_heads_kv * GROUP_SIZE, q_start, stride_stats, VARLEN)
         lse2_ptr = LSE2 + row
         delta_ptr = DELTA + row
         hq32 = off_hq.to(tl.int32)
@@ -364,7 +364,7 @@ def attn_bwd_dq_kernel(
     if VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
-    row = stats_row_offset(off_b, off_hq, num_heads_q, q_start, stride_stats, VARLEN)
+    row = head_row_offset(off_b, off_hq, num_heads_q, q_start, stride_stats, VARLEN)
 
     q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q, stride_qm,
                            start_m, BLOCK_M, HEAD_DIM, BLOCK_D)

@@ -51,30 +51,29 @@ def program_tile(CAUSAL_ORDER: tl.constexpr, heads_per_group, KEY_TILES: tl.cons
 
 @triton.jit
 def sequence_bounds(off_b, off_h, num_heads, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, VARLEN: tl.constexpr):
-    """(first row in Q, length, first row in K, length, offset of head off_h's first row in LSE and
-    DELTA) of batch element `off_b`. In a packed batch of variable-length sequences (VARLEN) the bounds
-    come from the cumulative lengths, seqlen_q is the packed total and LSE is (H, total); otherwise every
-    element starts at row 0, the lengths are the arguments and LSE is (B, H, seqlen_q)."""
+    """(first row in Q, length, first row in K, length, offset of head off_h's first row in LSE) of batch
+    element `off_b`. In a packed batch of variable-length sequences (VARLEN) the bounds come from the
+    cumulative lengths, seqlen_q is the packed total and LSE is (H, total); otherwise every element starts
+    at row 0, the lengths are the arguments and LSE is (B, H, seqlen_q)."""
     if VARLEN:
         q_start = tl.load(CU_SEQLENS_Q + off_b)
         k_start = tl.load(CU_SEQLENS_K + off_b)
         q_len = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
         k_len = tl.load(CU_SEQLENS_K + off_b + 1) - k_start
         q_start, k_start = q_start.to(tl.int64), k_start.to(tl.int64)
-        lse_row = off_h * seqlen_q + q_start
     else:  # plain ints: the compiler folds the offsets away
         q_start, q_len, k_start, k_len = 0, seqlen_q, 0, seqlen_k
-        lse_row = (off_b * num_heads + off_h) * seqlen_q
-    return q_start, q_len, k_start, k_len, lse_row
+    return q_start, q_len, k_start, k_len, head_row_offset(off_b, off_h, num_heads, q_start, seqlen_q, VARLEN)
 
 
 @triton.jit
-def stats_row_offset(off_b, off_h, num_heads, q_start, stride_stats, VARLEN: tl.constexpr):
-    """Offset of head off_h's first row in the backward's per-row statistics (L * log2 e and D): laid out
-    (B, H, stride_stats), or (H, stride_stats) for a packed batch, whose sequences start at q_start."""
+def head_row_offset(off_b, off_h, num_heads, q_start, row_stride, VARLEN: tl.constexpr):
+    """Offset of head off_h's first row in an array of one value per query row: laid out (B, H, row_stride),
+    or (H, row_stride) for a packed batch, whose sequence starts at q_start. LSE has row_stride = seqlen_q
+    (the packed total with VARLEN); the backward's statistics (L * log2 e and D) a stride padded for TMA."""
     if VARLEN:
-        return off_h * stride_stats + q_start
-    return (off_b * num_heads + off_h) * stride_stats
+        return off_h * row_stride + q_start
+    return (off_b * num_heads + off_h) * row_stride
 
 
 @triton.jit
