@@ -140,7 +140,7 @@ def _descriptors(tensors: tuple, strides: list[list[int]] | None, tile: tuple[in
     tuning._WithDescriptorBoxes applies per autotuned launch); four Nones without a tile, or without the
     strides of tensors that passed _tma_strides. Triton's launcher encodes them on the host at every launch
     (~10 µs for four on the H200 machine's CPU). They are made without the dataclass's __post_init__, which
-    checks again what _tma_strides checked, at ~5 µs a descriptor: a backward makes eight (NOTES entry 34)."""
+    checks again what _tma_strides checked, at ~5 µs a descriptor: a backward makes ten (NOTES entry 34)."""
     if tile is None or strides is None:
         return (None,) * len(tensors)
     block_m, block_n = tile
