@@ -99,8 +99,8 @@ def test_a_register_cap_reaches_the_compiler_and_comes_back():
 
 def test_descriptor_boxes_follow_the_launched_tiles_for_the_statistics_too():
     """The dK/dV kernel's (B, H, N) descriptors of L * log2 e and D take BLOCK_M rows like Q and dO."""
-    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16)
-    lse2, delta = ops.backward_stats(q, q, torch.randn(1, 2, 70))
+    q = torch.randn(1, 2, 70, 64, dtype=torch.bfloat16, device=DEVICE)
+    lse2, delta = ops.backward_stats(q, q, torch.randn(1, 2, 70, device=DEVICE))
     descs = ops._backward_descriptors(q, q, q, q, lse2, delta, ops._tma_strides(q, q, q, q), (64, 64), 64, True)
     assert [d.block_shape for d in descs[4:]] == [[1, 1, 64]] * 2
     launched = {}
