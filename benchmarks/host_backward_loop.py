@@ -4,8 +4,11 @@ host-bound backward rows (causal, N = 1024), for our backward and the peers (GPU
 Each iteration is do_bench's: drop the gradients, flush the L2 cache, record an event, `o.backward(dO)`,
 record an event. The host's time per iteration is read before the one synchronize at the end (the GPU
 queue holds every launch, so the host never waits on it); the GPU's is the events' median, what the
-suite reports. Where the host's exceeds the GPU's, the GPU idles and the row measures the host. Then the
-body of our backward (`ops.attention_backward`, on autograd's device thread) is profiled at that shape.
+suite reports. Where the host's exceeds the GPU's, the GPU idles and the row measures the host.
+
+Our backward runs twice: replaying its recorded launches (the default), and through Triton's launch
+path every time (launch.ENABLED off; NOTES entry 39). Then the body of our backward
+(`ops.attention_backward`, on autograd's device thread) is profiled at that shape.
 
     PYTHONPATH=src python benchmarks/host_backward_loop.py [--out DIR]
 """
@@ -24,10 +27,11 @@ from pathlib import Path
 import torch
 import triton
 
-from flashtriton import bench, ops
+from flashtriton import bench, launch, ops
 
 SHAPES = [(16, 16, 1024, 128), (16, 32, 1024, 64)]  # (B, H, N, D), causal: the suite's host-bound rows
 ITERATIONS = 60  # launches stay well inside the GPU's queue, so the host never blocks on it
+TRITON_LAUNCHES = "flashtriton, every launch through Triton"  # launch.ENABLED off: no replayed launches
 
 
 def per_iteration(o, do, inputs) -> tuple[float, float]:
@@ -91,17 +95,20 @@ def main() -> None:
         for name in ("flashtriton", "sdpa_flash", "flex", "sdpa"):
             with bench.PROVIDERS[name].context():
                 outputs[name] = bench.PROVIDERS[name].run(q, k, v, shape)
+        outputs[TRITON_LAUNCHES] = outputs["flashtriton"]
         rows = {name: [] for name in outputs}
         for _ in range(args.rounds):
             for name, o in outputs.items():
-                with bench.PROVIDERS[name].context():
+                launch.ENABLED = name != TRITON_LAUNCHES
+                with bench.PROVIDERS["flashtriton" if name == TRITON_LAUNCHES else name].context():
                     rows[name].append(per_iteration(o, do, (q, k, v)))
+                launch.ENABLED = True
         results[key] = {name: dict(host_us=statistics.median(h for h, _ in r),
                                    gpu_ms=statistics.median(g for _, g in r), rounds=r) for name, r in rows.items()}
         print(f"{key}: per do_bench iteration, host µs / GPU ms (medians of {args.rounds} rounds)")
         for name, row in results[key].items():
             rounds = "  ".join(f"{h:6.0f}/{g:.3f}" for h, g in row["rounds"])
-            print(f"  {name:12s} {row['host_us']:7.0f} µs / {row['gpu_ms']:.3f} ms   ({rounds})")
+            print(f"  {name:40s} {row['host_us']:7.0f} µs / {row['gpu_ms']:.3f} ms   ({rounds})")
         profiles[key] = profile_our_backward(outputs["flashtriton"], do)
         print("\n".join(profiles[key].splitlines()[:45]))
     if args.out:

@@ -12,6 +12,8 @@ if not ON_GPU:
     # Must be set before flashtriton's kernels are defined: triton.jit reads it at decoration time.
     os.environ["TRITON_INTERPRET"] = "1"
 
+from flashtriton import launch  # noqa: E402  (after TRITON_INTERPRET)
+
 DEVICE = "cuda" if ON_GPU else "cpu"
 
 
@@ -22,6 +24,13 @@ def _poisoned(factory):
             out.fill_(float("nan"))
         return out
     return make
+
+
+@pytest.fixture(autouse=True)
+def forget_launch_plans():
+    # Each test records its own launches (launch.py): a plan recorded by an earlier test would replay
+    # past whatever a later one patches in ops.
+    launch.forget()
 
 
 @pytest.fixture(autouse=True)

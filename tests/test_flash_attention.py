@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton import FlashAttentionTriton, attention_ref, flash_attention, ops
+from flashtriton import FlashAttentionTriton, attention_ref, flash_attention, launch, ops
 from flashtriton.ops import attention_forward
 from flashtriton.testing import bounded
 from flashtriton.tuning import TileConfig
@@ -55,6 +55,7 @@ def test_causal_launch_order_covers_every_tile(monkeypatch, heads_q, heads_kv, h
     models a 50 MB L2, so small problems fit one group: force small ones, with a short last group (2 x 3
     pairs in groups of 4), so that every kernel must still visit each tile exactly once."""
     monkeypatch.setattr(ops, "_heads_per_group", lambda *args: heads_per_group)
+    monkeypatch.setattr(launch, "ENABLED", False)  # a replayed launch would keep the real grouping
     q, k, v = make_qkv(2, heads_q, heads_kv, 70, 90, 32, torch.float16, DEVICE)
     check_against_reference(_flash(True), q, k, v, True)
 
@@ -289,6 +290,7 @@ def test_backward_never_reads_the_statistics_padding(monkeypatch, seqlen_q, seql
             rows[..., t.shape[-1]:] = float("nan")
         return lse2, delta
     monkeypatch.setattr(ops, "backward_stats", poisoned)
+    monkeypatch.setattr(launch, "ENABLED", False)  # a replay of the clean calls' launches would skip it
     for c, grads in zip(configs, clean, strict=True):
         for got, want in zip(ops.attention_backward(do, q, k, v, o, lse, is_causal, 0.125, c, autotune=False),
                              grads, strict=True):

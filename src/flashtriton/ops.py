@@ -15,9 +15,10 @@ from typing import NamedTuple
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import _interpreter
+from . import _interpreter, launch
 from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess_kernel
 from .kernels.forward import attn_fwd_kernel
+from .launch import Recorded
 from .tuning import (
     AUTOTUNE_MIN_WORK,
     TileConfig,
@@ -279,7 +280,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         def grid(meta):
             return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
         tuner = attn_fwd_autotuned[with_tma]
-        picked = run_autotuned(tuner, grid, (q, k, v, o, lse, *optional, *descs, *rest), meta, q.dtype, bucket)
+        picked, _ = run_autotuned(tuner, grid, (q, k, v, o, lse, *optional, *descs, *rest), meta, q.dtype, bucket)
         _last_forward_choice[0] = (picked, None)
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
@@ -312,23 +313,29 @@ def last_backward_choice() -> str:
 
 
 def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen: Varlen | None = None,
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   recorded: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward's first launch: the per-row statistics its loops stream, L * log2(e) and
     D = rowsum(dO * O), in float32. Each is laid out like `lse` but with every head's row padded to a
     multiple of 4 elements (16 bytes, so that TMA can read it): views of shape lse.shape into one buffer.
-    o and do as attention_backward takes them."""
+    o and do as attention_backward takes them; `recorded` (a list) gets the launch as a launch.Recorded."""
     _, heads_q, seqlen_q, head_dim = o.shape
     batch, grid_q, _ = _grid_dims(o, o, varlen)
+    lse2, delta = _stats_buffer(lse)
+    pre_block = 64 if o.device.type == "cuda" else 32
+    grid = (_cdiv(grid_q, pre_block), heads_q, batch)
+    args = (o, do, lse, lse2, delta, None if varlen is None else varlen.cu_seqlens_q,
+            *_bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q, lse2.stride(-2))
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None)
+    compiled = attn_bwd_preprocess_kernel[grid](*args, **meta)
+    if recorded is not None:
+        recorded.append(Recorded(attn_bwd_preprocess_kernel, compiled, grid, args, meta, 6))
+    return lse2, delta
+
+
+def _stats_buffer(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows = lse.shape[-1]
     buffer = torch.empty(2, *lse.shape[:-1], _cdiv(rows, 4) * 4, device=lse.device, dtype=torch.float32)
-    lse2, delta = buffer[..., :rows].unbind(0)
-    pre_block = 64 if o.device.type == "cuda" else 32
-    attn_bwd_preprocess_kernel[(_cdiv(grid_q, pre_block), heads_q, batch)](
-        o, do, lse, lse2, delta, None if varlen is None else varlen.cu_seqlens_q,
-        *_bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q, lse2.stride(-2),
-        HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None,
-    )
-    return lse2, delta
+    return buffer[..., :rows].unbind(0)
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -353,18 +360,31 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dq.numel() == 0 or dk.numel() == 0:  # nothing attends: every gradient is zero
         return _wanted((dq.zero_(), dk.zero_(), dv.zero_()), needs)
-    _interpreter.prepare(q.device)
-    bd = block_d(head_dim)
+    if dropout_p > 0 and dropout_seed is None:
+        raise ValueError("dropout_p > 0 needs the forward's dropout_seed, so that the backward drops the same "
+                         "probabilities")
     batch, grid_q, grid_k = _grid_dims(q, k, varlen)
     if autotune is None:  # float32 keeps its static tiles: the candidates are 16-bit sweeps' winners
         autotune = (configs is None and q.device.type == "cuda" and q.element_size() == 2
                     and _autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
     cu_seqlens = (None, None) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
-    if dropout_p > 0 and dropout_seed is None:
-        raise ValueError("dropout_p > 0 needs the forward's dropout_seed, so that the backward drops the same "
-                         "probabilities")
+    optional = (alibi_slopes, *cu_seqlens, dropout_seed)  # the variants' pointers (None where off)
 
-    lse2, delta = backward_stats(o, do, lse, varlen)
+    # A call like one before it replays that call's launches (launch.py); the first records them.
+    plan = plan_key = None
+    if launch.replayable(q.device):
+        device, stream = launch.current_device_and_stream()
+        plan_key = _backward_plan_key(device, (q, k, v, do, o, lse, *optional), is_causal, scale,
+                                      None if configs is None else tuple(configs), autotune, tuple(window), softcap,
+                                      None if varlen is None else varlen[2:], dropout_p, tuple(needs))
+        recorded_plan = launch.PLANS.get(plan_key)
+        if recorded_plan is not None:
+            return recorded_plan.replay(stream, q, k, v, o, do, lse, dq, dk, dv, optional, needs)
+        plan = _BackwardPlan()
+
+    _interpreter.prepare(q.device)
+    bd = block_d(head_dim)
+    lse2, delta = backward_stats(o, do, lse, varlen, None if plan is None else plan.recorded)
     stride_stats = lse2.stride(-2)
     group = heads_q // heads_kv
     flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
@@ -372,7 +392,6 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, INPUT_PRECISION=_input_precision(q.dtype), **flags)
     bucket = seqlen_bucket(grid_q, grid_k)
     mods = (*_score_mods(scale, softcap, alibi_slopes), dropout_p)
-    optional = (alibi_slopes, *cu_seqlens, dropout_seed)  # the variants' pointers (None where off)
     dkdv_args = (q, k, v, do, lse2, delta, dk, dv, *optional)
     dkdv_rest = (*_bhr_strides(q, k, v, do, dk, dv, varlen=varlen), heads_kv, seqlen_q, seqlen_k, stride_stats,
                  window_left, window_right, scale, scale * LOG2E, *mods,
@@ -395,36 +414,90 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
         tiles = [tma_candidate_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
         picks = []
-        for tile, autotuned, grid, args, rest, wanted, stats in (
-                (tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv, True),
-                (tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq, False)):
-            if wanted:
-                descs = _backward_descriptors(q, k, v, do, lse2, delta, tma_strides, tile, bd, stats)
-                picks.append(run_autotuned(autotuned[descs[0] is not None], grid, (*args, *descs, *rest), meta,
-                                           q.dtype, bucket))
-            else:
+        for name, tile, autotuned, grid, args, rest, wanted in (
+                ("dkdv", tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
+                ("dq", tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
+            if not wanted:
                 picks.append(None)
-        _last_backward_choice[0] = (tuple(picks), None)
-        return _wanted((dq, dk, dv), needs)
-
-    dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
-    use_tma = (dkdv_cfg.use_tma or dq_cfg.use_tma) and varlen is None
-    tma_strides = _tma_strides(q, k, v, do) if use_tma else None
-    _last_backward_choice[0] = ((dkdv_cfg if need_dkdv else None, dq_cfg if need_dq else None),
-                                tma_strides is not None)
-    for cfg, kernel, grid, args, rest, wanted, stats in (
-            (dkdv_cfg, attn_bwd_dkdv_kernel, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv, True),
-            (dq_cfg, attn_bwd_dq_kernel, dq_grid, dq_args, dq_rest, need_dq, False)):
-        if not wanted:
-            continue
-        descs = _backward_descriptors(q, k, v, do, lse2, delta, tma_strides,
-                                      (cfg.block_m, cfg.block_n) if cfg.use_tma else None, bd, stats)
-        kernel[grid(dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))](
-            *args, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            USE_TMA=descs[0] is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            maxnreg=cfg.max_registers,
-        )
+                continue
+            descs = _backward_descriptors(q, k, v, do, lse2, delta, tma_strides, tile, bd, name == "dkdv")
+            full_args = (*args, *descs, *rest)
+            config, launched = run_autotuned(autotuned[descs[0] is not None], grid, full_args, meta, q.dtype, bucket)
+            picks.append(config)
+            if plan is not None and launched is not None:  # (None: this call ran the autotuner)
+                compiled, config_kwargs = launched
+                plan.record(name, compiled, grid(config_kwargs), full_args, {**meta, **config_kwargs}, descs,
+                            len(args))
+        _last_backward_choice[0] = plan_choice = (tuple(picks), None)
+    else:
+        dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
+        use_tma = (dkdv_cfg.use_tma or dq_cfg.use_tma) and varlen is None
+        tma_strides = _tma_strides(q, k, v, do) if use_tma else None
+        _last_backward_choice[0] = plan_choice = ((dkdv_cfg if need_dkdv else None, dq_cfg if need_dq else None),
+                                                  tma_strides is not None)
+        for name, cfg, grid, args, rest, wanted in (
+                ("dkdv", dkdv_cfg, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
+                ("dq", dq_cfg, dq_grid, dq_args, dq_rest, need_dq)):
+            if not wanted:
+                continue
+            descs = _backward_descriptors(q, k, v, do, lse2, delta, tma_strides,
+                                          (cfg.block_m, cfg.block_n) if cfg.use_tma else None, bd, name == "dkdv")
+            full_args = (*args, *descs, *rest)
+            launch_kwargs = dict(meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=descs[0] is not None,
+                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers)
+            tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+            kernel = attn_bwd_dkdv_kernel if name == "dkdv" else attn_bwd_dq_kernel
+            compiled = kernel[grid(tiles)](*full_args, **launch_kwargs)
+            if plan is not None:
+                plan.record(name, compiled, grid(tiles), full_args, launch_kwargs, descs, len(args))
+    if plan is not None and plan.complete(need_dkdv, need_dq):
+        plan.choice = plan_choice
+        launch.remember(plan_key, plan)
     return _wanted((dq, dk, dv), needs)
+
+
+def _backward_plan_key(device: int, tensors: tuple, *options) -> tuple:
+    """Everything a backward's launches depend on but what its tensors hold: each tensor's (or None's)
+    shape, strides, dtype and 16-byte alignment, the device, float32's matmul precision and the call's
+    options. Two calls with equal keys bind every kernel argument to the same scalars and Triton
+    specialises them the same way, so the second may replay the first's launches (launch.py)."""
+    layout = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
+    return (device, layout, _input_precision(tensors[0].dtype), *options)
+
+
+class _BackwardPlan:
+    """A backward's launches as recorded (launch.Recorded): the statistics, then dK/dV and dQ where they
+    ran, each with the (strides, box) of its tensor descriptors (None without TMA). `choice` is what
+    last_backward_choice reports for it."""
+
+    def __init__(self):
+        self.recorded: list = []  # the statistics' launch (backward_stats appends it)
+        self.kernels: dict = {}
+        self.choice = None
+
+    def record(self, name: str, compiled, grid: tuple, full_args: tuple, kwargs: dict, descs: tuple,
+               tensor_args: int) -> None:
+        jit_fn = attn_bwd_dkdv_kernel if name == "dkdv" else attn_bwd_dq_kernel
+        layout = None if descs[0] is None else tuple((d.strides, d.block_shape) for d in descs)
+        self.kernels[name] = (Recorded(jit_fn, compiled, grid, full_args, kwargs, tensor_args + len(descs)),
+                              layout, len(descs))
+
+    def complete(self, need_dkdv: bool, need_dq: bool) -> bool:
+        return len(self.recorded) == 1 and ("dkdv" in self.kernels) == need_dkdv and ("dq" in self.kernels) == need_dq
+
+    def replay(self, stream: int, q, k, v, o, do, lse, dq, dk, dv, optional: tuple, needs: tuple) -> tuple:
+        lse2, delta = _stats_buffer(lse)
+        self.recorded[0].replay((o, do, lse, lse2, delta, optional[1]), stream)
+        sources = (q, k, v, do, lse2, delta)
+        for name, outputs in (("dkdv", (dk, dv)), ("dq", (dq,))):
+            if name in self.kernels:
+                recorded, layout, count = self.kernels[name]
+                descs = ((None,) * count if layout is None else
+                         tuple(_descriptor(t, strides, box)
+                               for t, (strides, box) in zip(sources[:count], layout, strict=True)))
+                recorded.replay((q, k, v, do, lse2, delta, *outputs, *optional, *descs), stream)
+        _last_backward_choice[0] = self.choice
+        return _wanted((dq, dk, dv), needs)
 
 
 def _backward_descriptors(q, k, v, do, lse2, delta, strides, tile, bd: int, stats: bool) -> tuple:

@@ -20,7 +20,7 @@ import triton
 import triton.testing
 from triton.runtime.jit import KernelInterface
 
-from . import _interpreter
+from . import _interpreter, launch
 from .kernels.backward import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel
 from .kernels.forward import attn_fwd_kernel
 
@@ -356,25 +356,29 @@ def _autotuned(kernel, candidates: list[TileConfig], with_tma: bool, prune):
 _picked: dict = {}
 
 
-def run_autotuned(tuner, grid, args: tuple, meta: dict, dtype: torch.dtype, bucket: int) -> triton.Config:
-    """tuner[grid](*args, **meta); returns the config that ran. Triton's Autotuner rebuilds its key from
-    every argument of every call (~40 µs of host time for these kernels' ~50 arguments; NOTES entry 34).
-    The launch's constexprs (`meta`), input dtype and length bucket determine that key (the other tensors'
-    dtypes are fixed), so once they have been through the autotuner, its pick is launched straight away."""
+def run_autotuned(tuner, grid, args: tuple, meta: dict, dtype: torch.dtype, bucket: int) -> tuple:
+    """tuner[grid](*args, **meta); returns the config that ran, and the compiled kernel it launched with
+    that config's launch keywords (for launch.Recorded), or None for the call that ran the autotuner.
+    Triton's Autotuner rebuilds its key from every argument of every call (~40 µs of host time for these
+    kernels' ~50 arguments; NOTES entry 34). The launch's constexprs (`meta`), input dtype and length
+    bucket determine that key (the other tensors' dtypes are fixed), so once they have been through the
+    autotuner, its pick is launched straight away."""
     key = (tuner, *meta.values(), dtype, bucket)
     picked = _picked.get(key)
     if picked is None:
         tuner[grid](*args, **meta)
         _picked[key] = tuner.best_config, tuner.best_config.all_kwargs()
-        return tuner.best_config
+        return tuner.best_config, None
     config, config_kwargs = picked
-    tuner.fn[grid](*args, **meta, **config_kwargs)
-    return config
+    compiled = tuner.fn[grid](*args, **meta, **config_kwargs)
+    return config, (compiled, config_kwargs)
 
 
 def forget_picks() -> None:
-    """Drop run_autotuned's memory of the autotuners' picks (tests that clear an autotuner's cache)."""
+    """Drop run_autotuned's memory of the autotuners' picks, and the launch plans recorded from them
+    (tests that clear an autotuner's cache)."""
     _picked.clear()
+    launch.forget()
 
 
 def _all(candidates_by_width: dict[int, list[TileConfig]]) -> list[TileConfig]:

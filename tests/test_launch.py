@@ -1,0 +1,171 @@
+"""Recorded launches (launch.py): a backward like an earlier one replays that one's launches, and must
+compute exactly what Triton's own launch path computes. Replays exist on a GPU only; on CPU, the
+argument assembly is checked against a stand-in kernel."""
+
+import inspect
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU
+from flashtriton import flash_attention, flash_attention_varlen, launch, ops
+from flashtriton.tuning import TileConfig
+from helpers import WithBackwardTiles, make_qkv, packed_qkv
+
+
+def test_recorded_launch_passes_the_new_tensors_then_the_recorded_scalars_and_constexprs():
+    """The launcher takes every parameter in signature order: the call's prefix (tensors, descriptors,
+    Nones), the recorded scalars, then the constexprs, from the launch's keywords or their defaults."""
+    def kernel(X, Y, desc, n, scale, BLOCK: "tl.constexpr", FLAG: "tl.constexpr" = False):  # noqa: F821
+        pass
+
+    class Param:  # what Recorded reads of Triton's KernelParam
+        def __init__(self, p):
+            self.name, self.default = p.name, p.default
+
+    class JitFn:
+        params = [Param(p) for p in inspect.signature(kernel).parameters.values()]
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *args):
+            seen.append(args)
+    seen = []
+    x, y = torch.zeros(2), torch.ones(2)
+    recorded = launch.Recorded(JitFn, Compiled(), (4, 2), (x, y, None, 17, 0.5), dict(BLOCK=64, num_warps=4),
+                               prefix_length=3)
+    x2, y2 = torch.zeros(3), torch.ones(3)
+    recorded.replay((x2, y2, "new desc"), stream=7)
+    assert len(seen) == 1
+    grid, (stream, function, metadata), hooks, args = seen[0][:3], seen[0][3:6], seen[0][6:9], seen[0][9:]
+    assert grid == (4, 2, 1) and stream == 7 and function == "function" and metadata == "metadata"
+    assert hooks == (None, None, None)  # launch metadata and the enter and exit hooks
+    assert args[0] is x2 and args[1] is y2 and args[2:] == ("new desc", 17, 0.5, 64, False)
+
+
+def test_plans_stay_bounded():
+    launch.forget()
+    for i in range(launch.PLAN_LIMIT + 3):
+        launch.remember(i, object())
+    assert 0 < len(launch.PLANS) <= launch.PLAN_LIMIT
+
+
+def test_no_replay_without_a_gpu():
+    """The interpreter (CPU) launches through Triton every time: nothing is recorded."""
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 16, torch.bfloat16, DEVICE)
+    for _ in range(2):
+        flash_attention(q, k, v, is_causal=True).backward(torch.randn_like(q))
+    assert (len(launch.PLANS) > 0) == ON_GPU
+
+
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="launches are recorded and replayed on a GPU only")
+
+
+def _grads(fn, inputs, do):
+    for x in inputs:
+        x.grad = None
+    fn(*inputs).backward(do)
+    return [x.grad.clone() for x in inputs]
+
+
+def _count_replays(monkeypatch) -> list:
+    replays, replay = [], launch.Recorded.replay
+    monkeypatch.setattr(launch.Recorded, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
+    return replays
+
+
+def _check_replay_is_exact(monkeypatch, fn, inputs, do):
+    """Triton's launches, then the recording call, then a replay: bitwise the same gradients."""
+    monkeypatch.setattr(launch, "ENABLED", False)
+    want = _grads(fn, inputs, do)
+    monkeypatch.setattr(launch, "ENABLED", True)
+    replays = _count_replays(monkeypatch)
+    recorded = _grads(fn, inputs, do)
+    assert not replays and len(launch.PLANS) == 1
+    replayed = _grads(fn, inputs, do)
+    assert replays, "the second call did not replay"
+    for w, r1, r2 in zip(want, recorded, replayed, strict=True):
+        assert torch.equal(w, r1) and torch.equal(w, r2)
+
+
+@gpu_only
+@pytest.mark.parametrize("variant", ["causal", "gqa-full", "window-softcap-alibi", "dropout", "float32", "d96"])
+def test_replayed_backward_equals_triton_launches(monkeypatch, variant):
+    dtype = torch.float32 if variant == "float32" else torch.bfloat16
+    head_dim = 96 if variant == "d96" else 64
+    heads_kv = 2 if variant == "gqa-full" else 4
+    q, k, v = make_qkv(2, 4, heads_kv, 300, 257, head_dim, dtype, DEVICE)
+    kwargs = dict(is_causal=variant != "gqa-full")
+    if variant == "window-softcap-alibi":
+        kwargs.update(window_size=(64, 0), softcap=20.0, alibi_slopes=torch.rand(4, device=DEVICE))
+    if variant == "dropout":
+        kwargs.update(dropout_p=0.1)
+        torch.manual_seed(0)
+
+    def fn(q, k, v):
+        if variant == "dropout":  # the same mask on every call
+            torch.manual_seed(0)
+        return flash_attention(q, k, v, **kwargs)
+    _check_replay_is_exact(monkeypatch, fn, (q, k, v), torch.randn_like(q))
+
+
+@gpu_only
+@pytest.mark.parametrize("tiles", ["block-pointers", "tma", "autotuned"])
+def test_replayed_backward_on_static_and_autotuned_tiles(monkeypatch, tiles):
+    q, k, v = make_qkv(2, 4, 2, 700, 929, 64, torch.bfloat16, DEVICE)
+    use_tma = tiles == "tma"
+    configs = (None if tiles == "autotuned" else
+               (TileConfig(64, 64, 4, 3, use_tma=use_tma), TileConfig(128, 64, 8, 3, use_tma=use_tma)))
+
+    def fn(q, k, v):
+        return WithBackwardTiles.apply(q, k, v, True, configs, tiles == "autotuned")[0]
+    _check_replay_is_exact(monkeypatch, fn, (q, k, v), torch.randn_like(q))
+
+
+@gpu_only
+def test_replayed_backward_of_a_packed_batch(monkeypatch):
+    q, k, v, cu_q, cu_k = packed_qkv([37, 130, 1], [63, 97, 17], 4, 2, 64, torch.bfloat16)
+
+    def fn(q, k, v):
+        return flash_attention_varlen(q, k, v, cu_q, cu_k, 130, 97, is_causal=True)
+    _check_replay_is_exact(monkeypatch, fn, (q, k, v), torch.randn_like(q))
+
+
+@gpu_only
+def test_a_call_with_other_strides_or_alignment_records_its_own_plan(monkeypatch):
+    """Triton specialises on 16-byte alignment and on strides: a view that differs there is another plan."""
+    buffer = torch.randn(3, 2, 4, 130, 64 + 8, device=DEVICE, dtype=torch.bfloat16)
+    replays = _count_replays(monkeypatch)
+    aligned = [buffer[i, :, :, :, :64].detach().requires_grad_() for i in range(3)]
+    shifted = [buffer[i, :, :, :, 1:65].detach().requires_grad_() for i in range(3)]  # 2 bytes off
+    do = torch.randn(2, 4, 130, 64, device=DEVICE, dtype=torch.bfloat16)
+    grads = []
+    for inputs in (aligned, shifted, aligned, shifted):
+        grads.append(_grads(lambda q, k, v: flash_attention(q, k, v, is_causal=True), inputs, do))
+    assert len(launch.PLANS) == 2 and len(replays) > 0
+    monkeypatch.setattr(launch, "ENABLED", False)
+    for inputs, got in zip((aligned, shifted), grads[2:], strict=True):
+        want = _grads(lambda q, k, v: flash_attention(q, k, v, is_causal=True), inputs, do)
+        assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+@gpu_only
+def test_forget_picks_drops_the_plans_recorded_from_them():
+    from flashtriton import tuning
+    q, k, v = make_qkv(1, 2, 2, 130, 130, 64, torch.bfloat16, DEVICE)
+    flash_attention(q, k, v, is_causal=True).backward(torch.randn_like(q))
+    assert launch.PLANS
+    tuning.forget_picks()
+    assert not launch.PLANS
+
+
+def test_backward_ops_still_take_unhashable_options():
+    """Lists where tuples are expected (configs, window) must not break the plan's key."""
+    q, k, v = make_qkv(1, 2, 2, 33, 33, 32, torch.bfloat16, DEVICE)
+    o, lse = ops.attention_forward(q, k, v, True, 0.2)
+    do = torch.randn_like(o)
+    tiles = [TileConfig(16, 32), TileConfig(32, 16)]
+    grads = ops.attention_backward(do, q, k, v, o, lse, True, 0.2, tiles, window=[-1, -1])
+    again = ops.attention_backward(do, q, k, v, o, lse, True, 0.2, tuple(tiles), window=(-1, -1))
+    assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
