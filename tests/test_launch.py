@@ -44,6 +44,21 @@ def test_recorded_launch_passes_the_new_tensors_then_the_recorded_scalars_and_co
     assert args[0] is x2 and args[1] is y2 and args[2:] == ("new desc", 17, 0.5, 64, False)
 
 
+def test_launch_hooks_turn_replays_off(monkeypatch):
+    """A tool's launch hooks (a profiler's) see every launch only on Triton's own launch path."""
+    from triton import knobs
+    cuda = torch.device("cuda")
+    assert launch.replayable(cuda)
+    knobs.runtime.launch_enter_hook.add(print)
+    try:
+        assert not launch.replayable(cuda)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
+    assert not launch.replayable(torch.device("cpu"))
+    monkeypatch.setattr(launch, "ENABLED", False)
+    assert not launch.replayable(cuda)
+
+
 def test_plans_stay_bounded():
     launch.forget()
     for i in range(launch.PLAN_LIMIT + 3):

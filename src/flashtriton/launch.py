@@ -52,8 +52,13 @@ class Recorded:
 def replayable(device: torch.device) -> bool:
     """Whether launches on `device` may be recorded and replayed: a CUDA device (the interpreter runs
     the Python kernels instead), no launch hooks (a profiler's hooks need Triton's own launch path)."""
-    return (ENABLED and device.type == "cuda" and knobs.runtime.launch_enter_hook is None
-            and knobs.runtime.launch_exit_hook is None)
+    return (ENABLED and device.type == "cuda" and _no_hooks(knobs.runtime.launch_enter_hook)
+            and _no_hooks(knobs.runtime.launch_exit_hook))
+
+
+def _no_hooks(hook) -> bool:
+    # Triton 3.6 keeps an always-present chain of hooks (HookChain), empty unless a tool adds one.
+    return hook is None or not getattr(hook, "calls", True)
 
 
 def current_device_and_stream() -> tuple[int, int]:
