@@ -1,6 +1,6 @@
 """What compute-sanitizer runs (benchmarks/h200.sh with SANITIZE=1): forward and backward of every kernel
 on odd shapes, on both data paths (block pointers and TMA), with the variants, each call checked to be
-finite. Small on purpose: under memcheck every memory access is instrumented.
+finite; each backward runs twice, the second time replaying the first one's launches. Small on purpose: under memcheck every memory access is instrumented.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py
 """
@@ -22,9 +22,14 @@ def _call(q, k, v, causal, tma, bwd=None, **mods) -> None:
     if bwd is None:
         bwd = tuple(dataclasses.replace(c, use_tma=tma) for c in ops.backward_configs(head_dim, q.dtype, device))
     o, lse = ops.attention_forward(q, k, v, causal, head_dim ** -0.5, config=fwd, autotune=False, **mods)
-    grads = ops.attention_backward(torch.randn_like(o), q, k, v, o, lse, causal, head_dim ** -0.5,
-                                   configs=bwd, autotune=False, **mods)
+    do = torch.randn_like(o)
+    grads = ops.attention_backward(do, q, k, v, o, lse, causal, head_dim ** -0.5, configs=bwd, autotune=False,
+                                   **mods)
     assert all(torch.isfinite(x).all() for x in (o, *grads))
+    # The same call again replays the first one's recorded launches (launch.py): the same gradients.
+    again = ops.attention_backward(do, q, k, v, o, lse, causal, head_dim ** -0.5, configs=bwd, autotune=False,
+                                   **mods)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
 
 
 def main() -> None:
