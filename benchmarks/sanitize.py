@@ -1,6 +1,7 @@
 """What compute-sanitizer runs (benchmarks/h200.sh with SANITIZE=1): forward and backward of every kernel
 on odd shapes, on both data paths (block pointers and TMA), with the variants, each call checked to be
-finite; each backward runs twice, the second time replaying the first one's launches. Small on purpose: under memcheck every memory access is instrumented.
+finite; each backward runs twice, the second time replaying the first one's launches. Small on purpose:
+under memcheck every memory access is instrumented.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py
 """
