@@ -1,7 +1,8 @@
 """Launchers for the Triton kernels and the autograd function that wires them together.
 
 Launchers take canonical 4-D tensors, `q` (B, Hq, Nq, D) and `k`, `v` (B, Hkv, Nk, D), with any strides
-whose last one is 1, check nothing the public API already checked, allocate outputs and launch.
+whose last one is 1, check nothing the public API already checked, allocate outputs and launch. A
+backward like an earlier one (same layouts and options) replays that one's recorded launches (launch.py).
 """
 
 from __future__ import annotations
@@ -445,11 +446,11 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             full_args = (*args, *descs, *rest)
             launch_kwargs = dict(meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=descs[0] is not None,
                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers)
-            tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+            grid_dims = grid(launch_kwargs)
             kernel = attn_bwd_dkdv_kernel if name == "dkdv" else attn_bwd_dq_kernel
-            compiled = kernel[grid(tiles)](*full_args, **launch_kwargs)
+            compiled = kernel[grid_dims](*full_args, **launch_kwargs)
             if plan is not None:
-                plan.record(name, compiled, grid(tiles), full_args, launch_kwargs, descs, len(args))
+                plan.record(name, compiled, grid_dims, full_args, launch_kwargs, descs, len(args))
     if plan is not None and plan.complete(need_dkdv, need_dq):
         plan.choice = plan_choice
         launch.remember(plan_key, plan)
