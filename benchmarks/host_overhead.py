@@ -8,7 +8,8 @@ time only shows the part of the host path that outlasts that flush.
 
 The backward lines time `ops.attention_backward` (three launches: D, dK/dV, dQ) with static tiles and
 with the autotuners, and a forward + backward through autograd against SDPA's; a second profile covers
-that forward + backward.
+that forward + backward. Our calls replay their recorded launches after the first (launch.py); each is
+timed again with every launch through Triton's own path (NOTES entry 39).
 
     PYTHONPATH=src python benchmarks/host_overhead.py [--out DIR]
 """
@@ -16,6 +17,7 @@ that forward + backward.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -27,7 +29,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from flashtriton import flash_attention, ops
+from flashtriton import flash_attention, launch, ops
 from flashtriton.testing import make_qkv
 from flashtriton.tuning import TileConfig
 
@@ -132,13 +134,23 @@ def main() -> None:
             "static TMA": (TileConfig(64, 64, 4, 3, True), TileConfig(128, 64, 8, 3, True)),
         }
         for name, configs in backward.items():
-            results[f"ops.attention_backward ({name})"] = per_call_us(
+            cases[f"ops.attention_backward ({name})"] = (
                 lambda configs=configs: ops.attention_backward(do, q, k, v, o, lse, False, 0.125, configs, False))
-        autotuned = lambda: ops.attention_backward(do, q, k, v, o, lse, False, 0.125, autotune=True)  # noqa: E731
-        results["ops.attention_backward (autotuned)"] = per_call_us(autotuned)
+        cases["ops.attention_backward (autotuned)"] = (
+            lambda: ops.attention_backward(do, q, k, v, o, lse, False, 0.125, autotune=True))
+        for name in [n for n in cases if n.startswith("ops.attention_backward")]:
+            results[name] = per_call_us(cases[name])
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-    results["flash_attention forward + backward (autograd)"] = per_call_us(fwd_bwd(flash_attention, qg, kg, vg, do))
+    cases["flash_attention forward + backward (autograd)"] = fwd_bwd(flash_attention, qg, kg, vg, do)
+    results["flash_attention forward + backward (autograd)"] = per_call_us(cases[
+        "flash_attention forward + backward (autograd)"])
     fwd_bwd_profile = profile(fwd_bwd(flash_attention, qg, kg, vg, do))
+    # The same calls with every launch through Triton's JITFunction.run (no recorded launches replayed).
+    launch.ENABLED = False
+    for name in [n for n in cases if n.startswith(("flash_attention", "ops."))]:
+        with torch.no_grad() if "autograd" not in name else contextlib.nullcontext():
+            results[f"{name}, every launch through Triton"] = per_call_us(cases[name])
+    launch.ENABLED = True
     results["SDPA forward + backward (autograd)"] = per_call_us(fwd_bwd(F.scaled_dot_product_attention, qg, kg, vg,
                                                                         do))
 

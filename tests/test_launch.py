@@ -1,5 +1,5 @@
-"""Recorded launches (launch.py): a backward like an earlier one replays that one's launches, and must
-compute exactly what Triton's own launch path computes. Replays exist on a GPU only; on CPU, the
+"""Recorded launches (launch.py): a forward or backward like an earlier one replays that one's launches,
+and must compute exactly what Triton's own launch path computes. Replays exist on a GPU only; on CPU, the
 argument assembly is checked against a stand-in kernel."""
 
 import inspect
@@ -78,10 +78,12 @@ gpu_only = pytest.mark.skipif(not ON_GPU, reason="launches are recorded and repl
 
 
 def _grads(fn, inputs, do):
+    """The output and the gradients of one forward + backward."""
     for x in inputs:
         x.grad = None
-    fn(*inputs).backward(do)
-    return [x.grad.clone() for x in inputs]
+    o = fn(*inputs)
+    o.backward(do)
+    return [o.detach().clone(), *(x.grad.clone() for x in inputs)]
 
 
 def _count_replays(monkeypatch) -> list:
@@ -91,15 +93,16 @@ def _count_replays(monkeypatch) -> list:
 
 
 def _check_replay_is_exact(monkeypatch, fn, inputs, do):
-    """Triton's launches, then the recording call, then a replay: bitwise the same gradients."""
+    """Triton's launches, then the recording call, then a replay (forward: one launch, backward: three):
+    bitwise the same output and gradients."""
     monkeypatch.setattr(launch, "ENABLED", False)
     want = _grads(fn, inputs, do)
     monkeypatch.setattr(launch, "ENABLED", True)
     replays = _count_replays(monkeypatch)
     recorded = _grads(fn, inputs, do)
-    assert not replays and len(launch.PLANS) == 1
+    assert not replays and len(launch.PLANS) == 2  # the forward's plan and the backward's
     replayed = _grads(fn, inputs, do)
-    assert replays, "the second call did not replay"
+    assert len(replays) == 4, "the second call did not replay every launch"
     for w, r1, r2 in zip(want, recorded, replayed, strict=True):
         assert torch.equal(w, r1) and torch.equal(w, r2)
 
@@ -158,11 +161,29 @@ def test_a_call_with_other_strides_or_alignment_records_its_own_plan(monkeypatch
     grads = []
     for inputs in (aligned, shifted, aligned, shifted):
         grads.append(_grads(lambda q, k, v: flash_attention(q, k, v, is_causal=True), inputs, do))
-    assert len(launch.PLANS) == 2 and len(replays) > 0
+    assert len(launch.PLANS) == 4 and len(replays) == 8  # a forward and a backward plan per layout
     monkeypatch.setattr(launch, "ENABLED", False)
     for inputs, got in zip((aligned, shifted), grads[2:], strict=True):
         want = _grads(lambda q, k, v: flash_attention(q, k, v, is_causal=True), inputs, do)
         assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+@gpu_only
+@pytest.mark.parametrize("path", ["block-pointers", "tma", "autotuned"])
+def test_replayed_forward_equals_triton_launches(monkeypatch, path):
+    """Without autograd (inference), a forward like an earlier one replays its launch."""
+    q, k, v = make_qkv(2, 4, 2, 300, 257, 64, torch.bfloat16, DEVICE, requires_grad=False)
+    config = None if path == "autotuned" else TileConfig(64, 64, 4, 2, use_tma=path == "tma")
+
+    def forward():
+        return ops.attention_forward(q, k, v, True, 0.125, config=config, autotune=path == "autotuned")
+    monkeypatch.setattr(launch, "ENABLED", False)
+    want = forward()
+    monkeypatch.setattr(launch, "ENABLED", True)
+    replays = _count_replays(monkeypatch)
+    got = [forward(), forward()]
+    assert len(replays) == 1 and len(launch.PLANS) == 1
+    assert all(torch.equal(a, b) for out in got for a, b in zip(want, out, strict=True))
 
 
 @gpu_only

@@ -252,14 +252,31 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     lse = torch.empty((q.shape[0], heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    _interpreter.prepare(q.device)
     on_gpu = q.device.type == "cuda"
     batch, grid_q, grid_k = _grid_dims(q, k, varlen)
     if autotune is None:
         autotune = config is None and on_gpu and _autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim)
-    bd = block_d(head_dim)
     if dropout_p > 0 and dropout_seed is None:
         dropout_seed = new_dropout_seed(q.device)
+    # the variants' pointers (None where off)
+    cu_seqlens = (None, None) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
+    optional = (alibi_slopes, *cu_seqlens, dropout_seed)
+
+    # A call like one before it replays that call's launch (launch.py); the first records it.
+    plan_key = None
+    if launch.replayable(q.device):
+        device, stream = launch.current_device_and_stream()
+        plan_key = _plan_key(device, (q, k, v, *optional), "forward", is_causal, scale, config, autotune,
+                             tuple(window), softcap, None if varlen is None else varlen[2:], dropout_p)
+        plan = launch.PLANS.get(plan_key)
+        if plan is not None:
+            recorded, layout, _last_forward_choice[0] = plan
+            descs = _replayed_descriptors((q, k, v, o), layout, 4)
+            recorded.replay((q, k, v, o, lse, *optional, *descs), stream)
+            return o, lse
+
+    _interpreter.prepare(q.device)
+    bd = block_d(head_dim)
     flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
                                                                    varlen, dropout_p)
     bucket = seqlen_bucket(grid_q, grid_k)
@@ -268,21 +285,23 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
             _heads_per_group(k, heads_q // heads_kv, causal_order), bucket)
     meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
                 INPUT_PRECISION=_input_precision(q.dtype), **flags)
-    # the variants' pointers (None where off)
-    cu_seqlens = (None, None) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
-    optional = (alibi_slopes, *cu_seqlens, dropout_seed)
+    tensor_args = (q, k, v, o, lse, *optional)
+
+    def grid(meta):
+        return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
     # A packed batch takes block pointers: a tile past a sequence's end would read into the next one.
     if autotune:
         tile = tma_candidate_tile("fwd", head_dim, q.dtype)  # each autotuned launch sets its own
         tma_strides = _tma_strides(q, k, v, o) if varlen is None and tile is not None else None
         with_tma = tma_strides is not None
         descs = _descriptors((q, k, v, o), tma_strides, tile, bd)
-
-        def grid(meta):
-            return _cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
-        tuner = attn_fwd_autotuned[with_tma]
-        picked, _ = run_autotuned(tuner, grid, (q, k, v, o, lse, *optional, *descs, *rest), meta, q.dtype, bucket)
+        full_args = (*tensor_args, *descs, *rest)
+        picked, launched = run_autotuned(attn_fwd_autotuned[with_tma], grid, full_args, meta, q.dtype, bucket)
         _last_forward_choice[0] = (picked, None)
+        if plan_key is not None and launched is not None:  # (None: this call ran the autotuner)
+            compiled, config_kwargs = launched
+            _remember_forward(plan_key, compiled, grid(config_kwargs), full_args, {**meta, **config_kwargs}, descs,
+                              len(tensor_args))
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
@@ -291,12 +310,35 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     use_tma = tma_strides is not None
     _last_forward_choice[0] = (cfg, use_tma)
     descs = _descriptors((q, k, v, o), tma_strides, (cfg.block_m, cfg.block_n), bd)
-    attn_fwd_kernel[(_cdiv(grid_q, cfg.block_m), heads_q, batch)](
-        q, k, v, o, lse, *optional, *descs, *rest, **meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        USE_TMA=use_tma, WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
-    )
+    full_args = (*tensor_args, *descs, *rest)
+    launch_kwargs = dict(meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
+                         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
+                         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers)
+    grid_dims = grid(launch_kwargs)
+    compiled = attn_fwd_kernel[grid_dims](*full_args, **launch_kwargs)
+    if plan_key is not None:
+        _remember_forward(plan_key, compiled, grid_dims, full_args, launch_kwargs, descs, len(tensor_args))
     return o, lse
+
+
+def _remember_forward(plan_key: tuple, compiled, grid_dims: tuple, full_args: tuple, kwargs: dict,
+                      descs: tuple, tensor_args: int) -> None:
+    """A forward's plan: its one launch (launch.Recorded; the first `tensor_args` arguments and the
+    descriptors are the call's own), the descriptors' layout, and what last_forward_choice reports."""
+    recorded = Recorded(attn_fwd_kernel, compiled, grid_dims, full_args, kwargs, tensor_args + len(descs))
+    launch.remember(plan_key, (recorded, _descriptor_layout(descs), _last_forward_choice[0]))
+
+
+def _descriptor_layout(descs: tuple) -> tuple | None:
+    """What a replay needs to rebuild a launch's descriptors: each one's (strides, box), or None (no TMA)."""
+    return None if descs[0] is None else tuple((d.strides, d.block_shape) for d in descs)
+
+
+def _replayed_descriptors(tensors: tuple, layout: tuple | None, count: int) -> tuple:
+    """A recorded launch's descriptors (_descriptor_layout) over this call's tensors; `count` Nones without TMA."""
+    if layout is None:
+        return (None,) * count
+    return tuple(_descriptor(t, strides, box) for t, (strides, box) in zip(tensors[:count], layout, strict=True))
 
 
 # The latest backward launch's tiles, for logs: ((dK/dV, dQ) static configs, whether they got TMA) or
@@ -375,9 +417,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     plan = plan_key = None
     if launch.replayable(q.device):
         device, stream = launch.current_device_and_stream()
-        plan_key = _backward_plan_key(device, (q, k, v, do, o, lse, *optional), is_causal, scale,
-                                      None if configs is None else tuple(configs), autotune, tuple(window), softcap,
-                                      None if varlen is None else varlen[2:], dropout_p, tuple(needs))
+        plan_key = _plan_key(device, (q, k, v, do, o, lse, *optional), "backward", is_causal, scale,
+                             None if configs is None else tuple(configs), autotune, tuple(window), softcap,
+                             None if varlen is None else varlen[2:], dropout_p, tuple(needs))
         recorded_plan = launch.PLANS.get(plan_key)
         if recorded_plan is not None:
             return recorded_plan.replay(stream, q, k, v, o, do, lse, dq, dk, dv, optional, needs)
@@ -457,11 +499,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     return _wanted((dq, dk, dv), needs)
 
 
-def _backward_plan_key(device: int, tensors: tuple, *options) -> tuple:
-    """Everything a backward's launches depend on but what its tensors hold: each tensor's (or None's)
-    shape, strides, dtype and 16-byte alignment, the device, float32's matmul precision and the call's
-    options. Two calls with equal keys bind every kernel argument to the same scalars and Triton
-    specialises them the same way, so the second may replay the first's launches (launch.py)."""
+def _plan_key(device: int, tensors: tuple, *options) -> tuple:
+    """Everything a forward's or backward's launches depend on but what its tensors hold: each input's
+    (or None's) shape, strides, dtype and 16-byte alignment, the device, float32's matmul precision and
+    the call's options (the outputs are allocated from these). Two calls with equal keys bind every kernel
+    argument to the same scalars and Triton specialises them the same way, so the second may replay the
+    first's launches (launch.py)."""
     layout = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
     return (device, layout, _input_precision(tensors[0].dtype), *options)
 
@@ -479,9 +522,8 @@ class _BackwardPlan:
     def record(self, name: str, compiled, grid: tuple, full_args: tuple, kwargs: dict, descs: tuple,
                tensor_args: int) -> None:
         jit_fn = attn_bwd_dkdv_kernel if name == "dkdv" else attn_bwd_dq_kernel
-        layout = None if descs[0] is None else tuple((d.strides, d.block_shape) for d in descs)
         self.kernels[name] = (Recorded(jit_fn, compiled, grid, full_args, kwargs, tensor_args + len(descs)),
-                              layout, len(descs))
+                              _descriptor_layout(descs), len(descs))
 
     def complete(self, need_dkdv: bool, need_dq: bool) -> bool:
         return len(self.recorded) == 1 and ("dkdv" in self.kernels) == need_dkdv and ("dq" in self.kernels) == need_dq
@@ -493,9 +535,7 @@ class _BackwardPlan:
         for name, outputs in (("dkdv", (dk, dv)), ("dq", (dq,))):
             if name in self.kernels:
                 recorded, layout, count = self.kernels[name]
-                descs = ((None,) * count if layout is None else
-                         tuple(_descriptor(t, strides, box)
-                               for t, (strides, box) in zip(sources[:count], layout, strict=True)))
+                descs = _replayed_descriptors(sources, layout, count)
                 recorded.replay((q, k, v, do, lse2, delta, *outputs, *optional, *descs), stream)
         _last_backward_choice[0] = self.choice
         return _wanted((dq, dk, dv), needs)
