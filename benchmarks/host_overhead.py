@@ -62,11 +62,11 @@ def captured_launch(config: TileConfig | None, q, k, v):
                 return kernel[grid](*args, **kwargs)
             return record
 
-    ops.attn_fwd_kernel = Recorder()
+    ops.attn_fwd_kernel, launch.ENABLED = Recorder(), False  # (a replay would skip the recorder)
     try:
         ops.attention_forward(q, k, v, False, 0.125, config)
     finally:
-        ops.attn_fwd_kernel = kernel
+        ops.attn_fwd_kernel, launch.ENABLED = kernel, True
     return lambda: kernel[seen["grid"]](*seen["args"], **seen["kwargs"])
 
 
