@@ -187,6 +187,23 @@ def test_replayed_forward_equals_triton_launches(monkeypatch, path):
 
 
 @gpu_only
+def test_a_kernel_swapped_in_records_its_own_plan(monkeypatch):
+    """benchmarks/ab_dkdv.py times other dK/dV kernels by swapping ops.attn_bwd_dkdv_kernel: a replay of
+    the first kernel's plan would time that one twice."""
+    import triton
+    q, k, v = make_qkv(1, 2, 2, 130, 130, 64, torch.bfloat16, DEVICE, requires_grad=False)
+    o, lse = ops.attention_forward(q, k, v, True, 0.125)
+    do = torch.randn_like(o)
+    replays = _count_replays(monkeypatch)
+    for _ in range(2):
+        ops.attention_backward(do, q, k, v, o, lse, True, 0.125)
+    assert len(launch.PLANS) == 2 and len(replays) == 3  # the forward's plan, the backward's; one replay
+    monkeypatch.setattr(ops, "attn_bwd_dkdv_kernel", triton.jit(ops.attn_bwd_dkdv_kernel.fn))
+    ops.attention_backward(do, q, k, v, o, lse, True, 0.125)
+    assert len(launch.PLANS) == 3 and len(replays) == 3
+
+
+@gpu_only
 def test_forget_picks_drops_the_plans_recorded_from_them():
     from flashtriton import tuning
     q, k, v = make_qkv(1, 2, 2, 130, 130, 64, torch.bfloat16, DEVICE)

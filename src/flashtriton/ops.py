@@ -266,7 +266,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     plan_key = None
     if launch.replayable(q.device):
         device, stream = launch.current_device_and_stream()
-        plan_key = _plan_key(device, (q, k, v, *optional), "forward", is_causal, scale, config, autotune,
+        plan_key = _plan_key(device, (q, k, v, *optional), attn_fwd_kernel, is_causal, scale, config, autotune,
                              tuple(window), softcap, None if varlen is None else varlen[2:], dropout_p)
         plan = launch.PLANS.get(plan_key)
         if plan is not None:
@@ -417,7 +417,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     plan = plan_key = None
     if launch.replayable(q.device):
         device, stream = launch.current_device_and_stream()
-        plan_key = _plan_key(device, (q, k, v, do, o, lse, *optional), "backward", is_causal, scale,
+        plan_key = _plan_key(device, (q, k, v, do, o, lse, *optional),
+                             (attn_bwd_preprocess_kernel, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel), is_causal, scale,
                              None if configs is None else tuple(configs), autotune, tuple(window), softcap,
                              None if varlen is None else varlen[2:], dropout_p, tuple(needs))
         recorded_plan = launch.PLANS.get(plan_key)
@@ -502,9 +503,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 def _plan_key(device: int, tensors: tuple, *options) -> tuple:
     """Everything a forward's or backward's launches depend on but what its tensors hold: each input's
     (or None's) shape, strides, dtype and 16-byte alignment, the device, float32's matmul precision and
-    the call's options (the outputs are allocated from these). Two calls with equal keys bind every kernel
-    argument to the same scalars and Triton specialises them the same way, so the second may replay the
-    first's launches (launch.py)."""
+    the call's options (the outputs are allocated from these), the kernels among them (so that a kernel
+    swapped in, as benchmarks/ab_dkdv.py does, records its own plan). Two calls with equal keys bind every
+    kernel argument to the same scalars and Triton specialises them the same way, so the second may
+    replay the first's launches (launch.py)."""
     layout = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
     return (device, layout, _input_precision(tensors[0].dtype), *options)
 
