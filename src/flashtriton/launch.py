@@ -4,7 +4,7 @@
 compiled kernel up by that key, checks the kernel's globals and launch hooks, then launches: tens of
 microseconds of host time per launch on the H200 machine's CPU, for kernels with ~50 arguments. A small
 backward is three launches, and its GPU time is a few hundred microseconds, so that host time decides how
-fast it runs (NOTES entries 37 and 39).
+fast it runs (NOTES entries 37 and 39); a small forward likewise.
 
 A `Recorded` launch keeps what one such launch found: the compiled kernel, the grid, and every argument
 that is not a tensor (the scalars, the constexprs, the defaults). Replaying it passes the call's tensors

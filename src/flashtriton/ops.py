@@ -2,7 +2,8 @@
 
 Launchers take canonical 4-D tensors, `q` (B, Hq, Nq, D) and `k`, `v` (B, Hkv, Nk, D), with any strides
 whose last one is 1, check nothing the public API already checked, allocate outputs and launch. A
-backward like an earlier one (same layouts and options) replays that one's recorded launches (launch.py).
+forward or backward like an earlier one (same layouts, options and kernels) replays that one's recorded
+launches (launch.py).
 """
 
 from __future__ import annotations
