@@ -44,10 +44,13 @@ def test_recorded_launch_passes_the_new_tensors_then_the_recorded_scalars_and_co
     assert args[0] is x2 and args[1] is y2 and args[2:] == ("new desc", 17, 0.5, 64, False)
 
 
-def test_launch_hooks_turn_replays_off(monkeypatch):
-    """A tool's launch hooks (a profiler's) see every launch only on Triton's own launch path."""
+def test_launch_hooks_and_the_interpreter_turn_replays_off(monkeypatch):
+    """A tool's launch hooks (a profiler's) see every launch only on Triton's own launch path, and the
+    interpreter compiles nothing to replay, CUDA tensors or not."""
     from triton import knobs
     cuda = torch.device("cuda")
+    assert launch.replayable(cuda) == ON_GPU  # the CPU tests run through the interpreter
+    monkeypatch.setattr(knobs.runtime, "interpret", False)
     assert launch.replayable(cuda)
     knobs.runtime.launch_enter_hook.add(print)
     try:

@@ -50,10 +50,11 @@ class Recorded:
 
 
 def replayable(device: torch.device) -> bool:
-    """Whether launches on `device` may be recorded and replayed: a CUDA device (the interpreter runs
-    the Python kernels instead), no launch hooks (a profiler's hooks need Triton's own launch path)."""
-    return (ENABLED and device.type == "cuda" and _no_hooks(knobs.runtime.launch_enter_hook)
-            and _no_hooks(knobs.runtime.launch_exit_hook))
+    """Whether launches on `device` may be recorded and replayed: a CUDA device without Triton's
+    interpreter (TRITON_INTERPRET=1 runs the kernels' Python, on CUDA tensors too: nothing is compiled),
+    and no launch hooks (a profiler's hooks need Triton's own launch path)."""
+    return (ENABLED and device.type == "cuda" and not knobs.runtime.interpret
+            and _no_hooks(knobs.runtime.launch_enter_hook) and _no_hooks(knobs.runtime.launch_exit_hook))
 
 
 def _no_hooks(hook) -> bool:
