@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in NOTES entry 39 as host_thread/run1.sh (parts 1 and 2) and host_thread/run5.sh (part 3).
 # For the next device session (NOTES.md Open, backward 1 and the missing rows): run from the repository
 # root on one H200, with FLASHTRITON_COMMIT set: bash benchmarks/results/h200/ab_stats/run_next.sh
 # 1. D=128 causal: the one-loop dK/dV kernel with L and D through TMA (offline: unserialised, 254 registers)
