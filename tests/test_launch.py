@@ -1,8 +1,7 @@
 """Recorded launches (launch.py): a forward or backward like an earlier one replays that one's launches,
-and must compute exactly what Triton's own launch path computes. Replays exist on a GPU only; on CPU, the
-argument assembly is checked against a stand-in kernel."""
-
-import inspect
+and must compute exactly what Triton's own launch path computes. Replays exist on a GPU only; on CPU the
+same tests record and key plans as on a GPU and replay them through the interpreter
+(`replays_through_the_interpreter`), and the argument assembly is checked against a stand-in kernel."""
 
 import pytest
 import torch
@@ -19,12 +18,8 @@ def test_recorded_launch_passes_the_new_tensors_then_the_recorded_scalars_and_co
     def kernel(X, Y, desc, n, scale, BLOCK: "tl.constexpr", FLAG: "tl.constexpr" = False):  # noqa: F821
         pass
 
-    class Param:  # what Recorded reads of Triton's KernelParam
-        def __init__(self, p):
-            self.name, self.default = p.name, p.default
-
-    class JitFn:
-        params = [Param(p) for p in inspect.signature(kernel).parameters.values()]
+    class JitFn:  # what Recorded reads of a Triton kernel: its Python function's signature
+        fn = kernel
 
     class Compiled:
         function, packed_metadata = "function", "metadata"
@@ -77,7 +72,17 @@ def test_no_replay_without_a_gpu():
     assert (len(launch.PLANS) > 0) == ON_GPU
 
 
-gpu_only = pytest.mark.skipif(not ON_GPU, reason="launches are recorded and replayed on a GPU only")
+@pytest.fixture
+def replays_through_the_interpreter(monkeypatch):
+    """On CPU, plans are recorded and replayed as on a GPU, except that a replay launches its kernel
+    through the interpreter with the reassembled arguments (all of them positional, as the compiled
+    launcher takes them): what ops records, keys and reassembles gets checked without a GPU."""
+    if ON_GPU:
+        return
+    monkeypatch.setattr(launch, "replayable", lambda device: launch.ENABLED)
+    monkeypatch.setattr(launch, "current_device_and_stream", lambda: (0, 0))
+    monkeypatch.setattr(launch.Recorded, "replay",
+                        lambda self, prefix, stream: self.jit_fn[self.grid](*prefix, *self.suffix))
 
 
 def _grads(fn, inputs, do):
@@ -110,16 +115,20 @@ def _check_replay_is_exact(monkeypatch, fn, inputs, do):
         assert torch.equal(w, r1) and torch.equal(w, r2)
 
 
-@gpu_only
+replayed = pytest.mark.usefixtures("replays_through_the_interpreter")
+N_Q, N_K = (300, 257) if ON_GPU else (37, 29)
+
+
+@replayed
 @pytest.mark.parametrize("variant", ["causal", "gqa-full", "window-softcap-alibi", "dropout", "float32", "d96"])
 def test_replayed_backward_equals_triton_launches(monkeypatch, variant):
     dtype = torch.float32 if variant == "float32" else torch.bfloat16
     head_dim = 96 if variant == "d96" else 64
     heads_kv = 2 if variant == "gqa-full" else 4
-    q, k, v = make_qkv(2, 4, heads_kv, 300, 257, head_dim, dtype, DEVICE)
+    q, k, v = make_qkv(2, 4, heads_kv, N_Q, N_K, head_dim, dtype, DEVICE)
     kwargs = dict(is_causal=variant != "gqa-full")
     if variant == "window-softcap-alibi":
-        kwargs.update(window_size=(64, 0), softcap=20.0, alibi_slopes=torch.rand(4, device=DEVICE))
+        kwargs.update(window_size=(N_K // 4, 0), softcap=20.0, alibi_slopes=torch.rand(4, device=DEVICE))
     if variant == "dropout":
         kwargs.update(dropout_p=0.1)
         torch.manual_seed(0)
@@ -131,36 +140,37 @@ def test_replayed_backward_equals_triton_launches(monkeypatch, variant):
     _check_replay_is_exact(monkeypatch, fn, (q, k, v), torch.randn_like(q))
 
 
-@gpu_only
+@replayed
 @pytest.mark.parametrize("tiles", ["block-pointers", "tma", "autotuned"])
 def test_replayed_backward_on_static_and_autotuned_tiles(monkeypatch, tiles):
-    q, k, v = make_qkv(2, 4, 2, 700, 929, 64, torch.bfloat16, DEVICE)
+    q, k, v = make_qkv(2, 4, 2, *((700, 929) if ON_GPU else (70, 93)), 64, torch.bfloat16, DEVICE)
     use_tma = tiles == "tma"
-    configs = (None if tiles == "autotuned" else
-               (TileConfig(64, 64, 4, 3, use_tma=use_tma), TileConfig(128, 64, 8, 3, use_tma=use_tma)))
+    sizes = ((64, 64, 4, 3), (128, 64, 8, 3)) if ON_GPU else ((16, 32), (32, 16))
+    configs = None if tiles == "autotuned" else tuple(TileConfig(*size, use_tma=use_tma) for size in sizes)
 
     def fn(q, k, v):
         return WithBackwardTiles.apply(q, k, v, True, configs, tiles == "autotuned")[0]
     _check_replay_is_exact(monkeypatch, fn, (q, k, v), torch.randn_like(q))
 
 
-@gpu_only
+@replayed
 def test_replayed_backward_of_a_packed_batch(monkeypatch):
-    q, k, v, cu_q, cu_k = packed_qkv([37, 130, 1], [63, 97, 17], 4, 2, 64, torch.bfloat16)
+    lengths_q, lengths_k = ([37, 130, 1], [63, 97, 17]) if ON_GPU else ([17, 40, 1], [23, 31, 9])
+    q, k, v, cu_q, cu_k = packed_qkv(lengths_q, lengths_k, 4, 2, 64, torch.bfloat16)
 
     def fn(q, k, v):
-        return flash_attention_varlen(q, k, v, cu_q, cu_k, 130, 97, is_causal=True)
+        return flash_attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), is_causal=True)
     _check_replay_is_exact(monkeypatch, fn, (q, k, v), torch.randn_like(q))
 
 
-@gpu_only
+@replayed
 def test_a_call_with_other_strides_or_alignment_records_its_own_plan(monkeypatch):
     """Triton specialises on 16-byte alignment and on strides: a view that differs there is another plan."""
-    buffer = torch.randn(3, 2, 4, 130, 64 + 8, device=DEVICE, dtype=torch.bfloat16)
+    buffer = torch.randn(3, 2, 4, N_Q, 64 + 8, device=DEVICE, dtype=torch.bfloat16)
     replays = _count_replays(monkeypatch)
     aligned = [buffer[i, :, :, :, :64].detach().requires_grad_() for i in range(3)]
     shifted = [buffer[i, :, :, :, 1:65].detach().requires_grad_() for i in range(3)]  # 2 bytes off
-    do = torch.randn(2, 4, 130, 64, device=DEVICE, dtype=torch.bfloat16)
+    do = torch.randn(2, 4, N_Q, 64, device=DEVICE, dtype=torch.bfloat16)
     grads = []
     for inputs in (aligned, shifted, aligned, shifted):
         grads.append(_grads(lambda q, k, v: flash_attention(q, k, v, is_causal=True), inputs, do))
@@ -171,12 +181,13 @@ def test_a_call_with_other_strides_or_alignment_records_its_own_plan(monkeypatch
         assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
 
 
-@gpu_only
+@replayed
 @pytest.mark.parametrize("path", ["block-pointers", "tma", "autotuned"])
 def test_replayed_forward_equals_triton_launches(monkeypatch, path):
     """Without autograd (inference), a forward like an earlier one replays its launch."""
-    q, k, v = make_qkv(2, 4, 2, 300, 257, 64, torch.bfloat16, DEVICE, requires_grad=False)
-    config = None if path == "autotuned" else TileConfig(64, 64, 4, 2, use_tma=path == "tma")
+    q, k, v = make_qkv(2, 4, 2, N_Q, N_K, 64, torch.bfloat16, DEVICE, requires_grad=False)
+    size = (64, 64, 4, 2) if ON_GPU else (16, 32)
+    config = None if path == "autotuned" else TileConfig(*size, use_tma=path == "tma")
 
     def forward():
         return ops.attention_forward(q, k, v, True, 0.125, config=config, autotune=path == "autotuned")
@@ -189,12 +200,12 @@ def test_replayed_forward_equals_triton_launches(monkeypatch, path):
     assert all(torch.equal(a, b) for out in got for a, b in zip(want, out, strict=True))
 
 
-@gpu_only
+@replayed
 def test_a_kernel_swapped_in_records_its_own_plan(monkeypatch):
     """benchmarks/ab_dkdv.py times other dK/dV kernels by swapping ops.attn_bwd_dkdv_kernel: a replay of
     the first kernel's plan would time that one twice."""
     import triton
-    q, k, v = make_qkv(1, 2, 2, 130, 130, 64, torch.bfloat16, DEVICE, requires_grad=False)
+    q, k, v = make_qkv(1, 2, 2, N_Q, N_Q, 64, torch.bfloat16, DEVICE, requires_grad=False)
     o, lse = ops.attention_forward(q, k, v, True, 0.125)
     do = torch.randn_like(o)
     replays = _count_replays(monkeypatch)
@@ -206,10 +217,10 @@ def test_a_kernel_swapped_in_records_its_own_plan(monkeypatch):
     assert len(launch.PLANS) == 3 and len(replays) == 3
 
 
-@gpu_only
+@replayed
 def test_forget_picks_drops_the_plans_recorded_from_them():
     from flashtriton import tuning
-    q, k, v = make_qkv(1, 2, 2, 130, 130, 64, torch.bfloat16, DEVICE)
+    q, k, v = make_qkv(1, 2, 2, N_Q, N_Q, 64, torch.bfloat16, DEVICE)
     flash_attention(q, k, v, is_causal=True).backward(torch.randn_like(q))
     assert launch.PLANS
     tuning.forget_picks()

@@ -16,6 +16,8 @@ every scalar argument and every specialisation.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from triton import knobs
 from triton.runtime import driver
@@ -34,13 +36,14 @@ class Recorded:
     on the same grid with `prefix` (the per-call tensors, tensor descriptors and Nones, in the positions
     they had) followed by the recorded scalars and constexprs."""
 
-    __slots__ = ("compiled", "grid", "suffix")
+    __slots__ = ("jit_fn", "compiled", "grid", "suffix")
 
     def __init__(self, jit_fn, compiled, grid: tuple, args: tuple, kwargs: dict, prefix_length: int):
         # The launcher takes every parameter in signature order, constexprs and defaults included, as
         # JITFunction.run passes them; kwargs that are not parameters (num_warps, ...) are compile options.
-        tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in jit_fn.params[len(args):])
-        self.compiled = compiled
+        params = list(inspect.signature(jit_fn.fn).parameters.values())[len(args):]
+        tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params)
+        self.jit_fn, self.compiled = jit_fn, compiled  # (the kernel: tests replay it through the interpreter)
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.suffix = (*args[prefix_length:], *tail)
 
