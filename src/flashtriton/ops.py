@@ -271,9 +271,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
                              tuple(window), softcap, None if varlen is None else varlen[2:], dropout_p)
         plan = launch.PLANS.get(plan_key)
         if plan is not None:
-            recorded, layout, _last_forward_choice[0] = plan
-            descs = _replayed_descriptors((q, k, v, o), layout, 4)
-            recorded.replay((q, k, v, o, lse, *optional, *descs), stream)
+            recorded, _last_forward_choice[0] = plan
+            recorded.replay((q, k, v, o, lse, *optional), (q, k, v, o), stream)
             return o, lse
 
     _interpreter.prepare(q.device)
@@ -301,8 +300,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         _last_forward_choice[0] = (picked, None)
         if plan_key is not None and launched is not None:  # (None: this call ran the autotuner)
             compiled, config_kwargs = launched
-            _remember_forward(plan_key, compiled, grid(config_kwargs), full_args, {**meta, **config_kwargs}, descs,
-                              len(tensor_args))
+            launch.remember(plan_key, (_Launch.of(attn_fwd_kernel, compiled, grid(config_kwargs), full_args,
+                                                  {**meta, **config_kwargs}, len(tensor_args), descs),
+                                       _last_forward_choice[0]))
         return o, lse
     # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
@@ -318,28 +318,34 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     grid_dims = grid(launch_kwargs)
     compiled = attn_fwd_kernel[grid_dims](*full_args, **launch_kwargs)
     if plan_key is not None:
-        _remember_forward(plan_key, compiled, grid_dims, full_args, launch_kwargs, descs, len(tensor_args))
+        launch.remember(plan_key, (_Launch.of(attn_fwd_kernel, compiled, grid_dims, full_args, launch_kwargs,
+                                              len(tensor_args), descs), _last_forward_choice[0]))
     return o, lse
 
 
-def _remember_forward(plan_key: tuple, compiled, grid_dims: tuple, full_args: tuple, kwargs: dict,
-                      descs: tuple, tensor_args: int) -> None:
-    """A forward's plan: its one launch (launch.Recorded; the first `tensor_args` arguments and the
-    descriptors are the call's own), the descriptors' layout, and what last_forward_choice reports."""
-    recorded = Recorded(attn_fwd_kernel, compiled, grid_dims, full_args, kwargs, tensor_args + len(descs))
-    launch.remember(plan_key, (recorded, _descriptor_layout(descs), _last_forward_choice[0]))
+class _Launch(NamedTuple):
+    """One recorded launch (launch.Recorded) and how to rebuild its tensor descriptors over a later call's
+    tensors: each descriptor's (strides, box), `layout`, None without TMA; `count` of them."""
+    recorded: Recorded
+    layout: tuple | None
+    count: int
 
+    @classmethod
+    def of(cls, jit_fn, compiled, grid_dims: tuple, full_args: tuple, kwargs: dict, tensor_args: int,
+           descs: tuple = ()) -> _Launch:
+        """The launch of `compiled` that took `full_args`: `tensor_args` tensors (or Nones), then `descs`."""
+        layout = None if not descs or descs[0] is None else tuple((d.strides, d.block_shape) for d in descs)
+        return cls(Recorded(jit_fn, compiled, grid_dims, full_args, kwargs, tensor_args + len(descs)), layout,
+                   len(descs))
 
-def _descriptor_layout(descs: tuple) -> tuple | None:
-    """What a replay needs to rebuild a launch's descriptors: each one's (strides, box), or None (no TMA)."""
-    return None if descs[0] is None else tuple((d.strides, d.block_shape) for d in descs)
-
-
-def _replayed_descriptors(tensors: tuple, layout: tuple | None, count: int) -> tuple:
-    """A recorded launch's descriptors (_descriptor_layout) over this call's tensors; `count` Nones without TMA."""
-    if layout is None:
-        return (None,) * count
-    return tuple(_descriptor(t, strides, box) for t, (strides, box) in zip(tensors[:count], layout, strict=True))
+    def replay(self, tensor_args: tuple, desc_sources: tuple, stream: int) -> None:
+        """Launch again with this call's tensors, and descriptors of the first `count` of `desc_sources`."""
+        if self.layout is None:
+            descs = (None,) * self.count
+        else:
+            descs = tuple(_descriptor(t, strides, box)
+                          for t, (strides, box) in zip(desc_sources[:self.count], self.layout, strict=True))
+        self.recorded.replay((*tensor_args, *descs), stream)
 
 
 # The latest backward launch's tiles, for logs: ((dK/dV, dQ) static configs, whether they got TMA) or
@@ -357,11 +363,11 @@ def last_backward_choice() -> str:
 
 
 def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen: Varlen | None = None,
-                   recorded: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   recorded: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward's first launch: the per-row statistics its loops stream, L * log2(e) and
     D = rowsum(dO * O), in float32. Each is laid out like `lse` but with every head's row padded to a
     multiple of 4 elements (16 bytes, so that TMA can read it): views of shape lse.shape into one buffer.
-    o and do as attention_backward takes them; `recorded` (a list) gets the launch as a launch.Recorded."""
+    o and do as attention_backward takes them; `recorded` (a dict) gets the launch under "stats" (_Launch)."""
     _, heads_q, seqlen_q, head_dim = o.shape
     batch, grid_q, _ = _grid_dims(o, o, varlen)
     lse2, delta = _stats_buffer(lse)
@@ -372,7 +378,7 @@ def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen:
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None)
     compiled = attn_bwd_preprocess_kernel[grid](*args, **meta)
     if recorded is not None:
-        recorded.append(Recorded(attn_bwd_preprocess_kernel, compiled, grid, args, meta, 6))
+        recorded["stats"] = _Launch.of(attn_bwd_preprocess_kernel, compiled, grid, args, meta, 6)
     return lse2, delta
 
 
@@ -429,7 +435,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     _interpreter.prepare(q.device)
     bd = block_d(head_dim)
-    lse2, delta = backward_stats(o, do, lse, varlen, None if plan is None else plan.recorded)
+    lse2, delta = backward_stats(o, do, lse, varlen, None if plan is None else plan.launches)
     stride_stats = lse2.stride(-2)
     group = heads_q // heads_kv
     flags, window_left, window_right, causal_order = _variant_meta(is_causal, window, softcap, alibi_slopes,
@@ -437,11 +443,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, INPUT_PRECISION=_input_precision(q.dtype), **flags)
     bucket = seqlen_bucket(grid_q, grid_k)
     mods = (*_score_mods(scale, softcap, alibi_slopes), dropout_p)
-    dkdv_args = (q, k, v, do, lse2, delta, dk, dv, *optional)
+    dkdv_args, dq_args = _kernel_tensor_args(q, k, v, do, lse2, delta, dq, dk, dv, optional).values()
     dkdv_rest = (*_bhr_strides(q, k, v, do, dk, dv, varlen=varlen), heads_kv, seqlen_q, seqlen_k, stride_stats,
                  window_left, window_right, scale, scale * LOG2E, *mods,
                  _heads_per_group(q, 1 / group, causal_order), bucket)
-    dq_args = (q, k, v, do, lse2, delta, dq, *optional)
     dq_rest = (*_bhr_strides(q, k, v, do, dq, varlen=varlen), heads_q, seqlen_q, seqlen_k, stride_stats,
                window_left, window_right, scale, scale * LOG2E, *mods, _heads_per_group(k, group, causal_order),
                bucket)
@@ -457,11 +462,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     # tile past a sequence's end would read into the next one.
     if autotune:
         tma_strides = _tma_strides(q, k, v, do) if varlen is None else None
-        tiles = [tma_candidate_tile(kernel, head_dim, q.dtype) for kernel in ("dkdv", "dq")]
+        tiles = [tma_candidate_tile(which, head_dim, q.dtype) for which in ("dkdv", "dq")]
         picks = []
-        for name, tile, autotuned, grid, args, rest, wanted in (
-                ("dkdv", tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
-                ("dq", tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
+        for name, kernel, tile, autotuned, grid, args, rest, wanted in (
+                ("dkdv", attn_bwd_dkdv_kernel, tiles[0], attn_bwd_dkdv_autotuned, dkdv_grid, dkdv_args, dkdv_rest,
+                 need_dkdv),
+                ("dq", attn_bwd_dq_kernel, tiles[1], attn_bwd_dq_autotuned, dq_grid, dq_args, dq_rest, need_dq)):
             if not wanted:
                 picks.append(None)
                 continue
@@ -471,8 +477,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             picks.append(config)
             if plan is not None and launched is not None:  # (None: this call ran the autotuner)
                 compiled, config_kwargs = launched
-                plan.record(name, compiled, grid(config_kwargs), full_args, {**meta, **config_kwargs}, descs,
-                            len(args))
+                plan.launches[name] = _Launch.of(kernel, compiled, grid(config_kwargs), full_args,
+                                                 {**meta, **config_kwargs}, len(args), descs)
         _last_backward_choice[0] = plan_choice = (tuple(picks), None)
     else:
         dkdv_cfg, dq_cfg = configs or backward_configs(head_dim, q.dtype, q.device)
@@ -480,9 +486,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         tma_strides = _tma_strides(q, k, v, do) if use_tma else None
         _last_backward_choice[0] = plan_choice = ((dkdv_cfg if need_dkdv else None, dq_cfg if need_dq else None),
                                                   tma_strides is not None)
-        for name, cfg, grid, args, rest, wanted in (
-                ("dkdv", dkdv_cfg, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
-                ("dq", dq_cfg, dq_grid, dq_args, dq_rest, need_dq)):
+        for name, kernel, cfg, grid, args, rest, wanted in (
+                ("dkdv", attn_bwd_dkdv_kernel, dkdv_cfg, dkdv_grid, dkdv_args, dkdv_rest, need_dkdv),
+                ("dq", attn_bwd_dq_kernel, dq_cfg, dq_grid, dq_args, dq_rest, need_dq)):
             if not wanted:
                 continue
             descs = _backward_descriptors(q, k, v, do, lse2, delta, tma_strides,
@@ -491,10 +497,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             launch_kwargs = dict(meta, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=descs[0] is not None,
                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers)
             grid_dims = grid(launch_kwargs)
-            kernel = attn_bwd_dkdv_kernel if name == "dkdv" else attn_bwd_dq_kernel
             compiled = kernel[grid_dims](*full_args, **launch_kwargs)
             if plan is not None:
-                plan.record(name, compiled, grid_dims, full_args, launch_kwargs, descs, len(args))
+                plan.launches[name] = _Launch.of(kernel, compiled, grid_dims, full_args, launch_kwargs, len(args),
+                                                 descs)
     if plan is not None and plan.complete(need_dkdv, need_dq):
         plan.choice = plan_choice
         launch.remember(plan_key, plan)
@@ -512,34 +518,29 @@ def _plan_key(device: int, tensors: tuple, *options) -> tuple:
     return (device, layout, _input_precision(tensors[0].dtype), *options)
 
 
+def _kernel_tensor_args(q, k, v, do, lse2, delta, dq, dk, dv, optional: tuple) -> dict:
+    """The dK/dV and dQ kernels' leading arguments: tensors, then the variants' (None where off)."""
+    return {"dkdv": (q, k, v, do, lse2, delta, dk, dv, *optional), "dq": (q, k, v, do, lse2, delta, dq, *optional)}
+
+
 class _BackwardPlan:
-    """A backward's launches as recorded (launch.Recorded): the statistics, then dK/dV and dQ where they
-    ran, each with the (strides, box) of its tensor descriptors (None without TMA). `choice` is what
-    last_backward_choice reports for it."""
+    """A backward's launches as recorded (_Launch): "stats", then "dkdv" and "dq" where they ran, in launch
+    order. `choice` is what last_backward_choice reports for it."""
 
     def __init__(self):
-        self.recorded: list = []  # the statistics' launch (backward_stats appends it)
-        self.kernels: dict = {}
+        self.launches: dict[str, _Launch] = {}
         self.choice = None
 
-    def record(self, name: str, compiled, grid: tuple, full_args: tuple, kwargs: dict, descs: tuple,
-               tensor_args: int) -> None:
-        jit_fn = attn_bwd_dkdv_kernel if name == "dkdv" else attn_bwd_dq_kernel
-        self.kernels[name] = (Recorded(jit_fn, compiled, grid, full_args, kwargs, tensor_args + len(descs)),
-                              _descriptor_layout(descs), len(descs))
-
     def complete(self, need_dkdv: bool, need_dq: bool) -> bool:
-        return len(self.recorded) == 1 and ("dkdv" in self.kernels) == need_dkdv and ("dq" in self.kernels) == need_dq
+        """Whether every wanted launch was recorded (not so on a call that ran an autotuner)."""
+        return list(self.launches) == ["stats", *(["dkdv"] if need_dkdv else []), *(["dq"] if need_dq else [])]
 
     def replay(self, stream: int, q, k, v, o, do, lse, dq, dk, dv, optional: tuple, needs: tuple) -> tuple:
         lse2, delta = _stats_buffer(lse)
-        self.recorded[0].replay((o, do, lse, lse2, delta, optional[1]), stream)
-        sources = (q, k, v, do, lse2, delta)
-        for name, outputs in (("dkdv", (dk, dv)), ("dq", (dq,))):
-            if name in self.kernels:
-                recorded, layout, count = self.kernels[name]
-                descs = _replayed_descriptors(sources, layout, count)
-                recorded.replay((q, k, v, do, lse2, delta, *outputs, *optional, *descs), stream)
+        tensor_args = _kernel_tensor_args(q, k, v, do, lse2, delta, dq, dk, dv, optional)
+        tensor_args["stats"] = (o, do, lse, lse2, delta, optional[1])
+        for name, recorded in self.launches.items():
+            recorded.replay(tensor_args[name], (q, k, v, do, lse2, delta), stream)
         _last_backward_choice[0] = self.choice
         return _wanted((dq, dk, dv), needs)
 
