@@ -8,8 +8,8 @@ On a GPU, autograd runs a backward on its own device thread. Each call of `o.bac
 - handoff out: from its last line to the call's return.
 The same body called on the main thread gives the body's cost without the thread, and
 `torch.autograd.set_multithreading_enabled(False)` runs autograd's backward on the calling thread. Then
-the body is profiled (cProfile) on each thread, and the paper suite's D=128 causal N=1024 row is timed
-the suite's way (`do_bench`, eager) with the thread and without it.
+the body is profiled on each thread (host_backward_loop's profile), and the paper suite's D=128 causal
+N=1024 row is timed the suite's way (`do_bench`, eager) with the thread and without it.
 
     PYTHONPATH=src python benchmarks/host_backward_thread.py [--out DIR]
 """
@@ -17,10 +17,7 @@ the suite's way (`do_bench`, eager) with the thread and without it.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import statistics
 import time
 from pathlib import Path
@@ -31,32 +28,21 @@ import triton.testing
 
 from flashtriton import flash_attention, ops
 from flashtriton.testing import make_qkv
+from host_autograd import Bare  # this folder is on the path when run as a script
+from host_backward_loop import profile_our_backward
 
 STAMPS: list[tuple[float, float]] = []
-PROFILE: list[cProfile.Profile | None] = [None]
 
 
-class Stamped(torch.autograd.Function):
-    """A bare Function whose backward records when it starts and ends (and profiles itself on request)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal):
-        o, lse = ops.attention_forward(q, k, v, causal, q.shape[-1] ** -0.5)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = causal
-        return o
+class Stamped(Bare):
+    """host_autograd's bare Function, whose backward records when it starts and ends."""
 
     @staticmethod
     def backward(ctx, do):
         start = time.perf_counter()
-        if PROFILE[0] is not None:
-            PROFILE[0].enable()
-        q, k, v, o, lse = ctx.saved_tensors
-        grads = ops.attention_backward(do, q, k, v, o, lse, ctx.causal, q.shape[-1] ** -0.5)
-        if PROFILE[0] is not None:
-            PROFILE[0].disable()
+        grads = Bare.backward(ctx, do)
         STAMPS.append((start, time.perf_counter()))
-        return *grads, None
+        return grads
 
 
 def split_calls(o, do, calls: int) -> dict:
@@ -89,17 +75,6 @@ def direct_body_us(q, k, v, o, lse, do, causal: bool, calls: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def profiled(run, calls: int) -> str:
-    PROFILE[0] = cProfile.Profile()
-    for _ in range(calls):
-        run()
-    torch.cuda.synchronize()
-    profile, PROFILE[0] = PROFILE[0], None
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
-    return text.getvalue()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -127,8 +102,8 @@ def main() -> None:
     profiles = {}
     for label, multithreading in (("device thread", True), ("calling thread", False)):
         with torch.autograd.set_multithreading_enabled(multithreading):
-            profiles[label] = profiled(lambda: o.backward(do, retain_graph=True), 500)
-        print(f"\nprofile of the body on the {label} (500 calls, by own time)")
+            profiles[label] = profile_our_backward(o, do, 500)
+        print(f"\nprofile of the body on the {label} (500 calls)")
         print("\n".join(profiles[label].splitlines()[:40]))
 
     # The suite's eager timing at a host-bound row: the same backward with and without the device thread.

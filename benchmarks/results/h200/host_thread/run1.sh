@@ -2,8 +2,9 @@
 # Call 1 of NOTES entry 39, on one H200, from the repository root, with ab_base/ carried (698da17's package,
 # see ab_stats/run1.sh): bash benchmarks/results/h200/host_thread/run1.sh
 # 1. where autograd's device thread spends the host time of a small backward (host_backward_thread.py);
-# 2. and 3. the first two parts of ab_stats/run_next.sh: D=128 causal one loop with L and D through TMA,
-#    and D=128 causal at small N against 698da17 on static tiles.
+# 2. and 3. parts 1 and 2 of what entry 38 left to run (its ab_stats/run_next.sh, removed since; part 3
+#    ran as run5.sh): D=128 causal one loop with L and D through TMA, and D=128 causal at small N against
+#    698da17 on static tiles.
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 timeout 150 python3 benchmarks/host_backward_thread.py --out $OUT > $OUT/host_thread.log 2>&1
 grep -v "^ \{10\}\|^$" $OUT/host_thread.log | grep -v "ncalls\|Ordered by\|function calls" | head -60
