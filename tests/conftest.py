@@ -12,7 +12,7 @@ if not ON_GPU:
     # Must be set before flashtriton's kernels are defined: triton.jit reads it at decoration time.
     os.environ["TRITON_INTERPRET"] = "1"
 
-from flashtriton import launch  # noqa: E402  (after TRITON_INTERPRET)
+from flashtriton.cache import reset  # noqa: E402  (after TRITON_INTERPRET)
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 
@@ -27,10 +27,10 @@ def _poisoned(factory):
 
 
 @pytest.fixture(autouse=True)
-def forget_launch_plans():
-    # Each test records its own launches (launch.py): a plan recorded by an earlier test would replay
-    # past whatever a later one patches in ops.
-    launch.forget()
+def forget_between_tests():
+    # Each test records its own launches, picks and host copies (cache.py): a plan recorded by an earlier
+    # test would replay past whatever a later one patches or passes.
+    reset()
 
 
 @pytest.fixture(autouse=True)

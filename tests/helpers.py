@@ -4,10 +4,10 @@ import torch
 
 from conftest import DEVICE
 from flashtriton import attention_ref
-from flashtriton.ops import attention_backward, attention_forward
+from flashtriton.autograd import FlashAttention, Tiles
 from flashtriton.testing import backward_rounding_slack, bounded, compare_with_reference, make_qkv, max_err
 
-__all__ = ["WithBackwardTiles", "check_against_reference", "make_qkv", "max_err", "packed_qkv",
+__all__ = ["with_backward_tiles", "check_against_reference", "make_qkv", "max_err", "packed_qkv",
            "reference_per_sequence", "failed_checks"]
 
 
@@ -18,24 +18,12 @@ def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0, wind
     assert not failed, "; ".join(failed)
 
 
-class WithBackwardTiles(torch.autograd.Function):
-    """The kernels with chosen backward tiles, or the backward's autotuners forced on (the public API
-    picks by problem size): `WithBackwardTiles.apply(q, k, v, is_causal, configs, autotune, window)`."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, is_causal, configs, autotune=None, window=(-1, -1)):
-        o, lse = attention_forward(q, k, v, is_causal, q.shape[-1] ** -0.5, window=window)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.configs, ctx.autotune, ctx.window = is_causal, configs, autotune, window
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        grads = attention_backward(do, q, k, v, o, lse, ctx.is_causal, q.shape[-1] ** -0.5, ctx.configs,
-                                   ctx.autotune, window=ctx.window)
-        return *grads, None, None, None, None
+def with_backward_tiles(q, k, v, is_causal, configs, autotune=None, window=(-1, -1)):
+    """(o, lse) of the kernels with chosen backward tiles (dK/dV, dQ), or the backward's autotuners forced
+    on (the public API picks by problem size), through the autograd layer's own Function."""
+    options = dict(scale=q.shape[-1] ** -0.5, window=window)
+    return FlashAttention.apply(q, k, v, is_causal, options, True, False,
+                                Tiles(backward=configs, autotune_backward=autotune))
 
 
 def packed_qkv(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, device=DEVICE):

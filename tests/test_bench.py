@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from flashtriton.bench import SUITES, Row, Shape, article_table, memory_table, provider_table, write_results
+from flashtriton.tools.bench import SUITES, Row, Shape, article_table, memory_table, provider_table, write_results
 
 
 def test_suites_match_their_definitions():
@@ -77,7 +77,7 @@ def test_peak_memory_is_tabled_and_out_of_memory_is_said(tmp_path):
 
 
 def test_roofline_bookkeeping(tmp_path):
-    from flashtriton.roofline import Ceilings, Point, minimal_bytes, write_report
+    from flashtriton.tools.roofline import Ceilings, Point, minimal_bytes, write_report
 
     shape = Shape(4, 32, 32, 4096, 4096, 64, False)
     tensor = 4 * 32 * 4096 * 64 * 2
@@ -98,7 +98,7 @@ def test_ncu_profiles_the_kernel_it_is_asked_for(tmp_path, monkeypatch):
 
     import pytest
 
-    from flashtriton import roofline
+    from flashtriton.tools import roofline
 
     seen = []
     monkeypatch.setattr(roofline.shutil, "which", lambda name: "/usr/bin/ncu")
@@ -119,7 +119,7 @@ def test_peak_memory_measures_one_forward_and_backward(monkeypatch):
     """The GPU-only measurement's flow, with torch.cuda's counters faked on CPU."""
     import torch
 
-    from flashtriton import bench
+    from flashtriton.tools import bench
 
     calls = []
     counters = iter([1000, 1000 + 5 * 2**20])  # memory_allocated before, then the peak
@@ -169,7 +169,8 @@ def test_variants_suite_shapes_flops_and_peers_semantics():
     in eager mode), and SDPA declining what it cannot run."""
     import torch
 
-    from flashtriton import attention_ref, bench
+    from flashtriton import attention_ref
+    from flashtriton.tools import bench
 
     shapes = bench.variants_suite()
     variants = {s.variant for s in shapes}
@@ -199,7 +200,7 @@ def test_varlen_shape_runs_the_same_attention_for_every_provider():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from conftest import DEVICE
-    from flashtriton import bench
+    from flashtriton.tools import bench
 
     shape = Shape(1, 2, 2, 22, 22, 16, True, varlen=(5, 0, 17))
     assert shape.variant == "varlen3" and shape.flops("fwd") == 4.0 * 2 * 16 * (25 + 289) / 2
@@ -219,7 +220,8 @@ def test_suite_times_the_providers_in_interleaved_rounds(monkeypatch):
 
     import torch
 
-    from flashtriton import bench, testing
+    from flashtriton import testing
+    from flashtriton.tools import bench
 
     current, timed = [None], []
     fake_ms = {("a", "fwd"): iter([3.0, 1.0, 2.0]), ("b", "fwd"): iter([2.0, 2.0, 2.0]),

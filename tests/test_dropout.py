@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton import attention_ref, flash_attention, ops
+from flashtriton import attention_ref, flash_attention, launch
 from flashtriton.testing import bounded
 from helpers import make_qkv
 
@@ -48,7 +48,7 @@ def test_dropout_matches_reference_with_the_kernels_mask(is_causal, window):
         torch.manual_seed(3)
         o, lse = flash_attention(q, k, v, is_causal=is_causal, window_size=window, dropout_p=0.3, return_lse=True)
         torch.manual_seed(3)  # the same draw: the seed the call used
-        mask = ops.dropout_mask(ops.new_dropout_seed(q.device), 2, 4, seqlen_q, seqlen_k, 0.3)
+        mask = launch.dropout_mask(launch.new_dropout_seed(q.device), 2, 4, seqlen_q, seqlen_k, 0.3)
         do = torch.randn_like(o)
         grads = torch.autograd.grad(o, (q, k, v), do)
         q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton import FlashAttentionTriton, attention_ref, flash_attention, launch, ops
-from flashtriton.ops import attention_forward
+from flashtriton import FlashAttentionTriton, attention_ref, flash_attention, launch
+from flashtriton.cache import CACHE
+from flashtriton.launch import TileConfig, attention_forward
 from flashtriton.testing import bounded
-from flashtriton.tuning import TileConfig
-from helpers import WithBackwardTiles, check_against_reference, make_qkv, max_err
+from helpers import check_against_reference, make_qkv, max_err, with_backward_tiles
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # Odd sizes on purpose: ragged last tiles, a single row, Nq != Nk both ways.
@@ -54,8 +54,9 @@ def test_causal_launch_order_covers_every_tile(monkeypatch, heads_q, heads_kv, h
     """Causal launches take (batch, head) pairs in groups that share the L2 (program_tile). The interpreter
     models a 50 MB L2, so small problems fit one group: force small ones, with a short last group (2 x 3
     pairs in groups of 4), so that every kernel must still visit each tile exactly once."""
-    monkeypatch.setattr(ops, "_heads_per_group", lambda *args: heads_per_group)
-    monkeypatch.setattr(launch, "ENABLED", False)  # a replayed launch would keep the real grouping
+    for launcher in (launch.forward, launch.backward):
+        monkeypatch.setattr(launcher, "heads_per_group", lambda *args: heads_per_group)
+    monkeypatch.setattr(CACHE, "replays", False)  # a replayed launch would keep the real grouping
     q, k, v = make_qkv(2, heads_q, heads_kv, 70, 90, 32, torch.float16, DEVICE)
     check_against_reference(_flash(True), q, k, v, True)
 
@@ -226,7 +227,7 @@ def test_backward_tile_configs(configs, seqlen_q, seqlen_k, is_causal):
     """The backward's data paths (block pointers, and the TMA loads) with GQA and odd sizes."""
     dkdv_config, dq_config, head_dim = configs
     q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
-    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, is_causal, (dkdv_config, dq_config)),
+    check_against_reference(lambda q, k, v: with_backward_tiles(q, k, v, is_causal, (dkdv_config, dq_config)),
                             q, k, v, is_causal)
 
 
@@ -255,13 +256,13 @@ def test_backward_statistics_layout_and_values(seqlen, varlen):
                  for _ in range(2))
         lse = torch.randn(1, heads, total, device=DEVICE)
         cu = torch.tensor([0, seqlen, total], dtype=torch.int32, device=DEVICE)
-        packed = ops.Varlen(cu, cu, max(lengths), max(lengths))
+        packed = launch.Varlen(cu, cu, max(lengths), max(lengths))
     else:
         o, do = (torch.randn(2, heads, seqlen, dim, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
         lse = torch.randn(2, heads, seqlen, device=DEVICE)
         packed = None
     lse[..., 0] = float("-inf")
-    lse2, delta = ops.backward_stats(o, do, lse, packed)
+    lse2, delta = launch.backward_stats(o, do, lse, packed)
     for t in (lse2, delta):
         assert t.shape == lse.shape and t.dtype == torch.float32
         assert t.stride(-1) == 1 and t.stride(-2) % 4 == 0 and t.stride(-2) >= lse.shape[-1]
@@ -280,18 +281,18 @@ def test_backward_never_reads_the_statistics_padding(monkeypatch, seqlen_q, seql
     do = torch.randn_like(o)
     configs = [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True)),
                (TileConfig(16, 32), TileConfig(32, 16))]
-    clean = [ops.attention_backward(do, q, k, v, o, lse, is_causal, 0.125, c, autotune=False) for c in configs]
-    original = ops.backward_stats
+    clean = [launch.attention_backward(do, q, k, v, o, lse, is_causal, 0.125, c, autotune=False) for c in configs]
+    original = launch.backward.statistics_buffer
 
-    def poisoned(*args):
-        lse2, delta = original(*args)
+    def poisoned(lse):
+        lse2, delta = original(lse)
         for t in (lse2, delta):
             rows = t.as_strided((*t.shape[:-1], t.stride(-2)), t.stride())
             rows[..., t.shape[-1]:] = float("nan")
         return lse2, delta
-    monkeypatch.setattr(ops, "backward_stats", poisoned)
-    monkeypatch.setattr(launch, "ENABLED", False)  # a replay of the clean calls' launches would skip it
+    monkeypatch.setattr(launch.backward, "statistics_buffer", poisoned)
+    monkeypatch.setattr(CACHE, "replays", False)  # a replay of the clean calls' launches would skip it
     for c, grads in zip(configs, clean, strict=True):
-        for got, want in zip(ops.attention_backward(do, q, k, v, o, lse, is_causal, 0.125, c, autotune=False),
+        for got, want in zip(launch.attention_backward(do, q, k, v, o, lse, is_causal, 0.125, c, autotune=False),
                              grads, strict=True):
             assert torch.equal(got, want), c

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import DEVICE, ON_GPU  # noqa: E402
-from flashtriton import attention_ref, flash_attention, flash_attention_varlen, ops  # noqa: E402
+from flashtriton import attention_ref, flash_attention, flash_attention_varlen, launch  # noqa: E402
 from helpers import failed_checks, make_qkv, packed_qkv, reference_per_sequence  # noqa: E402
 
 EXAMPLES = int(os.environ.get("FLASHTRITON_FUZZ_EXAMPLES", "12" if ON_GPU else "50"))
@@ -55,7 +55,7 @@ def _dropout_mask(kwargs, seed, batch, heads_q, seqlen_q, seqlen_k):
     if not kwargs.get("dropout_p"):
         return None
     torch.manual_seed(seed)
-    return ops.dropout_mask(ops.new_dropout_seed(torch.device(DEVICE)), batch, heads_q, seqlen_q, seqlen_k,
+    return launch.dropout_mask(launch.new_dropout_seed(torch.device(DEVICE)), batch, heads_q, seqlen_q, seqlen_k,
                             kwargs["dropout_p"])
 
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton import flash_attention, flash_attention_varlen, launch, ops
-from flashtriton.tuning import TileConfig
-from helpers import WithBackwardTiles, make_qkv, packed_qkv
+from flashtriton import flash_attention, flash_attention_varlen, launch
+from flashtriton.cache import CACHE, PLAN_LIMIT, reset
+from flashtriton.launch import TileConfig, replay
+from helpers import make_qkv, packed_qkv, with_backward_tiles
 
 
 def test_recorded_launch_passes_the_new_tensors_then_the_recorded_scalars_and_constexprs():
@@ -28,7 +29,7 @@ def test_recorded_launch_passes_the_new_tensors_then_the_recorded_scalars_and_co
             seen.append(args)
     seen = []
     x, y = torch.zeros(2), torch.ones(2)
-    recorded = launch.Recorded(JitFn, Compiled(), (4, 2), (x, y, None, 17, 0.5), dict(BLOCK=64, num_warps=4),
+    recorded = replay.Recorded(JitFn, Compiled(), (4, 2), (x, y, None, 17, 0.5), dict(BLOCK=64, num_warps=4),
                                prefix_length=3)
     x2, y2 = torch.zeros(3), torch.ones(3)
     recorded.replay((x2, y2, "new desc"), stream=7)
@@ -44,24 +45,24 @@ def test_launch_hooks_and_the_interpreter_turn_replays_off(monkeypatch):
     interpreter compiles nothing to replay, CUDA tensors or not."""
     from triton import knobs
     cuda = torch.device("cuda")
-    assert launch.replayable(cuda) == ON_GPU  # the CPU tests run through the interpreter
+    assert replay.replayable(cuda) == ON_GPU  # the CPU tests run through the interpreter
     monkeypatch.setattr(knobs.runtime, "interpret", False)
-    assert launch.replayable(cuda)
+    assert replay.replayable(cuda)
     knobs.runtime.launch_enter_hook.add(print)
     try:
-        assert not launch.replayable(cuda)
+        assert not replay.replayable(cuda)
     finally:
         knobs.runtime.launch_enter_hook.remove(print)
-    assert not launch.replayable(torch.device("cpu"))
-    monkeypatch.setattr(launch, "ENABLED", False)
-    assert not launch.replayable(cuda)
+    assert not replay.replayable(torch.device("cpu"))
+    monkeypatch.setattr(CACHE, "replays", False)
+    assert not replay.replayable(cuda)
 
 
 def test_plans_stay_bounded():
-    launch.forget()
-    for i in range(launch.PLAN_LIMIT + 3):
-        launch.remember(i, object())
-    assert 0 < len(launch.PLANS) <= launch.PLAN_LIMIT
+    reset()
+    for i in range(PLAN_LIMIT + 3):
+        CACHE.remember_plan(i, object())
+    assert 0 < len(CACHE.plans) <= PLAN_LIMIT
 
 
 def test_no_replay_without_a_gpu():
@@ -69,7 +70,7 @@ def test_no_replay_without_a_gpu():
     q, k, v = make_qkv(1, 2, 2, 17, 17, 16, torch.bfloat16, DEVICE)
     for _ in range(2):
         flash_attention(q, k, v, is_causal=True).backward(torch.randn_like(q))
-    assert (len(launch.PLANS) > 0) == ON_GPU
+    assert (len(CACHE.plans) > 0) == ON_GPU
 
 
 @pytest.fixture
@@ -79,9 +80,9 @@ def replays_through_the_interpreter(monkeypatch):
     launcher takes them): what ops records, keys and reassembles gets checked without a GPU."""
     if ON_GPU:
         return
-    monkeypatch.setattr(launch, "replayable", lambda device: launch.ENABLED)
-    monkeypatch.setattr(launch, "current_device_and_stream", lambda: (0, 0))
-    monkeypatch.setattr(launch.Recorded, "replay",
+    monkeypatch.setattr(replay, "replayable", lambda device: CACHE.replays)
+    monkeypatch.setattr(replay, "current_device_and_stream", lambda: (0, 0))
+    monkeypatch.setattr(replay.Recorded, "replay",
                         lambda self, prefix, stream: self.jit_fn[self.grid](*prefix, *self.suffix))
 
 
@@ -95,20 +96,20 @@ def _grads(fn, inputs, do):
 
 
 def _count_replays(monkeypatch) -> list:
-    replays, replay = [], launch.Recorded.replay
-    monkeypatch.setattr(launch.Recorded, "replay", lambda self, *a: replays.append(1) or replay(self, *a))
+    replays, original = [], replay.Recorded.replay
+    monkeypatch.setattr(replay.Recorded, "replay", lambda self, *a: replays.append(1) or original(self, *a))
     return replays
 
 
 def _check_replay_is_exact(monkeypatch, fn, inputs, do):
     """Triton's launches, then the recording call, then a replay (forward: one launch, backward: three):
     bitwise the same output and gradients."""
-    monkeypatch.setattr(launch, "ENABLED", False)
+    monkeypatch.setattr(CACHE, "replays", False)
     want = _grads(fn, inputs, do)
-    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(CACHE, "replays", True)
     replays = _count_replays(monkeypatch)
     recorded = _grads(fn, inputs, do)
-    assert not replays and len(launch.PLANS) == 2  # the forward's plan and the backward's
+    assert not replays and len(CACHE.plans) == 2  # the forward's plan and the backward's
     replayed = _grads(fn, inputs, do)
     assert len(replays) == 4, "the second call did not replay every launch"
     for w, r1, r2 in zip(want, recorded, replayed, strict=True):
@@ -149,7 +150,7 @@ def test_replayed_backward_on_static_and_autotuned_tiles(monkeypatch, tiles):
     configs = None if tiles == "autotuned" else tuple(TileConfig(*size, use_tma=use_tma) for size in sizes)
 
     def fn(q, k, v):
-        return WithBackwardTiles.apply(q, k, v, True, configs, tiles == "autotuned")[0]
+        return with_backward_tiles(q, k, v, True, configs, tiles == "autotuned")[0]
     _check_replay_is_exact(monkeypatch, fn, (q, k, v), torch.randn_like(q))
 
 
@@ -174,8 +175,8 @@ def test_a_call_with_other_strides_or_alignment_records_its_own_plan(monkeypatch
     grads = []
     for inputs in (aligned, shifted, aligned, shifted):
         grads.append(_grads(lambda q, k, v: flash_attention(q, k, v, is_causal=True), inputs, do))
-    assert len(launch.PLANS) == 4 and len(replays) == 8  # a forward and a backward plan per layout
-    monkeypatch.setattr(launch, "ENABLED", False)
+    assert len(CACHE.plans) == 4 and len(replays) == 8  # a forward and a backward plan per layout
+    monkeypatch.setattr(CACHE, "replays", False)
     for inputs, got in zip((aligned, shifted), grads[2:], strict=True):
         want = _grads(lambda q, k, v: flash_attention(q, k, v, is_causal=True), inputs, do)
         assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
@@ -190,49 +191,48 @@ def test_replayed_forward_equals_triton_launches(monkeypatch, path):
     config = None if path == "autotuned" else TileConfig(*size, use_tma=path == "tma")
 
     def forward():
-        return ops.attention_forward(q, k, v, True, 0.125, config=config, autotune=path == "autotuned")
-    monkeypatch.setattr(launch, "ENABLED", False)
+        return launch.attention_forward(q, k, v, True, 0.125, config=config, autotune=path == "autotuned")
+    monkeypatch.setattr(CACHE, "replays", False)
     want = forward()
-    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(CACHE, "replays", True)
     replays = _count_replays(monkeypatch)
     got = [forward(), forward()]
-    assert len(replays) == 1 and len(launch.PLANS) == 1
+    assert len(replays) == 1 and len(CACHE.plans) == 1
     assert all(torch.equal(a, b) for out in got for a, b in zip(want, out, strict=True))
 
 
 @replayed
 def test_a_kernel_swapped_in_records_its_own_plan(monkeypatch):
-    """benchmarks/ab_dkdv.py times other dK/dV kernels by swapping ops.attn_bwd_dkdv_kernel: a replay of
-    the first kernel's plan would time that one twice."""
+    """A tool that times another dK/dV kernel passes it as `kernels=`: a replay of the first kernel's plan
+    would time that one twice."""
     import triton
     q, k, v = make_qkv(1, 2, 2, N_Q, N_Q, 64, torch.bfloat16, DEVICE, requires_grad=False)
-    o, lse = ops.attention_forward(q, k, v, True, 0.125)
+    o, lse = launch.attention_forward(q, k, v, True, 0.125)
     do = torch.randn_like(o)
     replays = _count_replays(monkeypatch)
     for _ in range(2):
-        ops.attention_backward(do, q, k, v, o, lse, True, 0.125)
-    assert len(launch.PLANS) == 2 and len(replays) == 3  # the forward's plan, the backward's; one replay
-    monkeypatch.setattr(ops, "attn_bwd_dkdv_kernel", triton.jit(ops.attn_bwd_dkdv_kernel.fn))
-    ops.attention_backward(do, q, k, v, o, lse, True, 0.125)
-    assert len(launch.PLANS) == 3 and len(replays) == 3
+        launch.attention_backward(do, q, k, v, o, lse, True, 0.125)
+    assert len(CACHE.plans) == 2 and len(replays) == 3  # the forward's plan, the backward's; one replay
+    other = launch.DEFAULT_KERNELS._replace(dkdv=triton.jit(launch.DEFAULT_KERNELS.dkdv.fn))
+    launch.attention_backward(do, q, k, v, o, lse, True, 0.125, kernels=other)
+    assert len(CACHE.plans) == 3 and len(replays) == 3
 
 
 @replayed
-def test_forget_picks_drops_the_plans_recorded_from_them():
-    from flashtriton import tuning
+def test_reset_drops_the_plans_and_picks():
     q, k, v = make_qkv(1, 2, 2, N_Q, N_Q, 64, torch.bfloat16, DEVICE)
     flash_attention(q, k, v, is_causal=True).backward(torch.randn_like(q))
-    assert launch.PLANS
-    tuning.forget_picks()
-    assert not launch.PLANS
+    assert CACHE.plans
+    reset()
+    assert not CACHE.plans
 
 
 def test_backward_ops_still_take_unhashable_options():
     """Lists where tuples are expected (configs, window) must not break the plan's key."""
     q, k, v = make_qkv(1, 2, 2, 33, 33, 32, torch.bfloat16, DEVICE)
-    o, lse = ops.attention_forward(q, k, v, True, 0.2)
+    o, lse = launch.attention_forward(q, k, v, True, 0.2)
     do = torch.randn_like(o)
     tiles = [TileConfig(16, 32), TileConfig(32, 16)]
-    grads = ops.attention_backward(do, q, k, v, o, lse, True, 0.2, tiles, window=[-1, -1])
-    again = ops.attention_backward(do, q, k, v, o, lse, True, 0.2, tuple(tiles), window=(-1, -1))
+    grads = launch.attention_backward(do, q, k, v, o, lse, True, 0.2, tiles, window=[-1, -1])
+    again = launch.attention_backward(do, q, k, v, o, lse, True, 0.2, tuple(tiles), window=(-1, -1))
     assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))

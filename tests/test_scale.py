@@ -81,20 +81,21 @@ def _run_and_check(batch, heads, seqlen, head_dim, is_causal, heads_to_check, sa
     """Forward and backward on both data paths (block pointers and TMA, each with its static tiles; the
     autotuner would time every candidate on calls of seconds), then the checked heads of each against one
     float32 reference."""
-    from flashtriton import ops
+    from flashtriton import launch
+    from flashtriton.launch import tiles
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device=DEVICE, dtype=torch.bfloat16)
                for _ in range(3))
     do = torch.randn_like(q)
     scale = head_dim ** -0.5
     device = torch.device(DEVICE)
-    bwd_cfgs = ops.backward_configs(head_dim, q.dtype, device)
+    bwd_cfgs = tiles.backward_configs(head_dim, q.dtype, device)
     kept = {}  # path -> {(b, h): (o, lse, dq, dk, dv)}
     for path, tma in (("block pointers", False), ("TMA", True)):
-        f = ops.forward_config(head_dim, q.dtype, device, use_tma=tma)
+        f = tiles.forward_config(head_dim, q.dtype, device, use_tma=tma)
         bw = tuple(dataclasses.replace(c, use_tma=tma) for c in bwd_cfgs)
-        o, lse = ops.attention_forward(q, k, v, is_causal, scale, config=f, autotune=False)
-        dq, dk, dv = ops.attention_backward(do, q, k, v, o, lse, is_causal, scale, configs=bw, autotune=False)
+        o, lse = launch.attention_forward(q, k, v, is_causal, scale, config=f, autotune=False)
+        dq, dk, dv = launch.attention_backward(do, q, k, v, o, lse, is_causal, scale, configs=bw, autotune=False)
         for x in (o, dq, dk, dv):
             assert torch.isfinite(x).all(), path
         kept[path] = {(b, h): tuple(x[b, h].clone() for x in (o, lse, dq, dk, dv)) for b, h in heads_to_check}

@@ -6,7 +6,7 @@ import torch
 
 from conftest import DEVICE, ON_GPU
 from flashtriton import flash_attention
-from flashtriton.tuning import TileConfig
+from flashtriton.launch import TileConfig
 from helpers import check_against_reference, make_qkv
 
 SIZES = [(97, 63), (63, 97), (1, 17)] if not ON_GPU else [(1000, 700), (700, 1000), (1, 300)]
@@ -47,14 +47,14 @@ def test_softcap_bounds_the_scores():
                                      (TileConfig(16, 32), TileConfig(32, 16)), None],
                          ids=["tma", "block-pointers", "autotuned"])
 def test_score_mods_on_every_backward_path(configs):
-    from flashtriton import ops
+    from flashtriton import launch
     slopes = _slopes((4,))
     q, k, v = make_qkv(1, 4, 1, 61, 77, 64, torch.float16, DEVICE)
 
     class Modded(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
-            o, lse = ops.attention_forward(q, k, v, True, 0.125, softcap=3.0, alibi_slopes=slopes)
+            o, lse = launch.attention_forward(q, k, v, True, 0.125, softcap=3.0, alibi_slopes=slopes)
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.mark_non_differentiable(lse)
             return o, lse
@@ -62,7 +62,7 @@ def test_score_mods_on_every_backward_path(configs):
         @staticmethod
         def backward(ctx, do, _dlse):
             q, k, v, o, lse = ctx.saved_tensors
-            return ops.attention_backward(do, q, k, v, o, lse, True, 0.125, configs, autotune=configs is None,
+            return launch.attention_backward(do, q, k, v, o, lse, True, 0.125, configs, autotune=configs is None,
                                           softcap=3.0, alibi_slopes=slopes)
     check_against_reference(Modded.apply, q, k, v, True, scale=0.125, softcap=3.0, alibi_slopes=slopes)
 

@@ -28,9 +28,9 @@ def test_varlen_matches_reference_per_sequence(kwargs, heads_q, heads_kv, head_d
     o, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, max(LENGTHS[0]), max(LENGTHS[1]), return_lse=True,
                                     **kwargs)
     if kwargs.get("dropout_p"):  # the kernels' mask: the same draw of the seed, counters per sequence
-        from flashtriton import ops
+        from flashtriton import launch
         torch.manual_seed(5)
-        kwargs["dropout_mask"] = ops.dropout_mask(ops.new_dropout_seed(q.device), len(LENGTHS[0]), heads_q,
+        kwargs["dropout_mask"] = launch.dropout_mask(launch.new_dropout_seed(q.device), len(LENGTHS[0]), heads_q,
                                                   max(LENGTHS[0]), max(LENGTHS[1]), kwargs["dropout_p"])
     assert o.shape == q.shape and lse.shape == (heads_q, q.shape[0]) and lse.dtype == torch.float32
     do = torch.randn_like(o)

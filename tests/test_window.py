@@ -11,9 +11,9 @@ import triton.language as tl
 from conftest import DEVICE, ON_GPU
 from flashtriton import flash_attention
 from flashtriton.kernels.backward import _band_mask_by_row_t, _band_mask_t
+from flashtriton.launch import TileConfig
 from flashtriton.reference import _visible
-from flashtriton.tuning import TileConfig
-from helpers import WithBackwardTiles, check_against_reference, make_qkv
+from helpers import check_against_reference, make_qkv, with_backward_tiles
 
 WINDOWS = [(0, 0), (5, 0), (40, 0), (3, 9), (0, 20), (-1, 7), (17, -1), (100, 100)]
 SIZES = [(97, 63), (63, 97), (1, 17), (130, 130)] if not ON_GPU else [(1000, 700), (700, 1000), (1, 300)]
@@ -45,7 +45,7 @@ def test_window_with_odd_head_dims_and_float32(head_dim):
 def test_window_on_both_backward_data_paths(configs):
     """Block pointers and TMA loads in the backward kernels, with a band that starts and ends mid-tile."""
     q, k, v = make_qkv(1, 2, 2, 83, 71, 32, torch.float16, DEVICE)
-    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, True, configs, None, (13, -1)),
+    check_against_reference(lambda q, k, v: with_backward_tiles(q, k, v, True, configs, None, (13, -1)),
                             q, k, v, True, window_size=(13, -1))
 
 
@@ -53,7 +53,7 @@ def test_window_on_both_backward_data_paths(configs):
 def test_window_through_the_autotuners(window):
     """The autotuned forward and backward key on the band's two masks."""
     q, k, v = make_qkv(1, 2, 1, 70, 45, 64, torch.float16, DEVICE)
-    check_against_reference(lambda q, k, v: WithBackwardTiles.apply(q, k, v, False, None, True, window),
+    check_against_reference(lambda q, k, v: with_backward_tiles(q, k, v, False, None, True, window),
                             q, k, v, False, window_size=window)
 
 

@@ -10,7 +10,7 @@
 """
 
 from .api import flash_attention, flash_attention_varlen
-from .ops import FlashAttentionTriton
+from .autograd import FlashAttentionTriton
 from .reference import FlashAttentionPytorch, attention_ref
 
 __all__ = ["flash_attention", "flash_attention_varlen", "FlashAttentionTriton", "FlashAttentionPytorch",

@@ -18,19 +18,15 @@ def is_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_patched = False
-
-
 def _patch_bf16_dot() -> None:
-    global _patched
-    if _patched:
-        return
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
 
     builder_cls = interpreter.InterpreterBuilder
     original = builder_cls.create_dot
+    if getattr(original, "upcasts_bf16", False):  # patched already
+        return
 
     def _to_fp32(handle):
         if handle.dtype.scalar == tl.bfloat16:
@@ -41,8 +37,8 @@ def _patch_bf16_dot() -> None:
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         return original(self, _to_fp32(a), _to_fp32(b), d, input_precision, max_num_imprecise_acc)
 
+    create_dot.upcasts_bf16 = True
     builder_cls.create_dot = create_dot
-    _patched = True
 
 
 def prepare(device: torch.device) -> None:

@@ -1,11 +1,13 @@
-"""The public functional API."""
+"""The public functional API: check the inputs, then run the autograd layer (autograd.py), or, with
+nothing to differentiate, the forward's launcher alone."""
 
 from __future__ import annotations
 
 import torch
 
-from .ops import FlashAttentionTriton, FlashAttentionVarlen, attention_probs, flash_attention_forward
-from .validation import check_flags
+from .autograd import FlashAttention, FlashAttentionVarlen, checked_options, outputs
+from .launch import Varlen, attention_forward, attention_probs
+from .validation import check_flags, check_inputs, check_varlen, last_dim_contiguous
 
 
 def flash_attention(
@@ -73,21 +75,20 @@ def flash_attention(
     without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the backward is
     deterministic.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):  # the rest is checked once, in flash_attention_forward
+    for name, x in (("q", q), ("k", k), ("v", v)):
         if isinstance(x, torch.Tensor) and x.dim() != 4:
             raise ValueError(
                 f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
                 "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
     check_flags(return_lse=return_lse, return_attn_probs=return_attn_probs)
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
-        return FlashAttentionTriton.apply(q, k, v, is_causal, scale, return_lse, window_size, softcap, alibi_slopes,
-                                          dropout_p, return_attn_probs)
+    check_inputs(q, k, v, is_causal=is_causal)
+    options = checked_options(q, scale, window_size, softcap, alibi_slopes, dropout_p)
+    q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FlashAttention.apply(q, k, v, is_causal, options, return_lse, return_attn_probs)
     # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
-    q, k, _, o, lse, mods = flash_attention_forward(q, k, v, is_causal, scale, window_size, softcap, alibi_slopes,
-                                                    dropout_p)
-    outputs = (o, *((lse,) if return_lse else ()), *((attention_probs(q, k, is_causal, mods),) if return_attn_probs
-                                                      else ()))
-    return outputs if len(outputs) > 1 else o
+    o, lse = attention_forward(q, k, v, is_causal, **options)
+    return outputs(o, lse, return_lse, attention_probs(q, k, is_causal, options) if return_attn_probs else None)
 
 
 def flash_attention_varlen(
@@ -130,5 +131,9 @@ def flash_attention_varlen(
         no copy to the host is allowed, only their dtype, shape and device are checked.
     """
     check_flags(return_lse=return_lse)
-    return FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-                                      scale, return_lse, window_size, softcap, alibi_slopes, dropout_p)
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal)
+    options = checked_options(q, scale, window_size, softcap, alibi_slopes, dropout_p, batch=len(cu_seqlens_q) - 1)
+    # The kernels index cu_seqlens with unit stride: a strided view is copied (once, a few bytes).
+    varlen = Varlen(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k))
+    q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
+    return FlashAttentionVarlen.apply(q, k, v, varlen, is_causal, options, return_lse)

@@ -9,6 +9,7 @@ import weakref
 import torch
 
 from . import _interpreter
+from .cache import CACHE
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -155,21 +156,20 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
-_HOST_VALUES: dict[int, tuple] = {}  # id(tensor) -> (weak reference, version, values): see _host_values
-
-
 def _host_values(cu: torch.Tensor) -> list[int]:
     """cu.tolist(), remembered for as long as this very tensor lives unmodified (its version counter
     counts in-place writes). Reading device memory back waits for the GPU, so without this every eager
-    call would stall the stream; with it a batch's cu_seqlens is read once, by its forward."""
-    seen = _HOST_VALUES.get(id(cu))
+    call would stall the stream; with it a batch's cu_seqlens is read once, by its forward. Kept in the
+    cache (cache.py) by id(tensor): (weak reference, version, values)."""
+    remembered = CACHE.host_values
+    seen = remembered.get(id(cu))
     if seen is not None and seen[0]() is cu and seen[1] == cu._version:
         return seen[2]
     values = cu.tolist()
-    if len(_HOST_VALUES) > 64:  # drop entries whose tensors are gone
-        for key in [key for key, (ref, _, _) in _HOST_VALUES.items() if ref() is None]:
-            del _HOST_VALUES[key]
-    _HOST_VALUES[id(cu)] = (weakref.ref(cu), cu._version, values)
+    if len(remembered) > 64:  # drop entries whose tensors are gone
+        for key in [key for key, (ref, _, _) in remembered.items() if ref() is None]:
+            del remembered[key]
+    remembered[id(cu)] = (weakref.ref(cu), cu._version, values)
     return values
 
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .api import flash_attention, flash_attention_varlen
-from .ops import last_backward_choice, last_forward_choice
+from ..api import flash_attention, flash_attention_varlen
+from ..launch import last_choice
+from ..reference import attention_ref
+from ..testing import compare_with_reference, make_qkv
 from .plotting import pyplot
-from .reference import attention_ref
-from .testing import compare_with_reference, make_qkv
 
 BWD_FLOP_RATIO = 2.5  # backward does 2.5x the forward's matmul FLOPs (5 matmuls to 2)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -423,7 +423,7 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                     errors[name] = (out[part].float() - ref).abs().max().item()
                     del out
                     if name == "flashtriton":
-                        log(f"  {shape}: flashtriton runs {last_forward_choice()}")
+                        log(f"  {shape}: flashtriton runs {last_choice('forward')}")
                 except RuntimeError as exc:  # unsupported here, or out of memory
                     skip(name, shape, "check", exc)
             del ref
@@ -457,7 +457,7 @@ def run_suite(suite: str, providers: list[str], modes: list[str], dtype=torch.bf
                                 ms_graph, peak, shape.variant))
                 notes = f" graph {ms_graph:.3f} ms" if ms_graph is not None else ""
                 notes += f" peak {peak:.0f} MiB" if peak is not None else ""
-                notes += f" [{last_backward_choice()}]" if name == "flashtriton" and mode != "fwd" else ""
+                notes += f" [{last_choice('backward')}]" if name == "flashtriton" and mode != "fwd" else ""
                 log(f"  {name:<12} {mode:<7} N={shape.seqlen_q:<6} causal={shape.causal!s:<5} "
                     f"{ms:8.3f} ms (+-{50 * rows[-1].spread:.1f}%){notes} {rows[-1].tflops:7.1f} TFLOP/s  "
                     f"err {errors[name]:.1e}")

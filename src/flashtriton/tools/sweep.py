@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .ops import attention_backward, attention_forward
+from ..launch import attention_backward, attention_forward
+from ..launch.tiles import TileConfig, backward_configs, shared_memory_limit, why_pruned, why_pruned_backward
 from .plotting import pyplot
-from .tuning import TileConfig, backward_configs, shared_memory_limit, why_pruned, why_pruned_backward
 
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from ..testing import make_qkv
 from .bench import Shape, time_provider
 from .plotting import pyplot
-from .testing import make_qkv
 
 SHAPES = [Shape(4, 32, 32, 4096, 4096, 64, False), Shape(4, 32, 32, 4096, 4096, 64, True),
           Shape(4, 16, 16, 4096, 4096, 128, False), Shape(4, 16, 16, 4096, 4096, 128, True)]
@@ -134,7 +134,7 @@ def run_profile_target(head_dim: int, causal: bool, backward: bool = False) -> N
     the forward (and with `backward`, the backward) once more inside the NVTX range that ncu filters on.
     The launchers are called directly: autograd runs a backward on its own device thread, outside a
     range pushed on this one, and ncu then finds no backward kernel in it."""
-    from .ops import attention_backward, attention_forward
+    from ..launch import attention_backward, attention_forward
     heads = 2048 // head_dim
     q, k, v = make_qkv(4, heads, heads, 4096, 4096, head_dim, torch.bfloat16, "cuda")
     do = torch.randn_like(q)

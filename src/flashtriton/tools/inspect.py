@@ -11,7 +11,7 @@ compiled exactly as on the H200 but not launched. From each compiled kernel it r
   HMMA the older per-warp tensor-core instruction. A Hopper attention kernel should show HGMMA only;
 - how many waits on them (`WARPGROUP.DEPBAR`), and whether ptxas serialised them: its advisory C7515,
   which Triton does not show, read by running ptxas on the PTX again. A serialised kernel waits after
-  every HGMMA, so no matrix product overlaps anything (NOTES entry 31).
+  every HGMMA, so no matrix product overlaps anything (docs/performance.md).
 
 Triton ships `cuobjdump` and `nvdisasm` with its NVIDIA backend, so this runs on any machine with Triton.
 """
@@ -31,11 +31,14 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 
-from . import ops
-from .tuning import BACKWARD_CANDIDATES, width_class
+from ..launch import DEFAULT_KERNELS, Varlen, attention_backward, attention_forward
+from ..launch.autotune import BACKWARD_CANDIDATES, width_class
+from ..launch.tiles import backward_configs, forward_config
 
 HOPPER = GPUTarget("cuda", 90, 32)
-KERNELS = ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel")
+# The kernels a forward and backward launch: their names, and where they sit in a launch.Kernels.
+KERNELS = {"attn_fwd_kernel": "forward", "attn_bwd_preprocess_kernel": "preprocess", "attn_bwd_dkdv_kernel": "dkdv",
+           "attn_bwd_dq_kernel": "dq"}
 
 
 class _OfflineDriver:
@@ -58,7 +61,7 @@ class _OfflineDriver:
 
 
 class _Capture:
-    """Replaces a kernel in `ops`: `kernel[grid](...)` compiles (warmup) and records the result."""
+    """Stands in for a kernel: `kernel[grid](...)` compiles (warmup) and records the result in `sink`."""
 
     def __init__(self, name: str, kernel, sink: dict):
         self.name, self.kernel, self.sink = name, kernel, sink
@@ -72,22 +75,16 @@ class _Capture:
 
 @contextlib.contextmanager
 def _offline(target: GPUTarget):
+    """Yields (sink, kernels): launchers given `kernels=kernels` compile for `target` into `sink`."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("inspect compiles real kernels: run it without TRITON_INTERPRET=1")
     from triton.runtime import driver
     sink: dict = {}
-    saved = {name: getattr(ops, name) for name in KERNELS}
-    saved_prepare = ops._interpreter.prepare
+    captures = {field: _Capture(name, getattr(DEFAULT_KERNELS, field), sink) for name, field in KERNELS.items()}
     driver.set_active(_OfflineDriver(target))
     try:
-        for name in KERNELS:
-            setattr(ops, name, _Capture(name, saved[name], sink))
-        ops._interpreter.prepare = lambda device: None
-        yield sink
+        yield sink, DEFAULT_KERNELS._replace(**captures)
     finally:
-        for name, kernel in saved.items():
-            setattr(ops, name, kernel)
-        ops._interpreter.prepare = saved_prepare
         # Back to the real driver; without a GPU there is none to build, so leave it to be made lazily.
         if torch.cuda.is_available():
             driver.reset_active()
@@ -152,18 +149,19 @@ def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
     the opt-in variants (`qk_ahead` forward, `backward_tma`) on the same tiles; with `backward_candidates`,
     the backward on each kernel's first autotuner candidate instead (the one large calls usually run)."""
     cuda = torch.device("cuda")
-    fwd_cfg = dataclasses.replace(ops.forward_config(head_dim, dtype, cuda, use_tma), qk_ahead=qk_ahead)
+    fwd_cfg = dataclasses.replace(forward_config(head_dim, dtype, cuda, use_tma), qk_ahead=qk_ahead)
     if qk_ahead:
         fwd_cfg = dataclasses.replace(fwd_cfg, warp_specialize=False)  # the two do not combine
-    bwd_cfgs = tuple(dataclasses.replace(c, use_tma=backward_tma) for c in ops.backward_configs(head_dim, dtype, cuda))
+    bwd_cfgs = tuple(dataclasses.replace(c, use_tma=backward_tma) for c in backward_configs(head_dim, dtype, cuda))
     if backward_candidates:
         width = width_class(head_dim, dtype)
         bwd_cfgs = tuple(BACKWARD_CANDIDATES[kernel][width][0] for kernel in ("dkdv", "dq"))
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     reports = []
-    with _offline(target) as compiled:
-        o, lse = ops.attention_forward(q, q, q, causal, head_dim ** -0.5, fwd_cfg)
-        ops.attention_backward(q, q, q, q, q, torch.zeros(1, 2, seqlen), causal, head_dim ** -0.5, bwd_cfgs)
+    with _offline(target) as (compiled, kernels):
+        attention_forward(q, q, q, causal, head_dim ** -0.5, fwd_cfg, kernels=kernels)
+        attention_backward(q, q, q, q, q, torch.zeros(1, 2, seqlen), causal, head_dim ** -0.5, bwd_cfgs,
+                           kernels=kernels)
     names = {"attn_fwd_kernel": fwd_cfg.name, "attn_bwd_preprocess_kernel": "-",
              "attn_bwd_dkdv_kernel": bwd_cfgs[0].name, "attn_bwd_dq_kernel": bwd_cfgs[1].name}
     for name in KERNELS:
@@ -178,21 +176,21 @@ def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
     not type-check kernels the way the compiler does, so this is where a variant's compile error shows
     without a GPU."""
     cuda = torch.device("cuda")
-    fwd_cfg = ops.forward_config(head_dim, dtype, cuda, use_tma=True)
-    bwd_cfgs = ops.backward_configs(head_dim, dtype, cuda)
+    fwd_cfg = forward_config(head_dim, dtype, cuda, use_tma=True)
+    bwd_cfgs = backward_configs(head_dim, dtype, cuda)
     q = torch.randn(2, 4, seqlen, head_dim, dtype=dtype)
     lse = torch.zeros(2, 4, seqlen)
     cu = torch.tensor([0, seqlen // 3, seqlen], dtype=torch.int32)
     variants = {
         "window+softcap+alibi": (q, lse, dict(window=(512, 0), softcap=30.0, alibi_slopes=torch.rand(4))),
         "dropout": (q, lse, dict(dropout_p=0.1, dropout_seed=torch.zeros(1, dtype=torch.int64))),
-        "varlen": (q[:1], lse[:1], dict(varlen=ops.Varlen(cu, cu, seqlen - seqlen // 3, seqlen - seqlen // 3))),
+        "varlen": (q[:1], lse[:1], dict(varlen=Varlen(cu, cu, seqlen - seqlen // 3, seqlen - seqlen // 3))),
     }
     reports = []
     for name, (x, x_lse, kwargs) in variants.items():
-        with _offline(target) as compiled:
-            ops.attention_forward(x, x, x, causal, head_dim ** -0.5, fwd_cfg, **kwargs)
-            ops.attention_backward(x, x, x, x, x, x_lse, causal, head_dim ** -0.5, bwd_cfgs, **kwargs)
+        with _offline(target) as (compiled, kernels):
+            attention_forward(x, x, x, causal, head_dim ** -0.5, fwd_cfg, **kwargs, kernels=kernels)
+            attention_backward(x, x, x, x, x, x_lse, causal, head_dim ** -0.5, bwd_cfgs, **kwargs, kernels=kernels)
         for kernel in KERNELS:
             reports.append(_report(kernel, compiled[kernel], head_dim, dtype, causal, name))
     return reports

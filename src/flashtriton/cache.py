@@ -1,0 +1,50 @@
+"""Everything flashtriton remembers between calls, in one object, with one `reset`.
+
+- `plans`: recorded launches, by plan key (launch/replay.py): a call like an earlier one replays them.
+- `picks`: the autotuners' picks, by (autotuner, constexprs, dtype, length bucket) (launch/autotune.py).
+- `autotuners`: the Triton autotuners themselves, made on first use for each (kernel, TMA or not).
+- `host_values`: cu_seqlens read back to the host, while that very tensor lives unmodified
+  (validation.py).
+- `last`: the tiles the latest forward and backward ran, and whether they were replayed (for logs).
+- `replays`: set False to launch every kernel through Triton's own launch path (A/B timing, tests).
+
+Pure functions of their arguments (device properties, the static tile tables) are memoised where they
+are defined: they hold facts that never change, so there is nothing to reset.
+"""
+
+from __future__ import annotations
+
+PLAN_LIMIT = 512  # a workload whose shapes never repeat would otherwise grow `plans` without bound
+
+
+class Cache:
+    def __init__(self) -> None:
+        self.plans: dict = {}
+        self.picks: dict = {}
+        self.autotuners: dict = {}
+        self.host_values: dict = {}
+        self.last: dict = {}
+        self.replays = True
+
+    def remember_plan(self, key, plan) -> None:
+        if len(self.plans) >= PLAN_LIMIT:
+            self.plans.clear()
+        self.plans[key] = plan
+
+    def reset(self) -> None:
+        """Forget every plan, pick, autotuner timing, host copy and log entry; replays back on."""
+        self.plans.clear()
+        self.picks.clear()
+        for tuner in self.autotuners.values():
+            tuner.cache.clear()
+        self.host_values.clear()
+        self.last.clear()
+        self.replays = True
+
+
+CACHE = Cache()
+
+
+def reset() -> None:
+    """Forget everything flashtriton remembered between calls (tests, and tools that change tiles)."""
+    CACHE.reset()

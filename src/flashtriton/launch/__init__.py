@@ -1,0 +1,25 @@
+"""The host side of the kernels: each launcher checks nothing the public API checked, allocates its
+outputs, builds its launches and runs them (runner.py: replayed, static or autotuned).
+
+    forward.py     attention_forward: O and L
+    backward.py    attention_backward: the statistics, then dK/dV and dQ
+    dropout.py     dropout's Philox key, and the mask and probabilities a call used
+    arguments.py   the kernels' scalar arguments (strides, band, score modifiers, grouping)
+    descriptors.py TMA tensor descriptors
+    tiles.py       TileConfig, the static tables, the resource model
+    autotune.py    the autotuners' candidates, and launching through them
+    replay.py      recorded launches and the plan key
+    runner.py      LaunchSpec, and the one runner of all three paths
+    kernel_set.py  which @triton.jit kernels a call launches
+"""
+
+from .arguments import Varlen
+from .backward import attention_backward, backward_stats
+from .dropout import attention_probs, dropout_mask, new_dropout_seed
+from .forward import attention_forward
+from .kernel_set import DEFAULT_KERNELS, Kernels
+from .runner import Choice, last_choice
+from .tiles import TileConfig
+
+__all__ = ["Choice", "DEFAULT_KERNELS", "Kernels", "TileConfig", "Varlen", "attention_backward", "attention_forward",
+           "attention_probs", "backward_stats", "dropout_mask", "last_choice", "new_dropout_seed"]

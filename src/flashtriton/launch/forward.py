@@ -1,0 +1,108 @@
+"""The forward's launcher: q (B, Hq, Nq, D) and k, v (B, Hkv, Nk, D) with any strides whose last one is
+1, already checked by the public API; allocates O and L, builds the launch and runs it (runner.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _interpreter
+from . import replay
+from .arguments import (
+    LOG2E,
+    Varlen,
+    bhr_strides,
+    cdiv,
+    grid_dims,
+    heads_per_group,
+    input_precision,
+    score_mods,
+    variant_flags,
+    variant_pointers,
+)
+from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candidate_tile
+from .descriptors import attention_descriptors, tma_strides
+from .dropout import new_dropout_seed
+from .kernel_set import DEFAULT_KERNELS, Kernels
+from .runner import LaunchSpec, replay_or_none, run
+from .tiles import TileConfig, block_d, forward_config
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+                      config: TileConfig | None = None, autotune: bool | None = None,
+                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                      alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
+                      dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
+                      kernels: Kernels | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests);
+    `autotune` forces the autotuner on or off (default: on for large problems on a GPU); `window` is the
+    sliding window (left, right), -1 for unbounded (arguments.band); `softcap` > 0 caps the scores;
+    `alibi_slopes` (Hq,) or (B, Hq) float32 adds ALiBi's bias (see flash_attention); `varlen` describes a
+    packed batch (Varlen); `dropout_p` > 0 drops probabilities with the Philox key in `dropout_seed` (one
+    int64 on q's device; the backward must get the same one); `kernels` replaces the kernels launched."""
+    heads_q, seqlen_q, head_dim = q.shape[1:]
+    # a packed batch's output is packed like q: (total_q, Hq, D) seen as (1, Hq, total_q, D)
+    o = torch.empty_like(q) if varlen is None else q.new_empty((seqlen_q, heads_q, head_dim)).permute(1, 0, 2)[None]
+    lse = torch.empty((q.shape[0], heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse
+    batch, grid_q, grid_k = grid_dims(q, k, varlen)
+    if autotune is None:
+        autotune = (config is None and q.device.type == "cuda"
+                    and autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
+    if dropout_p > 0 and dropout_seed is None:
+        dropout_seed = new_dropout_seed(q.device)
+    optional = variant_pointers(alibi_slopes, varlen, dropout_seed)
+    tensors = {"fwd": ((q, k, v, o, lse, *optional), (q, k, v, o))}
+
+    key = None
+    if replay.replayable(q.device):
+        key = replay.plan_key(replay.current_device_and_stream()[0], (q, k, v, *optional), kernels, is_causal,
+                              scale, config, autotune, tuple(window), softcap,
+                              None if varlen is None else varlen[2:], dropout_p)
+        if replay_or_none("forward", key, tensors):
+            return o, lse
+    _interpreter.prepare(q.device)
+    spec = _forward_launch(tensors["fwd"], q, k, is_causal, scale, config, autotune, window, softcap, alibi_slopes,
+                           varlen, dropout_p, kernels or DEFAULT_KERNELS)
+    run("forward", key, [spec], ("fwd",))
+    return o, lse
+
+
+def _forward_launch(tensors: tuple, q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float,
+                    config: TileConfig | None, autotune: bool, window: tuple[int, int], softcap: float,
+                    alibi_slopes: torch.Tensor | None, varlen: Varlen | None, dropout_p: float,
+                    kernels: Kernels) -> LaunchSpec:
+    (_, _, v, o, *_), desc_sources = tensors
+    heads_q, seqlen_q, head_dim = q.shape[1:]
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    batch, grid_q, grid_k = grid_dims(q, k, varlen)
+    bd = block_d(head_dim)
+    flags, window_left, window_right, causal_order = variant_flags(is_causal, window, softcap, alibi_slopes,
+                                                                   varlen, dropout_p)
+    bucket = seqlen_bucket(grid_q, grid_k)
+    scalars = (*bhr_strides(q, k, v, o, varlen=varlen), heads_q, seqlen_q, seqlen_k, window_left, window_right,
+               scale * LOG2E, *score_mods(scale, softcap, alibi_slopes), dropout_p,
+               heads_per_group(k, heads_q // heads_kv, causal_order), bucket)
+    meta = dict(GROUP_SIZE=heads_q // heads_kv, HEAD_DIM=head_dim, BLOCK_D=bd,
+                INPUT_PRECISION=input_precision(q.dtype), **flags)
+
+    def grid(meta):
+        return cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
+    # A packed batch takes block pointers: a tile past a sequence's end would read into the next one.
+    if autotune:
+        tile = tma_candidate_tile("fwd", head_dim, q.dtype)  # each autotuned launch sets its own boxes
+        strides = tma_strides(*desc_sources) if varlen is None and tile is not None else None
+        descs = attention_descriptors(desc_sources, strides, tile, bd)
+        return LaunchSpec("fwd", kernels.forward, grid, tensors[0], descs, scalars, meta,
+                          autotuner=autotuner("fwd", kernels.forward, strides is not None),
+                          tune_key=(q.dtype, bucket))
+    # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
+    # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
+    cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma=q.device.type != "cuda")
+    strides = tma_strides(*desc_sources) if cfg.use_tma and varlen is None else None
+    use_tma = strides is not None
+    descs = attention_descriptors(desc_sources, strides, (cfg.block_m, cfg.block_n), bd)
+    launch_kwargs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
+                         WARP_SPECIALIZE=use_tma and cfg.warp_specialize, QK_AHEAD=cfg.qk_ahead,
+                         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers)
+    return LaunchSpec("fwd", kernels.forward, grid, tensors[0], descs, scalars, meta, launch_kwargs, (cfg, use_tma))

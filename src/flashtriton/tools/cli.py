@@ -1,0 +1,278 @@
+"""Command line: `python -m flashtriton {bench, sweep, roofline, inspect}`.
+
+bench: on a CUDA GPU, a correctness check against float64, then a suite's benchmark table against the
+peers; without one, the same correctness check on small shapes through Triton's interpreter (timing needs
+a GPU). sweep and roofline need a GPU; inspect compiles the kernels for Hopper on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flashtriton", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="check correctness, then time against the peers (GPU)")
+    bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336", "memory", "variants"],
+                       help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
+                            "cs336: B=1, H=16, N=16384, D=64 causal; memory: peak memory of forward + "
+                            "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers); "
+                            "variants: GQA, a sliding window, softcap, ALiBi and a packed batch at D=128 (fwd and bwd)")
+    bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex",
+                       help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
+    bench.add_argument("--modes", default=None,
+                       help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336; "
+                            "fwd_bwd for memory; fwd and bwd for variants)")
+    bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
+    bench.add_argument("--seqlens", default=None, help="comma-separated: time only these N of the suite")
+    bench.add_argument("--head-dims", default=None, help="comma-separated: time only these D of the suite")
+    bench.add_argument("--variants", default=None,
+                       help="comma-separated: time only the shapes of these variants (e.g. varlen8,alibi; "
+                            "'plain' for none)")
+    bench.add_argument("--merge", action="store_true",
+                       help="keep the rows of an earlier <suite>.json in --out that this run does not replace")
+
+    sweep = sub.add_parser("sweep", help="time the forward's (or a backward kernel's) tile configurations "
+                                         "(GPU); CSV + heatmap")
+    sweep.add_argument("--batch", type=int, default=4)
+    sweep.add_argument("--heads", type=int, default=8)
+    sweep.add_argument("--seqlen", type=int, default=4096)
+    sweep.add_argument("--head-dim", type=int, default=64)
+    sweep.add_argument("--causal", action="store_true")
+    sweep.add_argument("--kernel", default="fwd", choices=["fwd", "dkdv", "dq"],
+                       help="the forward (default), or one of the backward's kernels (the other keeps its tiles)")
+    sweep.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    sweep.add_argument("--match", default=None, metavar="REGEX",
+                       help="sweep only the configs whose name (e.g. M64-N128-w8-s2-tma-ws) matches; the "
+                            "static default is always timed as the yardstick")
+    sweep.add_argument("--out", type=Path, default=Path("."), help="folder for the CSV, PNG and summary")
+    sweep.add_argument("--replot", type=Path, default=None, metavar="CSV",
+                       help="redraw the heatmap of a sweep's CSV (no GPU needed) and exit")
+
+    roofline = sub.add_parser("roofline", help="measure the GPU's ceilings and place the kernels on a roofline; "
+                                               "profile the forward with ncu where it exists (GPU)")
+    roofline.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash")
+    roofline.add_argument("--modes", default="fwd,bwd")
+    roofline.add_argument("--no-ncu", action="store_true", help="skip the Nsight Compute profile")
+    roofline.add_argument("--out", type=Path, default=Path("."), help="folder for roofline.json/.md/.png")
+    roofline.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
+    roofline.add_argument("--head-dim", type=int, default=64, help=argparse.SUPPRESS)
+    roofline.add_argument("--causal", action="store_true", help=argparse.SUPPRESS)
+    roofline.add_argument("--backward", action="store_true", help=argparse.SUPPRESS)
+
+    inspect = sub.add_parser("inspect", help="compile the kernels for sm_90 (no GPU needed): registers, "
+                                             "spills, shared memory, HGMMA/HMMA counts")
+    inspect.add_argument("--head-dims", default="64,128,256", help="comma-separated (default: %(default)s)")
+    inspect.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16, fp32")
+    inspect.add_argument("--no-tma", action="store_true", help="the block-pointer forward instead of TMA")
+    inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
+    inspect.add_argument("--backward-tma", action="store_true",
+                         help="the backward's static tiles on TMA (the autotuner's data path)")
+    inspect.add_argument("--backward-candidates", action="store_true",
+                         help="the backward on each kernel's first autotuner candidate instead of its static tiles")
+    inspect.add_argument("--variants", action="store_true",
+                         help="compile each variant (window + softcap + ALiBi, dropout, varlen) instead")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
+    return parser
+
+
+def _roofline(args: argparse.Namespace) -> int:
+    from .bench import PROVIDERS, environment, warm_up_gpu
+    from .roofline import (
+        PROFILED_KERNELS,
+        measure_ceilings,
+        measure_points,
+        ncu_summary,
+        run_profile_target,
+        write_report,
+    )
+
+    if args.profile_target:
+        run_profile_target(args.head_dim, args.causal, args.backward)
+        return 0
+    providers = [p for p in args.providers.split(",") if p]
+    unknown = [p for p in providers if p not in PROVIDERS]
+    if unknown:
+        print(f"unknown provider(s) {unknown}; choose from {sorted(PROVIDERS)}", file=sys.stderr)
+        return 2
+    warm_up_gpu()
+    ceilings = measure_ceilings()
+    print(f"ceilings: bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s, copy {ceilings.copy_tbps:.2f} TB/s")
+    points = measure_points(providers, args.modes.split(","))
+    profiles = {}
+    if not args.no_ncu:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for head_dim in (64, 128):
+            for kernel in PROFILED_KERNELS:
+                name = f"{kernel.removeprefix('attn_').removesuffix('_kernel')} D{head_dim}-N4096-full"
+                profiles[name] = ncu_summary(head_dim, False, args.out / f"ncu_{name.replace(' ', '_')}.csv",
+                                             kernel)
+    write_report(args.out, ceilings, points, profiles, environment())
+    print((args.out / "roofline.md").read_text())
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    import torch
+
+    from .inspect import inspect_defaults, inspect_variants, markdown
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    reports = []
+    for name in args.dtypes.split(","):
+        for head_dim in (int(d) for d in args.head_dims.split(",")):
+            for causal in (False, True):
+                if args.variants:
+                    reports += inspect_variants(head_dim, dtypes[name], causal)
+                    continue
+                reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,
+                                            qk_ahead=args.qk_ahead, backward_tma=args.backward_tma,
+                                            backward_candidates=args.backward_candidates)
+    print(json.dumps([asdict(r) for r in reports]) if args.json else markdown(reports))
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .sweep import heatmap, read_csv, run_sweep, write_csv
+
+    if args.replot is not None:
+        png = args.replot.with_suffix(".png")
+        if not heatmap(read_csv(args.replot), png, f"forward TFLOP/s, {args.replot.stem.removeprefix('sweep_')}, bf16"):
+            print("drawing the heatmap needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
+        print(f"wrote {png}")
+        return 0
+
+    shape = f"B{args.batch}-H{args.heads}-N{args.seqlen}-D{args.head_dim}-{'causal' if args.causal else 'full'}"
+    what = {"fwd": "forward", "dkdv": "backward's dK/dV", "dq": "backward's dQ"}[args.kernel]
+    print(f"Sweeping the {what} tiles on {shape}, bf16")
+    start = time.perf_counter()
+    results, pruned = run_sweep(args.batch, args.heads, args.seqlen, args.head_dim, args.causal,
+                                kernel=args.kernel, match=args.match)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / (f"sweep_{shape}" if args.kernel == "fwd" else f"sweep_{args.kernel}_{shape}")
+    write_csv(results, stem.with_suffix(".csv"))
+    title = "forward TFLOP/s" if args.kernel == "fwd" else f"backward TFLOP/s ({what} tiles varied)"
+    heatmap(results, stem.with_suffix(".png"), f"{title}, {shape}, bf16")
+    timed = sorted((r for r in results if r.tflops), key=lambda r: -r.tflops)
+    compile_s = [r.compile_s for r in results if r.status != "compile error" and r.compile_s > 0]
+    lines = [f"# Tile sweep of the {what} kernel, {shape}, bf16", "",
+             f"{len(results)} configs compiled and timed in {time.perf_counter() - start:.0f} s; "
+             f"compile + first run per config: median {statistics.median(compile_s):.1f} s, "
+             f"max {max(compile_s):.1f} s." if compile_s else "", "",
+             "" if args.kernel == "fwd" else "Times are of the whole backward, the other kernel on its static tiles.",
+             "| BLOCK_M | BLOCK_N | warps | stages | TMA | warp spec. | q k^T ahead | ms | TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.block_m} | {r.block_n} | {r.num_warps} | {r.num_stages} | {r.use_tma} | {r.warp_specialize} "
+              f"| {r.qk_ahead} | {r.ms:.3f} | {r.tflops:.0f} |" for r in timed[:12]]
+    failed = [r for r in results if not r.tflops]
+    lines += ["", f"Not timed ({len(failed)}):"] + [f"- M{r.block_m} N{r.block_n} w{r.num_warps} s{r.num_stages} "
+                                                      f"tma={r.use_tma} ws={r.warp_specialize} qka={r.qk_ahead}: "
+                                                      f"{r.status}" for r in failed]
+    lines += ["", f"Pruned before compiling ({len(pruned)}):"] + [f"- {p}" for p in pruned]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:16 + 2]))
+    return 0
+
+
+def _bench_cpu() -> int:
+    from .bench import check_correctness
+    print("No CUDA GPU: checking the Triton kernels through Triton's interpreter on small shapes "
+          "(O, L, dQ, dK, dV against float64). Timing needs a GPU.")
+    ok = check_correctness("cpu", [(17, 17), (63, 97), (130, 65)], head_dim=64)
+    print("all checks passed" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+def _bench_gpu(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..testing import make_qkv
+    from .bench import (
+        DEFAULT_MODES,
+        PROVIDERS,
+        article_table,
+        check_correctness,
+        environment,
+        has_memory_figures,
+        memory_table,
+        provider_table,
+        run_suite,
+        sdpa_default_backend,
+        write_results,
+    )
+
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    unknown = [p for p in providers if p not in PROVIDERS]
+    if unknown:
+        print(f"unknown provider(s) {unknown}; choose from {sorted(PROVIDERS)}", file=sys.stderr)
+        return 2
+    modes = DEFAULT_MODES[args.suite] if args.modes is None else [m.strip() for m in args.modes.split(",")]
+    if any(m not in ("fwd", "bwd", "fwd_bwd") for m in modes):
+        print(f"--modes takes fwd, bwd, fwd_bwd; got {args.modes!r}", file=sys.stderr)
+        return 2
+
+    print(f"Correctness on {torch.cuda.get_device_name()} (O, L, dQ, dK, dV against float64):")
+    if not check_correctness("cuda", [(1, 1), (97, 97), (130, 1000), (1025, 511)], head_dim=64):
+        print("correctness check FAILED: not timing", file=sys.stderr)
+        return 1
+
+    meta = environment()
+    q, k, v = make_qkv(4, 8, 8, 1024, 1024, 64, torch.bfloat16, "cuda", requires_grad=False)
+    meta["sdpa_backend"] = sdpa_default_backend(q, k, v, False)
+    seqlens, head_dims = (None if arg is None else {int(x) for x in arg.split(",")}
+                          for arg in (args.seqlens, args.head_dims))
+    print(f"\nTiming suite '{args.suite}' (plain SDPA dispatches to {meta['sdpa_backend']}):")
+    unavailable: list[dict] = []
+    variants = None if args.variants is None else set(args.variants.split(","))
+    rows = run_suite(args.suite, providers, modes, keep=lambda s: (seqlens is None or s.seqlen_q in seqlens)
+                     and (head_dims is None or s.head_dim in head_dims)
+                     and (variants is None or (s.variant or "plain") in variants), unavailable=unavailable)
+    if unavailable:
+        meta["unavailable"] = unavailable
+    if args.out is not None:
+        rows = write_results(args.out, args.suite, rows, meta, merge=args.merge)
+        print(f"\nwrote {args.out}/{args.suite}.json, .md, .png")
+    print(f"\n{provider_table(rows)}")
+    if has_memory_figures(rows, unavailable):
+        print(f"\nPeak memory of one forward + backward beyond its inputs (MiB):\n{memory_table(rows, unavailable)}")
+    if args.suite == "article" and "sdpa" in providers:
+        print(f"\nThe article's table (forward, B=4, H=8, D=64, bf16; SDPA = {meta['sdpa_backend']}):")
+        print(article_table(rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+
+    if args.command == "inspect":
+        return _inspect(args)
+    if args.command == "roofline":
+        if not torch.cuda.is_available():
+            print("the roofline measures the GPU: it needs a CUDA GPU", file=sys.stderr)
+            return 2
+        return _roofline(args)
+    if args.command == "sweep":
+        if not torch.cuda.is_available() and args.replot is None:
+            print("the sweep times kernels: it needs a CUDA GPU", file=sys.stderr)
+            return 2
+        return _sweep(args)
+    if not torch.cuda.is_available():
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            # triton.jit chose compiled kernels when flashtriton was imported; start again interpreted.
+            env = dict(os.environ, TRITON_INTERPRET="1")
+            argv = sys.argv[1:] if argv is None else argv
+            os.execve(sys.executable, [sys.executable, "-m", "flashtriton", *argv], env)
+        return _bench_cpu()
+    return _bench_gpu(args)
