@@ -6,10 +6,10 @@ the same compiled kernel with the arguments already built, and an empty kernel (
 Also times the 256 MB cache flush that `triton.testing.do_bench` runs before every timed call: an eager
 time only shows the part of the host path that outlasts that flush.
 
-The backward lines time `ops.attention_backward` (three launches: D, dK/dV, dQ) with static tiles and
+The backward lines time `launch.attention_backward` (three launches: D, dK/dV, dQ) with static tiles and
 with the autotuners, and a forward + backward through autograd against SDPA's; a second profile covers
-that forward + backward. Our calls replay their recorded launches after the first (launch.py); each is
-timed again with every launch through Triton's own path (NOTES entry 39).
+that forward + backward. Our calls replay their recorded launches after the first (launch/replay.py); each is
+timed again with every launch through Triton's own path (docs/performance.md, "Host time").
 
     PYTHONPATH=src python benchmarks/host_overhead.py [--out DIR]
 """
@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from flashtriton import flash_attention, launch, ops
+from flashtriton import flash_attention, launch
+from flashtriton.cache import CACHE
+from flashtriton.launch import TileConfig
 from flashtriton.testing import make_qkv
-from flashtriton.tuning import TileConfig
 
 
 @triton.jit
@@ -53,7 +54,7 @@ def per_call_us(fn, calls: int = 3000) -> float:
 
 def captured_launch(config: TileConfig | None, q, k, v):
     """The exact kernel[grid](*args, **kwargs) that attention_forward makes, as a replayable closure."""
-    kernel, seen = ops.attn_fwd_kernel, {}
+    kernel, seen = launch.DEFAULT_KERNELS.forward, {}
 
     class Recorder:
         def __getitem__(self, grid):
@@ -62,11 +63,7 @@ def captured_launch(config: TileConfig | None, q, k, v):
                 return kernel[grid](*args, **kwargs)
             return record
 
-    ops.attn_fwd_kernel, launch.ENABLED = Recorder(), False  # (a replay would skip the recorder)
-    try:
-        ops.attention_forward(q, k, v, False, 0.125, config)
-    finally:
-        ops.attn_fwd_kernel, launch.ENABLED = kernel, True
+    launch.attention_forward(q, k, v, False, 0.125, config, kernels=launch.Kernels(forward=Recorder()))
     return lambda: kernel[seen["grid"]](*seen["args"], **seen["kwargs"])
 
 
@@ -114,9 +111,9 @@ def main() -> None:
     cases = {
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
         "flash_attention (no grad)": lambda: flash_attention(q, k, v),
-        "ops.attention_forward (block pointers)": lambda: ops.attention_forward(q, k, v, False, 0.125, block_ptr),
-        "ops.attention_forward (TMA)": lambda: ops.attention_forward(q, k, v, False, 0.125, tma),
-        "ops.attention_forward (autotuned)": lambda: ops.attention_forward(q, k, v, False, 0.125, autotune=True),
+        "launch.attention_forward (block pointers)": lambda: launch.attention_forward(q, k, v, False, 0.125, block_ptr),
+        "launch.attention_forward (TMA)": lambda: launch.attention_forward(q, k, v, False, 0.125, tma),
+        "launch.attention_forward (autotuned)": lambda: launch.attention_forward(q, k, v, False, 0.125, autotune=True),
         "kernel[grid](...) only (block pointers)": captured_launch(block_ptr, q, k, v),
         "kernel[grid](...) only (TMA)": captured_launch(tma, q, k, v),
         "torch.empty_like + torch.empty": lambda: (torch.empty_like(q), torch.empty((1, 2, 128), device="cuda")),
@@ -127,18 +124,18 @@ def main() -> None:
         results["do_bench's 256 MB flush (GPU time)"] = flush_us()
         forward_profile = profile(lambda: flash_attention(q, k, v))
 
-        o, lse = ops.attention_forward(q, k, v, False, 0.125)
+        o, lse = launch.attention_forward(q, k, v, False, 0.125)
         do = torch.randn_like(o)
         backward = {
             "static block pointers": (TileConfig(64, 64, 4, 3), TileConfig(128, 64, 8, 3)),
             "static TMA": (TileConfig(64, 64, 4, 3, True), TileConfig(128, 64, 8, 3, True)),
         }
         for name, configs in backward.items():
-            cases[f"ops.attention_backward ({name})"] = (
-                lambda configs=configs: ops.attention_backward(do, q, k, v, o, lse, False, 0.125, configs, False))
-        cases["ops.attention_backward (autotuned)"] = (
-            lambda: ops.attention_backward(do, q, k, v, o, lse, False, 0.125, autotune=True))
-        for name in [n for n in cases if n.startswith("ops.attention_backward")]:
+            cases[f"launch.attention_backward ({name})"] = (
+                lambda configs=configs: launch.attention_backward(do, q, k, v, o, lse, False, 0.125, configs, False))
+        cases["launch.attention_backward (autotuned)"] = (
+            lambda: launch.attention_backward(do, q, k, v, o, lse, False, 0.125, autotune=True))
+        for name in [n for n in cases if n.startswith("launch.attention_backward")]:
             results[name] = per_call_us(cases[name])
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
     cases["flash_attention forward + backward (autograd)"] = fwd_bwd(flash_attention, qg, kg, vg, do)
@@ -146,11 +143,11 @@ def main() -> None:
         "flash_attention forward + backward (autograd)"])
     fwd_bwd_profile = profile(fwd_bwd(flash_attention, qg, kg, vg, do))
     # The same calls with every launch through Triton's JITFunction.run (no recorded launches replayed).
-    launch.ENABLED = False
-    for name in [n for n in cases if n.startswith(("flash_attention", "ops."))]:
+    CACHE.replays = False
+    for name in [n for n in cases if n.startswith(("flash_attention", "launch."))]:
         with torch.no_grad() if "autograd" not in name else contextlib.nullcontext():
             results[f"{name}, every launch through Triton"] = per_call_us(cases[name])
-    launch.ENABLED = True
+    CACHE.replays = True
     results["SDPA forward + backward (autograd)"] = per_call_us(fwd_bwd(F.scaled_dot_product_attention, qg, kg, vg,
                                                                         do))
 

@@ -12,23 +12,24 @@ import sys
 
 import torch
 
-from flashtriton import flash_attention_varlen, ops
+from flashtriton import flash_attention_varlen, launch
+from flashtriton.launch.tiles import backward_configs, forward_config
 
 
 def _call(q, k, v, causal, tma, bwd=None, **mods) -> None:
     """Forward and backward with the static tiles of q's head dim (or the backward tiles `bwd`), on the
     chosen data path."""
     device, head_dim = q.device, q.shape[-1]
-    fwd = ops.forward_config(head_dim, q.dtype, device, use_tma=tma)
+    fwd = forward_config(head_dim, q.dtype, device, use_tma=tma)
     if bwd is None:
-        bwd = tuple(dataclasses.replace(c, use_tma=tma) for c in ops.backward_configs(head_dim, q.dtype, device))
-    o, lse = ops.attention_forward(q, k, v, causal, head_dim ** -0.5, config=fwd, autotune=False, **mods)
+        bwd = tuple(dataclasses.replace(c, use_tma=tma) for c in backward_configs(head_dim, q.dtype, device))
+    o, lse = launch.attention_forward(q, k, v, causal, head_dim ** -0.5, config=fwd, autotune=False, **mods)
     do = torch.randn_like(o)
-    grads = ops.attention_backward(do, q, k, v, o, lse, causal, head_dim ** -0.5, configs=bwd, autotune=False,
+    grads = launch.attention_backward(do, q, k, v, o, lse, causal, head_dim ** -0.5, configs=bwd, autotune=False,
                                    **mods)
     assert all(torch.isfinite(x).all() for x in (o, *grads))
-    # The same call again replays the first one's recorded launches (launch.py): the same gradients.
-    again = ops.attention_backward(do, q, k, v, o, lse, causal, head_dim ** -0.5, configs=bwd, autotune=False,
+    # The same call again replays the first one's recorded launches (launch/replay.py): the same gradients.
+    again = launch.attention_backward(do, q, k, v, o, lse, causal, head_dim ** -0.5, configs=bwd, autotune=False,
                                    **mods)
     assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
 
@@ -54,13 +55,13 @@ def main() -> None:
         for tma in (False, True):
             q, k, v = qkv(130, 97, 40)
             _call(q, k, v, True, tma, window=(9, 3), softcap=20.0, alibi_slopes=torch.rand(4, device=device))
-            _call(q, k, v, True, tma, dropout_p=0.2, dropout_seed=ops.new_dropout_seed(device))
+            _call(q, k, v, True, tma, dropout_p=0.2, dropout_seed=launch.new_dropout_seed(device))
             calls += 2
         # the autotuner's D=128 dK/dV tile of 128 keys (block pointers, 8 warps) and dQ on TMA, which the
         # static tables never take (its 64 x 64 TMA tile is the static one on TMA, above)
-        wide = (ops.TileConfig(64, 128, 8, 3), ops.TileConfig(128, 64, 8, 3, True))
+        wide = (launch.TileConfig(64, 128, 8, 3), launch.TileConfig(128, 64, 8, 3, True))
         # and D=64's autotuned dK/dV tile, whose register cap (ptxas .maxnreg) spills a few bytes to local memory
-        capped = (ops.TileConfig(64, 64, 4, 3, True, max_registers=168), ops.TileConfig(128, 64, 8, 3, True))
+        capped = (launch.TileConfig(64, 64, 4, 3, True, max_registers=168), launch.TileConfig(128, 64, 8, 3, True))
         for seqlen_q, seqlen_k in shapes:
             _call(*qkv(seqlen_q, seqlen_k, 128), True, True, bwd=wide)
             _call(*qkv(seqlen_q, seqlen_k, 64), True, True, bwd=capped)

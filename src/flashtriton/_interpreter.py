@@ -8,6 +8,7 @@ the dot's bf16 operands to fp32 is all it takes to run them exactly as a GPU wou
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -18,6 +19,7 @@ def is_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.cache  # patches once per process
 def _patch_bf16_dot() -> None:
     import numpy as np
     import triton.language as tl
@@ -25,8 +27,6 @@ def _patch_bf16_dot() -> None:
 
     builder_cls = interpreter.InterpreterBuilder
     original = builder_cls.create_dot
-    if getattr(original, "upcasts_bf16", False):  # patched already
-        return
 
     def _to_fp32(handle):
         if handle.dtype.scalar == tl.bfloat16:
@@ -37,7 +37,6 @@ def _patch_bf16_dot() -> None:
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         return original(self, _to_fp32(a), _to_fp32(b), d, input_precision, max_num_imprecise_acc)
 
-    create_dot.upcasts_bf16 = True
     builder_cls.create_dot = create_dot
 
 
