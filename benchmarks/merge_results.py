@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from flashtriton.bench import Row, merge_rows, write_results
+from flashtriton.tools.bench import Row, merge_rows, write_results
 
 
 def main() -> None:
