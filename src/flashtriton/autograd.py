@@ -65,6 +65,13 @@ def outputs(o: torch.Tensor, lse: torch.Tensor, return_lse: bool, probs: torch.T
     return (o, *((lse,) if return_lse else ()), *((probs,) if probs is not None else ()))
 
 
+def _differentiable_in_o(ctx, result):
+    """`result` (o, or a tuple led by o), with every output but o marked as carrying no gradient."""
+    if isinstance(result, tuple):
+        ctx.mark_non_differentiable(*result[1:])
+    return result
+
+
 def _forward(ctx, q, k, v, is_causal: bool, options: dict, tiles: Tiles | None, varlen: Varlen | None = None):
     """The forward on (B, H, N, D) views; keeps on ctx what the backward needs besides the saved tensors."""
     extra = {} if varlen is None else {"varlen": varlen}
@@ -92,11 +99,8 @@ class FlashAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, is_causal, options, return_lse=False, return_attn_probs=False, tiles=None):
         o, lse = _forward(ctx, q, k, v, is_causal, options, tiles)
         ctx.save_for_backward(q, k, v, o, lse)
-        result = outputs(o, lse, return_lse, attention_probs(q, k, is_causal, options) if return_attn_probs
-                         else None)
-        if result is not o:
-            ctx.mark_non_differentiable(*result[1:])
-        return result
+        return _differentiable_in_o(ctx, outputs(o, lse, return_lse, attention_probs(q, k, is_causal, options)
+                                                 if return_attn_probs else None))
 
     @staticmethod
     def backward(ctx, do, *_unused):
@@ -137,11 +141,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         o4, lse4 = _forward(ctx, q4, _as_4d(K), _as_4d(V), is_causal, options, None)
         O, L = o4.view(Q.shape), lse4.view(Q.shape[:-1])
         ctx.save_for_backward(Q, K, V, O, L)
-        result = outputs(O, L, return_lse, attention_probs(q4, _as_4d(K), is_causal, options) if return_attn_probs
-                         else None)
-        if result is not O:
-            ctx.mark_non_differentiable(*result[1:])
-        return result
+        return _differentiable_in_o(ctx, outputs(O, L, return_lse, attention_probs(q4, _as_4d(K), is_causal, options)
+                                                 if return_attn_probs else None))
 
     @staticmethod
     def backward(ctx, dO, *_unused_dL):
