@@ -96,8 +96,8 @@ def _dkdv_inner(
             q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
             do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
         # L and D: through TMA in the three loops, one copy each where pointer loads are a predicated
-        # 4-byte copy per element, and with them ptxas no longer serialises the loops' wgmmas (NOTES entry
-        # 38); also in the causal one loop (D=128), +1.5-3.6% (entry 39). The one loop without a band keeps
+        # 4-byte copy per element, and with them ptxas no longer serialises the loops' wgmmas
+        # (docs/performance.md); also in the causal one loop (D=128). The one loop without a band keeps
         # pointer loads: through TMA, ptxas serialises it instead.
         if USE_TMA and (not ONE_LOOP or MASK_RIGHT):
             lse2 = desc_lse2.load([off_b, off_hq, start_m]).reshape(BLOCK_M)
@@ -154,7 +154,7 @@ def _band_mask_by_row_t(p_t, start_m, offs_n, band_lo, band_hi, BLOCK_M: tl.cons
                         MASK_RIGHT: tl.constexpr):
     """_band_mask_t for query rows from start_m, written as each key row's first (and last) visible query,
     compared with the column index. The same mask, but the compiler no longer hoists a full tile of indices
-    out of the loop: 30 registers fewer when every tile takes it (NOTES entry 33)."""
+    out of the loop: 30 registers fewer when every tile takes it."""
     cols = tl.arange(0, BLOCK_M)[None, :]
     rel = offs_n - start_m  # [BLOCK_N]: each key against the tile's first query
     if MASK_RIGHT:
@@ -202,7 +202,7 @@ def attn_bwd_dkdv_kernel(
     # and the band's mask if any), or three loops (edge, interior, edge) whose interior compiles without
     # any mask. The three loops do less work per tile, but in their PTX the code that zeroes dK and dV for
     # a loop that runs no iteration sits between a wgmma and its wait, and ptxas then serialises every
-    # wgmma of the kernel (its advisory C7515; NOTES entry 31). Measured (entries 31 and 33), one loop
+    # wgmma of the kernel (its advisory C7515). Measured (docs/performance.md, the backward), one loop
     # pays without a band (+4% at D=64, +2% at D=128) and on the causal D=128 tiles (+7-13%), and loses
     # 6-12% on the causal D=64 tile, whose three loops keep three blocks per SM and hide each other's
     # waits. D=256 runs one stage, which is never serialised. The variants keep the three loops: they

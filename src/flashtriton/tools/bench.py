@@ -343,7 +343,7 @@ def provider_timer(name: str, shape: Shape, mode: str, q, k, v, graph: bool = Fa
 
 # Each (shape, mode) times every provider once per round, ROUNDS rounds, and keeps the median. Timing one
 # provider after another instead let the clocks' drift land on whoever ran last or first: our backward's
-# two back-to-back timings differed by up to 8% where sdpa_flash's did not (NOTES entry 35).
+# two back-to-back timings differed by up to 8% where sdpa_flash's did not.
 ROUNDS = 3
 
 
