@@ -22,7 +22,7 @@ from .arguments import (
 from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candidate_tile
 from .descriptors import attention_descriptors, statistics_descriptors, tma_strides
 from .kernel_set import DEFAULT_KERNELS, Kernels
-from .runner import LaunchSpec, replay_or_none, run
+from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, backward_configs, block_d
 
 
@@ -97,7 +97,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         key = replay.plan_key(replay.current_device_and_stream()[0], (q, k, v, do, o, lse, *optional), kernels,
                               is_causal, scale, None if configs is None else tuple(configs), autotune, tuple(window),
                               softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs))
-        if replay_or_none("backward", key, tensors):
+        if replay_recorded("backward", key, tensors):
             return _wanted((dq, dk, dv), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS

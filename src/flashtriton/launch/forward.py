@@ -23,7 +23,7 @@ from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candida
 from .descriptors import attention_descriptors, tma_strides
 from .dropout import new_dropout_seed
 from .kernel_set import DEFAULT_KERNELS, Kernels
-from .runner import LaunchSpec, replay_or_none, run
+from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, block_d, forward_config
 
 
@@ -59,7 +59,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         key = replay.plan_key(replay.current_device_and_stream()[0], (q, k, v, *optional), kernels, is_causal,
                               scale, config, autotune, tuple(window), softcap,
                               None if varlen is None else varlen[2:], dropout_p)
-        if replay_or_none("forward", key, tensors):
+        if replay_recorded("forward", key, tensors):
             return o, lse
     _interpreter.prepare(q.device)
     spec = _forward_launch(tensors["fwd"], q, k, is_causal, scale, config, autotune, window, softcap, alibi_slopes,

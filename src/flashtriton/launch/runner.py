@@ -61,7 +61,7 @@ def last_choice(entry: str) -> Choice | None:
     return CACHE.last.get(entry)
 
 
-def replay_or_none(entry: str, key, tensors: dict[str, tuple[tuple, tuple]]) -> bool:
+def replay_recorded(entry: str, key, tensors: dict[str, tuple[tuple, tuple]]) -> bool:
     """Replay the plan recorded under `key` with this call's `tensors` ({launch name: (tensors, descriptor
     sources)}); False when there is none (or `key` is None: replays are off)."""
     plan = CACHE.plans.get(key) if key is not None else None
