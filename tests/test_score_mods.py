@@ -47,24 +47,15 @@ def test_softcap_bounds_the_scores():
                                      (TileConfig(16, 32), TileConfig(32, 16)), None],
                          ids=["tma", "block-pointers", "autotuned"])
 def test_score_mods_on_every_backward_path(configs):
-    from flashtriton import launch
+    from flashtriton.autograd import FlashAttention, Tiles
     slopes = _slopes((4,))
     q, k, v = make_qkv(1, 4, 1, 61, 77, 64, torch.float16, DEVICE)
+    options = dict(scale=0.125, softcap=3.0, alibi_slopes=slopes)
 
-    class Modded(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v):
-            o, lse = launch.attention_forward(q, k, v, True, 0.125, softcap=3.0, alibi_slopes=slopes)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.mark_non_differentiable(lse)
-            return o, lse
-
-        @staticmethod
-        def backward(ctx, do, _dlse):
-            q, k, v, o, lse = ctx.saved_tensors
-            return launch.attention_backward(do, q, k, v, o, lse, True, 0.125, configs, autotune=configs is None,
-                                          softcap=3.0, alibi_slopes=slopes)
-    check_against_reference(Modded.apply, q, k, v, True, scale=0.125, softcap=3.0, alibi_slopes=slopes)
+    def modded(q, k, v):
+        return FlashAttention.apply(q, k, v, True, options, True, False,
+                                    Tiles(backward=configs, autotune_backward=configs is None))
+    check_against_reference(modded, q, k, v, True, scale=0.125, softcap=3.0, alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
