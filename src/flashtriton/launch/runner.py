@@ -95,9 +95,10 @@ def run(entry: str, key, specs: list[LaunchSpec], picks: tuple[str, ...]) -> Non
         if key is not None:
             launches[spec.name] = RecordedLaunch.of(spec.kernel, compiled, dims, args, kwargs, len(spec.tensors),
                                                     spec.descriptors)
-    choice = Choice(tuple(chosen.get(name) for name in picks))
-    if picks:
-        CACHE.last[entry] = choice
+    if not picks:
+        return
+    choice = Choice(tuple(map(chosen.get, picks)))
+    CACHE.last[entry] = choice
     if key is not None:
         CACHE.remember_plan(key, Plan(launches, choice._replace(replayed=True)))
 
