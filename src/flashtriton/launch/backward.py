@@ -102,20 +102,21 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
     specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
-             *_gradient_launches(tensors, q, k, is_causal, scale, configs, autotune, window, softcap, alibi_slopes,
-                                 varlen, dropout_p, kernels)]
+             *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
+                                 softcap, alibi_slopes, varlen, dropout_p, kernels)]
     run("backward", key, specs, ("dkdv", "dq"))
     return _wanted((dq, dk, dv), needs)
 
 
-def _gradient_launches(tensors: dict, q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float,
+def _gradient_launches(tensors: dict, q: torch.Tensor, k: torch.Tensor, dims: tuple[int, int, int], is_causal: bool,
+                       scale: float,
                        configs: tuple[TileConfig, TileConfig] | None, autotune: bool, window: tuple[int, int],
                        softcap: float, alibi_slopes: torch.Tensor | None, varlen: Varlen | None, dropout_p: float,
                        kernels: Kernels) -> list[LaunchSpec]:
     """The dK/dV and dQ launches wanted (`tensors` holds their per-call arguments)."""
     heads_q, seqlen_q, head_dim = q.shape[1:]
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    batch, grid_q, grid_k = grid_dims(q, k, varlen)
+    batch, grid_q, grid_k = dims  # (arguments.grid_dims)
     bd = block_d(head_dim)
     group = heads_q // heads_kv
     flags, window_left, window_right, causal_order = variant_flags(is_causal, window, softcap, alibi_slopes,

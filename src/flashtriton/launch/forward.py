@@ -62,20 +62,20 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         if replay_recorded("forward", key, tensors):
             return o, lse
     _interpreter.prepare(q.device)
-    spec = _forward_launch(tensors["fwd"], q, k, is_causal, scale, config, autotune, window, softcap, alibi_slopes,
-                           varlen, dropout_p, kernels or DEFAULT_KERNELS)
+    spec = _forward_launch(tensors["fwd"], q, k, (batch, grid_q, grid_k), is_causal, scale, config, autotune, window,
+                           softcap, alibi_slopes, varlen, dropout_p, kernels or DEFAULT_KERNELS)
     run("forward", key, [spec], ("fwd",))
     return o, lse
 
 
-def _forward_launch(tensors: tuple, q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float,
-                    config: TileConfig | None, autotune: bool, window: tuple[int, int], softcap: float,
+def _forward_launch(tensors: tuple, q: torch.Tensor, k: torch.Tensor, dims: tuple[int, int, int], is_causal: bool,
+                    scale: float, config: TileConfig | None, autotune: bool, window: tuple[int, int], softcap: float,
                     alibi_slopes: torch.Tensor | None, varlen: Varlen | None, dropout_p: float,
                     kernels: Kernels) -> LaunchSpec:
     (_, _, v, o, *_), desc_sources = tensors
     heads_q, seqlen_q, head_dim = q.shape[1:]
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
-    batch, grid_q, grid_k = grid_dims(q, k, varlen)
+    batch, grid_q, grid_k = dims  # (arguments.grid_dims)
     bd = block_d(head_dim)
     flags, window_left, window_right, causal_order = variant_flags(is_causal, window, softcap, alibi_slopes,
                                                                    varlen, dropout_p)
