@@ -23,7 +23,6 @@ from .common import (
     LOG2E,
     SEQLEN_ARGS,
     dropout_keep,
-    head_block_ptr,
     head_row_offset,
     key_tiles_for_query_tile,
     load_desc_rows,
@@ -32,6 +31,8 @@ from .common import (
     program_tile,
     query_tiles_for_key_tile,
     sequence_bounds,
+    store_tile,
+    tile_pointers,
     visible_keys,
 )
 
@@ -58,12 +59,14 @@ def attn_bwd_preprocess_kernel(
     if VARLEN:
         if start_m >= seqlen_q:
             return
-    o_ptr = head_block_ptr(O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om, seqlen_q, stride_om,
-                           start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
-    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, seqlen_q,
-                            stride_dom, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
-    o = load_tile(o_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
-    do = load_tile(do_ptr, True, HEAD_DIM != BLOCK_D).to(tl.float32)
+    o_ptrs = tile_pointers(O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om, stride_om, BLOCK_M,
+                           BLOCK_D)
+    do_ptrs = tile_pointers(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, stride_dom, BLOCK_M,
+                            BLOCK_D)
+    o = load_tile(o_ptrs, start_m, stride_om, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                  HEAD_DIM != BLOCK_D).to(tl.float32)
+    do = load_tile(do_ptrs, start_m, stride_dom, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                   HEAD_DIM != BLOCK_D).to(tl.float32)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     in_range = offs_m < seqlen_q
     tl.store(DELTA + stats_row + offs_m, tl.sum(o * do, axis=1), mask=in_range)
@@ -73,19 +76,18 @@ def attn_bwd_preprocess_kernel(
 @triton.jit
 def _dkdv_inner(
     dk, dv, k, v,
-    q_ptr, do_ptr, desc_q, desc_do, desc_lse2, desc_delta, off_b, off_hq,
+    q_ptrs, do_ptrs, stride_qm, stride_dom, desc_q, desc_do, desc_lse2, desc_delta, off_b, off_hq,
     lse2_ptr, delta_ptr, start, end, offs_n, seqlen_q, band_lo, band_hi,
     qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    ONE_LOOP: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, ONE_LOOP: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
 ):
     """Accumulate dK and dV of one key tile over query tiles [start, end). Works on transposed tiles
     ([BLOCK_N, BLOCK_M]) so the resident K and V are the left operands. MASKED: every tile takes the
     band's mask and bounds-checked loads; else no mask at all. ONE_LOOP: this loop covers every query
     tile the key tile sees (see the kernel), so the mask is on every tile and must be cheap."""
-    q_ptr = tl.advance(q_ptr, (start, 0))
-    do_ptr = tl.advance(do_ptr, (start, 0))
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         # Rows past seqlen_q load L = D = 0 and dO = 0, so they add nothing.
@@ -93,8 +95,8 @@ def _dkdv_inner(
             q = load_desc_rows(desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
             do = load_desc_rows(desc_do, off_b, off_hq, start_m, BLOCK_M, BLOCK_D)
         else:
-            q = load_tile(q_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
-            do = load_tile(do_ptr, MASKED, not EVEN_D)  # [BLOCK_M, BLOCK_D]
+            q = load_tile(q_ptrs, start_m, stride_qm, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, not EVEN_D)
+            do = load_tile(do_ptrs, start_m, stride_dom, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, not EVEN_D)
         # L and D: through TMA in the three loops, one copy each where pointer loads are a predicated
         # 4-byte copy per element, and with them ptxas no longer serialises the loops' wgmmas
         # (docs/performance.md); also in the causal one loop (D=128). The one loop without a band keeps
@@ -134,8 +136,6 @@ def _dkdv_inner(
         if SOFTCAP:  # d/ds of softcap * tanh(s / softcap)
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
-        q_ptr = tl.advance(q_ptr, (BLOCK_M, 0))
-        do_ptr = tl.advance(do_ptr, (BLOCK_M, 0))
     return dk, dv
 
 
@@ -226,16 +226,16 @@ def attn_bwd_dkdv_kernel(
     if DROPOUT:
         seed = tl.load(SEED)
 
-    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, seqlen_k, stride_kn,
-                           start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
-    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, seqlen_k, stride_vn,
-                           start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
     if USE_TMA:
         k = load_desc_rows(desc_k, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
         v = load_desc_rows(desc_v, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
     else:
-        k = load_tile(k_ptr, True, not EVEN_D)  # [BLOCK_N, BLOCK_D], resident
-        v = load_tile(v_ptr, True, not EVEN_D)
+        k_ptrs = tile_pointers(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, stride_kn, BLOCK_N,
+                               BLOCK_D)
+        v_ptrs = tile_pointers(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, stride_vn, BLOCK_N,
+                               BLOCK_D)
+        k = load_tile(k_ptrs, start_n, stride_kn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, not EVEN_D)  # resident
+        v = load_tile(v_ptrs, start_n, stride_vn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, not EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -243,10 +243,10 @@ def attn_bwd_dkdv_kernel(
         start_n, seqlen_q, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     for g in range(GROUP_SIZE):  # every query head that reads this key/value head
         off_hq = off_hkv * GROUP_SIZE + g
-        q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q,
-                               stride_qm, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
-        do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
-                                stride_dom, 0, BLOCK_M, HEAD_DIM, BLOCK_D)
+        q_ptrs = tile_pointers(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, stride_qm, BLOCK_M,
+                               BLOCK_D)
+        do_ptrs = tile_pointers(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, stride_dom,
+                                BLOCK_M, BLOCK_D)
         row = head_row_offset(off_b, off_hq, num_heads_kv * GROUP_SIZE, q_start, stride_stats, VARLEN)
         lse2_ptr = LSE2 + row
         delta_ptr = DELTA + row
@@ -264,40 +264,39 @@ def attn_bwd_dkdv_kernel(
                 lo, hi = unmasked_start, unmasked_end
             else:
                 lo, hi = ragged_start, end
-            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, desc_q, desc_do, desc_lse2, desc_delta, b32, hq32,
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, desc_q, desc_do, desc_lse2,
+                                 desc_delta, b32, hq32,
                                  lse2_ptr, delta_ptr, lo, hi, offs_n, seqlen_q,
                                  band_lo, band_hi, qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2,
-                                 seed, bh, dropout_p, BLOCK_M, BLOCK_D, EVEN_D, ONE_LOOP or part != 1, ONE_LOOP,
-                                 MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
+                                 seed, bh, dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, EVEN_D, ONE_LOOP or part != 1,
+                                 ONE_LOOP, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
 
-    dk_ptr = head_block_ptr(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, seqlen_k,
-                            stride_dkn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
-    dv_ptr = head_block_ptr(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_start * stride_dvn, seqlen_k,
-                            stride_dvn, start_n, BLOCK_N, HEAD_DIM, BLOCK_D)
-    tl.store(dk_ptr, (dk * scale).to(DK.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(dv_ptr, dv.to(DV.dtype.element_ty), boundary_check=(0, 1))
+    dk_ptrs = tile_pointers(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, stride_dkn,
+                            BLOCK_N, BLOCK_D)
+    dv_ptrs = tile_pointers(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_start * stride_dvn, stride_dvn,
+                            BLOCK_N, BLOCK_D)
+    store_tile(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), start_n, stride_dkn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D)
+    store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), start_n, stride_dvn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
 def _dq_inner(
     dq, q, do, lse_log2, delta,
-    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hkv,
     start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
     diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over key tiles [start, end)."""
-    k_ptr = tl.advance(k_ptr, (start, 0))
-    v_ptr = tl.advance(v_ptr, (start, 0))
     for start_n in range(start, end, BLOCK_N):
         if USE_TMA:
             k = load_desc_rows(desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D)
             v = load_desc_rows(desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D)
         else:
-            k = load_tile(k_ptr, MASKED, not EVEN_D)  # [BLOCK_N, BLOCK_D]
-            v = load_tile(v_ptr, MASKED, not EVEN_D)
+            k = load_tile(k_ptrs, start_n, stride_kn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, not EVEN_D)
+            v = load_tile(v_ptrs, start_n, stride_vn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, not EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if SOFTCAP or ALIBI:
             s, tanh_s = modified_scores(qk, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :], diag,
@@ -317,8 +316,6 @@ def _dq_inner(
         if SOFTCAP:
             ds = ds * (1.0 - tanh_s * tanh_s)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
-        k_ptr = tl.advance(k_ptr, (BLOCK_N, 0))
-        v_ptr = tl.advance(v_ptr, (BLOCK_N, 0))
     return dq
 
 
@@ -367,21 +364,21 @@ def attn_bwd_dq_kernel(
             return
     row = head_row_offset(off_b, off_hq, num_heads_q, q_start, stride_stats, VARLEN)
 
-    q_ptr = head_block_ptr(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, seqlen_q, stride_qm,
-                           start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
-    do_ptr = head_block_ptr(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, seqlen_q,
-                            stride_dom, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
-    k_ptr = head_block_ptr(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, seqlen_k, stride_kn,
-                           0, BLOCK_N, HEAD_DIM, BLOCK_D)
-    v_ptr = head_block_ptr(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, seqlen_k, stride_vn,
-                           0, BLOCK_N, HEAD_DIM, BLOCK_D)
+    k_ptrs = tile_pointers(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, stride_kn, BLOCK_N,
+                           BLOCK_D)
+    v_ptrs = tile_pointers(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, stride_vn, BLOCK_N,
+                           BLOCK_D)
     hkv32 = off_hkv.to(tl.int32)
     if USE_TMA:
         q = load_desc_rows(desc_q, b32, hq32, start_m, BLOCK_M, BLOCK_D)
         do = load_desc_rows(desc_do, b32, hq32, start_m, BLOCK_M, BLOCK_D)
     else:
-        q = load_tile(q_ptr, True, not EVEN_D)  # [BLOCK_M, BLOCK_D], resident
-        do = load_tile(do_ptr, True, not EVEN_D)
+        q_ptrs = tile_pointers(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, stride_qm, BLOCK_M,
+                               BLOCK_D)
+        do_ptrs = tile_pointers(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, stride_dom,
+                                BLOCK_M, BLOCK_D)
+        q = load_tile(q_ptrs, start_m, stride_qm, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, not EVEN_D)  # resident
+        do = load_tile(do_ptrs, start_m, stride_dom, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, not EVEN_D)
     row_in_range = offs_m < seqlen_q
     # Rows past seqlen_q load L = D = 0 (finite) and dO = 0; they are never stored.
     lse_log2 = tl.load(LSE2 + row + offs_m, mask=row_in_range, other=0.0)
@@ -401,22 +398,22 @@ def attn_bwd_dq_kernel(
     start, unmasked_start, unmasked_end, end = key_tiles_for_query_tile(
         start_m, seqlen_k, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     if MASK_LEFT:
-        dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, start, unmasked_start,
-                       offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+        dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, b32, hkv32,
+                   start, unmasked_start,                        offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
                        diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                       BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                       BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
                        SOFTCAP, ALIBI, DROPOUT)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_start,
-                   unmasked_end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, b32, hkv32,
+                   unmasked_start, unmasked_end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
                    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                   BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                   BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
                    SOFTCAP, ALIBI, DROPOUT)
-    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptr, v_ptr, desc_k, desc_v, b32, hkv32, unmasked_end, end,
-                   offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
+    dq = _dq_inner(dq, q, do, lse_log2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, b32, hkv32,
+                   unmasked_end, end,                    offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
                    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                   BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
+                   BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
                    SOFTCAP, ALIBI, DROPOUT)
 
-    dq_ptr = head_block_ptr(DQ + off_b * stride_dqb + off_hq * stride_dqh + q_start * stride_dqm, seqlen_q,
-                            stride_dqm, start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
-    tl.store(dq_ptr, (dq * scale).to(DQ.dtype.element_ty), boundary_check=(0, 1))
+    dq_ptrs = tile_pointers(DQ + off_b * stride_dqb + off_hq * stride_dqh + q_start * stride_dqm, stride_dqm,
+                            BLOCK_M, BLOCK_D)
+    store_tile(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), start_m, stride_dqm, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D)

@@ -15,7 +15,7 @@ LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # log(x) = log2(x) * LN2
 
 # Sequence lengths change from call to call: specialising on them (== 1, divisible by 16) would only
-# multiply compilations, since every access along the sequence goes through bounds-checked block pointers.
+# multiply compilations, since every access along the sequence is bounds-checked anyway.
 SEQLEN_ARGS = ["seqlen_q", "seqlen_k"]
 
 
@@ -185,31 +185,62 @@ def dropout_keep(seed, bh, rows, cols, dropout_p):
 
 
 @triton.jit
-def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
-    """Load a block, zero-padding only along the dims that can run past the tensor's edge."""
+def tile_pointers(base, stride_row, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[BLOCK_ROWS, BLOCK_D] pointers to the first rows of one head's row-major (seqlen, HEAD_DIM) matrix
+    at `base`. load_tile and store_tile move them to a tile's first row with one 64-bit scalar offset, so
+    that only the small in-tile offsets are 32-bit."""
+    return base + tl.arange(0, BLOCK_ROWS)[:, None] * stride_row + tl.arange(0, BLOCK_D)[None, :]
+
+
+@triton.jit
+def _tile_mask(start, seqlen, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Which elements of rows [start, start + BLOCK_ROWS) lie inside the matrix, along the checked dims."""
+    rows_in = (start + tl.arange(0, BLOCK_ROWS))[:, None] < seqlen
+    cols_in = tl.arange(0, BLOCK_D)[None, :] < HEAD_DIM
     if CHECK_ROWS and CHECK_COLS:
-        tile = tl.load(block_ptr, boundary_check=(0, 1), padding_option="zero")
+        return rows_in & cols_in
     elif CHECK_ROWS:
-        tile = tl.load(block_ptr, boundary_check=(0,), padding_option="zero")
-    elif CHECK_COLS:
-        tile = tl.load(block_ptr, boundary_check=(1,), padding_option="zero")
+        return rows_in
+    return cols_in
+
+
+@triton.jit
+def load_tile(ptrs, start, stride_row, seqlen, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+              BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Rows [start, start + BLOCK_ROWS) through `ptrs` (tile_pointers), zero past the matrix's edges along
+    the dims that can run past them: the sequence (CHECK_ROWS) and a head dim padded to BLOCK_D
+    (CHECK_COLS). Unchecked loads compile without any compare."""
+    ptrs = ptrs + tl.cast(start, tl.int64) * stride_row
+    if CHECK_ROWS or CHECK_COLS:
+        mask = _tile_mask(start, seqlen, BLOCK_ROWS, HEAD_DIM, BLOCK_D, CHECK_ROWS, CHECK_COLS)
+        tile = tl.load(ptrs, mask=mask, other=0.0)
     else:
-        tile = tl.load(block_ptr)
+        tile = tl.load(ptrs)
     return tile
 
 
 @triton.jit
-def load_rows(block_ptr, desc, off_b, off_h, start, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-              CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr, USE_TMA: tl.constexpr):
+def store_tile(ptrs, value, start, stride_row, seqlen, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """Store `value` into rows [start, start + BLOCK_ROWS) through `ptrs`, clipped at the matrix's edges."""
+    mask = _tile_mask(start, seqlen, BLOCK_ROWS, HEAD_DIM, BLOCK_D, True, True)
+    tl.store(ptrs + tl.cast(start, tl.int64) * stride_row, value, mask=mask)
+
+
+@triton.jit
+def load_rows(ptrs, stride_row, seqlen, desc, off_b, off_h, start, BLOCK_ROWS: tl.constexpr,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr,
+              USE_TMA: tl.constexpr):
     """Rows [start, start + BLOCK_ROWS) of one head, zero past the tensor's edges.
 
     With USE_TMA, through a (B, H, N, D) tensor descriptor: Hopper's TMA unit copies the tile into shared
-    memory asynchronously and zero-fills what lies out of bounds itself. Otherwise through a block pointer
-    to the head's row 0, bounds-checked only along the dims that can run past the edge."""
+    memory asynchronously and zero-fills what lies out of bounds itself. Otherwise through pointers to
+    the head's first rows (tile_pointers), masked only along the dims that can run past the edge."""
     if USE_TMA:
         tile = load_desc_rows(desc, off_b, off_h, start, BLOCK_ROWS, BLOCK_D)
     else:
-        tile = load_tile(tl.advance(block_ptr, (start, 0)), CHECK_ROWS, CHECK_COLS)
+        tile = load_tile(ptrs, start, stride_row, seqlen, BLOCK_ROWS, HEAD_DIM, BLOCK_D, CHECK_ROWS, CHECK_COLS)
     return tile
 
 
@@ -218,16 +249,6 @@ def load_desc_rows(desc, off_b, off_h, start, BLOCK_ROWS: tl.constexpr, BLOCK_D:
     """Rows [start, start + BLOCK_ROWS) of head (off_b, off_h) through a (B, H, N, D) tensor descriptor
     (32-bit coordinates); the TMA unit zero-fills what lies past the edges."""
     return desc.load([off_b, off_h, start, 0]).reshape(BLOCK_ROWS, BLOCK_D)
-
-
-@triton.jit
-def head_block_ptr(base, seqlen, stride_row, start_row, BLOCK_ROWS: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Block pointer to rows [start_row, start_row + BLOCK_ROWS) of one head's (seqlen, HEAD_DIM) matrix."""
-    return tl.make_block_ptr(
-        base, shape=(seqlen, HEAD_DIM), strides=(stride_row, 1), offsets=(start_row, 0),
-        block_shape=(BLOCK_ROWS, BLOCK_D), order=(1, 0),
-    )
 
 
 @triton.jit

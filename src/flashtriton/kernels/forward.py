@@ -19,7 +19,7 @@ head dims up to 256 (padded to a power of two when needed), GQA/MQA (query head 
 h // GROUP_SIZE), fp16/bf16/fp32 inputs with fp32 accumulation.
 Rows that see no key give O = 0 and L = -inf.
 
-Tiles arrive through block pointers, or with USE_TMA through tensor descriptors (Hopper's TMA copy
+Tiles arrive through masked pointer loads, or with USE_TMA through tensor descriptors (Hopper's TMA copy
 engine); WARP_SPECIALIZE lets the compiler give the unmasked loop's loads to a producer warp group;
 QK_AHEAD (experimental, off by default) issues the next tile's q @ K^T before this tile's softmax.
 """
@@ -32,12 +32,13 @@ from .common import (
     LOG2E,
     SEQLEN_ARGS,
     dropout_keep,
-    head_block_ptr,
     key_tiles_for_query_tile,
     load_rows,
     modified_scores,
     program_tile,
     sequence_bounds,
+    store_tile,
+    tile_pointers,
     visible_keys,
 )
 
@@ -62,15 +63,17 @@ def _softmax_update(l_i, m_i, qk, qk_scale_log2, MAY_BE_EMPTY: tl.constexpr):
 @triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
-    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hkv,
     start, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
     diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr,
 ):
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE and not MASKED):
-        k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
+        k = load_rows(k_ptrs, stride_kn, seqlen_k, desc_k, off_b, off_hkv, start_n, BLOCK_N, HEAD_DIM, BLOCK_D,
+                      MASKED, not EVEN_D, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         score_scale = qk_scale_log2
         if SOFTCAP or ALIBI:  # scores in log2 units already: the softmax step scales by 1
@@ -85,7 +88,8 @@ def _fwd_inner(
         if DROPOUT:  # l keeps every probability; only the product with V drops some (rescaled at the end)
             p = tl.where(dropout_keep(seed, bh, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :],
                                       dropout_p), p, 0.0)
-        v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, MASKED, not EVEN_D, USE_TMA)
+        v = load_rows(v_ptrs, stride_vn, seqlen_k, desc_v, off_b, off_hkv, start_n, BLOCK_N, HEAD_DIM, BLOCK_D,
+                      MASKED, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -94,28 +98,31 @@ def _fwd_inner(
 @triton.jit
 def _fwd_inner_qk_ahead(
     acc, l_i, m_i, q,
-    k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    k_ptrs, v_ptrs, stride_kn, stride_vn, seqlen_k, desc_k, desc_v, off_b, off_hkv,
     start, end, qk_scale_log2,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """The unmasked loop with the next tile's q @ k^T issued before this tile's softmax, so that the
     tensor cores can work on it while the softmax runs (on Hopper the product is an asynchronous wgmma,
     waited for only where its result is used, one iteration later). Holds two score tiles in registers."""
     if start < end:
-        k = load_rows(k_ptr, desc_k, off_b, off_hkv, start, BLOCK_N, BLOCK_D, False, not EVEN_D, USE_TMA)
+        k = load_rows(k_ptrs, stride_kn, seqlen_k, desc_k, off_b, off_hkv, start, BLOCK_N, HEAD_DIM, BLOCK_D,
+                      False, not EVEN_D, USE_TMA)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         for start_n in tl.range(start, end - BLOCK_N, BLOCK_N):
-            k = load_rows(k_ptr, desc_k, off_b, off_hkv, start_n + BLOCK_N, BLOCK_N, BLOCK_D, False,
-                          not EVEN_D, USE_TMA)
+            k = load_rows(k_ptrs, stride_kn, seqlen_k, desc_k, off_b, off_hkv, start_n + BLOCK_N, BLOCK_N,
+                          HEAD_DIM, BLOCK_D, False, not EVEN_D, USE_TMA)
             qk_next = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
             p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, False)
-            v = load_rows(v_ptr, desc_v, off_b, off_hkv, start_n, BLOCK_N, BLOCK_D, False, not EVEN_D, USE_TMA)
+            v = load_rows(v_ptrs, stride_vn, seqlen_k, desc_v, off_b, off_hkv, start_n, BLOCK_N, HEAD_DIM, BLOCK_D,
+                          False, not EVEN_D, USE_TMA)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
             m_i = m_new
             qk = qk_next
         p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, False)
-        v = load_rows(v_ptr, desc_v, off_b, off_hkv, end - BLOCK_N, BLOCK_N, BLOCK_D, False, not EVEN_D, USE_TMA)
+        v = load_rows(v_ptrs, stride_vn, seqlen_k, desc_v, off_b, off_hkv, end - BLOCK_N, BLOCK_N, HEAD_DIM,
+                      BLOCK_D, False, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -170,12 +177,9 @@ def attn_fwd_kernel(
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
 
-    q_ptr = head_block_ptr(Q + b64 * stride_qb + hq64 * stride_qh + q_start * stride_qm, seqlen_q, stride_qm, 0,
-                           BLOCK_M, HEAD_DIM, BLOCK_D)
-    k_ptr = head_block_ptr(K + b64 * stride_kb + hkv64 * stride_kh + k_start * stride_kn, seqlen_k, stride_kn, 0,
-                           BLOCK_N, HEAD_DIM, BLOCK_D)
-    v_ptr = head_block_ptr(V + b64 * stride_vb + hkv64 * stride_vh + k_start * stride_vn, seqlen_k, stride_vn, 0,
-                           BLOCK_N, HEAD_DIM, BLOCK_D)
+    q_ptrs = tile_pointers(Q + b64 * stride_qb + hq64 * stride_qh + q_start * stride_qm, stride_qm, BLOCK_M, BLOCK_D)
+    k_ptrs = tile_pointers(K + b64 * stride_kb + hkv64 * stride_kh + k_start * stride_kn, stride_kn, BLOCK_N, BLOCK_D)
+    v_ptrs = tile_pointers(V + b64 * stride_vb + hkv64 * stride_vh + k_start * stride_vn, stride_vn, BLOCK_N, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     band_lo = seqlen_k - seqlen_q - window_left
     band_hi = seqlen_k - seqlen_q + window_right
@@ -191,30 +195,35 @@ def attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    q = load_rows(q_ptr, desc_q, off_b, off_hq, start_m, BLOCK_M, BLOCK_D, True, not EVEN_D, USE_TMA)
+    q = load_rows(q_ptrs, stride_qm, seqlen_q, desc_q, off_b, off_hq, start_m, BLOCK_M, HEAD_DIM, BLOCK_D, True,
+                  not EVEN_D, USE_TMA)
 
     start, unmasked_start, unmasked_end, end = key_tiles_for_query_tile(
         start_m, seqlen_k, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     if MASK_LEFT:  # the band's left edge
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v,
+                                   off_b, off_hkv,
                                    start, unmasked_start, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
                                    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                                   BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
+                                   BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
                                    USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
     if QK_AHEAD and not SOFTCAP and not ALIBI and not DROPOUT:
-        acc, l_i, m_i = _fwd_inner_qk_ahead(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+        acc, l_i, m_i = _fwd_inner_qk_ahead(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, seqlen_k,
+                                            desc_k, desc_v, off_b, off_hkv,
                                             unmasked_start, unmasked_end, qk_scale_log2,
-                                            BLOCK_N, BLOCK_D, EVEN_D, INPUT_PRECISION, USE_TMA)
+                                            BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, INPUT_PRECISION, USE_TMA)
     else:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v,
+                                   off_b, off_hkv,
                                    unmasked_start, unmasked_end, offs_m, seqlen_k, band_lo, band_hi,
                                    qk_scale_log2, diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                                   BLOCK_N, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
+                                   BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, False, MASK_LEFT, MASK_RIGHT,
                                    INPUT_PRECISION, USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptr, v_ptr, desc_k, desc_v, off_b, off_hkv,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v,
+                                   off_b, off_hkv,
                                unmasked_end, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
                                diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
-                               BLOCK_N, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
+                               BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
                                USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
 
     # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
@@ -229,8 +238,8 @@ def attn_fwd_kernel(
     if USE_TMA:  # the copy engine clips rows and columns past the edges
         desc_o.store([off_b, off_hq, start_m, 0], o.reshape(1, 1, BLOCK_M, BLOCK_D))
     else:
-        o_ptr = head_block_ptr(O + b64 * stride_ob + hq64 * stride_oh + q_start * stride_om, seqlen_q, stride_om,
-                               start_m, BLOCK_M, HEAD_DIM, BLOCK_D)
-        tl.store(o_ptr, o, boundary_check=(0, 1))
+        o_ptrs = tile_pointers(O + b64 * stride_ob + hq64 * stride_oh + q_start * stride_om, stride_om, BLOCK_M,
+                               BLOCK_D)
+        store_tile(o_ptrs, o, start_m, stride_om, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D)
     lse_ptr = LSE + lse_row + offs_m
     tl.store(lse_ptr, lse, mask=offs_m < seqlen_q)
