@@ -57,7 +57,7 @@ def main() -> None:
                 lambda: launch.attention_forward(q, q, q, False, 0.125, block_ptr, kernels=stub), 20000))
             rounds["tuned"].append(per_call_us(
                 lambda: launch.attention_forward(q, q, q, False, 0.125, autotune=True, kernels=stub), 5000))
-    print(f"attention_forward, static block-pointer tiles, launch stubbed: "
+    print(f"attention_forward, static pointer-load tiles, launch stubbed: "
           f"{statistics.median(rounds['static']):.1f} µs per call (median of 5 rounds)")
     print(f"attention_forward, autotuned (TMA descriptors), launch stubbed: "
           f"{statistics.median(rounds['tuned']):.1f} µs per call (median of 5 rounds)")

@@ -57,7 +57,7 @@ def main() -> None:
             _call(q, k, v, True, tma, window=(9, 3), softcap=20.0, alibi_slopes=torch.rand(4, device=device))
             _call(q, k, v, True, tma, dropout_p=0.2, dropout_seed=launch.new_dropout_seed(device))
             calls += 2
-        # the autotuner's D=128 dK/dV tile of 128 keys (block pointers, 8 warps) and dQ on TMA, which the
+        # the autotuner's D=128 dK/dV tile of 128 keys (pointer loads, 8 warps) and dQ on TMA, which the
         # static tables never take (its 64 x 64 TMA tile is the static one on TMA, above)
         wide = (launch.TileConfig(64, 128, 8, 3), launch.TileConfig(128, 64, 8, 3, True))
         # and D=64's autotuned dK/dV tile, whose register cap (ptxas .maxnreg) spills a few bytes to local memory

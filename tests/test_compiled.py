@@ -41,7 +41,7 @@ def test_wgmma_runs_asynchronously(reports):
     """ptxas serialises a kernel's wgmma instructions (a wait after each) when non-wgmma code defines
     their accumulators between issue and wait (NOTES entry 31). The forward and dQ kernels, and the dK/dV
     kernel's one-loop form (no band here), must stay clear of it. The causal D=64 dK/dV kernel's three
-    loops on block pointers (the static tiles here) are still serialised; on TMA, its autotuned data path,
+    loops on pointer loads (the static tiles here) are still serialised; on TMA, its autotuned data path,
     they are not (the next test)."""
     for r in reports:
         one_loop_dkdv = r["kernel"] == "attn_bwd_dkdv_kernel" and not r["causal"]

@@ -84,14 +84,11 @@ def test_scale_and_flags():
         flash_attention(q, k, v, return_lse="yes")
 
 
-def test_devices(monkeypatch):
+def test_devices():
     q, k, v = qkv(device="cpu")
     if DEVICE == "cuda":
         with pytest.raises(ValueError, match="k is on cpu but q is on cuda:0"):
             flash_attention(q.cuda(), k, v.cuda())
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(ValueError, match=r"on cpu, but the kernels run on CUDA GPUs; move them with .cuda\(\)"):
-        flash_attention(q, k, v)
 
 
 def test_pytorch_reference_function_checks_too():

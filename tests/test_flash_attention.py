@@ -187,7 +187,7 @@ if ON_GPU:
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("config", FWD_CONFIGS, ids=lambda c: c.name)
 def test_forward_tile_configs(config, is_causal, dtype):
-    """Every path the forward can take (block pointers, TMA descriptors, warp specialisation, the
+    """Every path the forward can take (pointer loads, TMA descriptors, warp specialisation, the
     q @ k^T-ahead loop, tile shapes)."""
     seqlen_q, seqlen_k = (700, 929) if ON_GPU else (70, 93)
     q, k, v = make_qkv(2, 2, 2, seqlen_q, seqlen_k, 64, dtype, DEVICE, requires_grad=False)
@@ -224,7 +224,7 @@ if ON_GPU:
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(70, 93), (93, 70)] if not ON_GPU else [(700, 929), (929, 700)])
 @pytest.mark.parametrize("configs", BWD_CONFIGS, ids=lambda c: f"{c[0].name}+{c[1].name}-D{c[2]}")
 def test_backward_tile_configs(configs, seqlen_q, seqlen_k, is_causal):
-    """The backward's data paths (block pointers, and the TMA loads) with GQA and odd sizes."""
+    """The backward's data paths (pointer loads, and the TMA loads) with GQA and odd sizes."""
     dkdv_config, dq_config, head_dim = configs
     q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
     check_against_reference(lambda q, k, v: with_backward_tiles(q, k, v, is_causal, (dkdv_config, dq_config)),

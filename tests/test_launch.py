@@ -142,7 +142,7 @@ def test_replayed_backward_equals_triton_launches(monkeypatch, variant):
 
 
 @replayed
-@pytest.mark.parametrize("tiles", ["block-pointers", "tma", "autotuned"])
+@pytest.mark.parametrize("tiles", ["pointer-loads", "tma", "autotuned"])
 def test_replayed_backward_on_static_and_autotuned_tiles(monkeypatch, tiles):
     q, k, v = make_qkv(2, 4, 2, *((700, 929) if ON_GPU else (70, 93)), 64, torch.bfloat16, DEVICE)
     use_tma = tiles == "tma"
@@ -183,7 +183,7 @@ def test_a_call_with_other_strides_or_alignment_records_its_own_plan(monkeypatch
 
 
 @replayed
-@pytest.mark.parametrize("path", ["block-pointers", "tma", "autotuned"])
+@pytest.mark.parametrize("path", ["pointer-loads", "tma", "autotuned"])
 def test_replayed_forward_equals_triton_launches(monkeypatch, path):
     """Without autograd (inference), a forward like an earlier one replays its launch."""
     q, k, v = make_qkv(2, 4, 2, N_Q, N_K, 64, torch.bfloat16, DEVICE, requires_grad=False)

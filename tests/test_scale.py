@@ -78,7 +78,7 @@ def _reference_head(q, k, v, do, scale, is_causal, rows, cols, outputs):
 
 
 def _run_and_check(batch, heads, seqlen, head_dim, is_causal, heads_to_check, sample, tolerance):
-    """Forward and backward on both data paths (block pointers and TMA, each with its static tiles; the
+    """Forward and backward on both data paths (pointer loads and TMA, each with its static tiles; the
     autotuner would time every candidate on calls of seconds), then the checked heads of each against one
     float32 reference."""
     from flashtriton import launch
@@ -91,7 +91,7 @@ def _run_and_check(batch, heads, seqlen, head_dim, is_causal, heads_to_check, sa
     device = torch.device(DEVICE)
     bwd_cfgs = tiles.backward_configs(head_dim, q.dtype, device)
     kept = {}  # path -> {(b, h): (o, lse, dq, dk, dv)}
-    for path, tma in (("block pointers", False), ("TMA", True)):
+    for path, tma in (("pointer loads", False), ("TMA", True)):
         f = tiles.forward_config(head_dim, q.dtype, device, use_tma=tma)
         bw = tuple(dataclasses.replace(c, use_tma=tma) for c in bwd_cfgs)
         o, lse = launch.attention_forward(q, k, v, is_causal, scale, config=f, autotune=False)

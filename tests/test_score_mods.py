@@ -45,7 +45,7 @@ def test_softcap_bounds_the_scores():
 
 @pytest.mark.parametrize("configs", [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True)),
                                      (TileConfig(16, 32), TileConfig(32, 16)), None],
-                         ids=["tma", "block-pointers", "autotuned"])
+                         ids=["tma", "pointer-loads", "autotuned"])
 def test_score_mods_on_every_backward_path(configs):
     from flashtriton.autograd import FlashAttention, Tiles
     slopes = _slopes((4,))

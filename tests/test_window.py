@@ -41,9 +41,9 @@ def test_window_with_odd_head_dims_and_float32(head_dim):
 @pytest.mark.parametrize("configs", [(TileConfig(16, 32, use_tma=True), TileConfig(32, 16, use_tma=True)),
                                      (TileConfig(16, 32), TileConfig(32, 16)),
                                      (TileConfig(16, 128, use_tma=True), TileConfig(32, 16))],
-                         ids=["tma", "block-pointers", "128-key-tiles"])
+                         ids=["tma", "pointer-loads", "128-key-tiles"])
 def test_window_on_both_backward_data_paths(configs):
-    """Block pointers and TMA loads in the backward kernels, with a band that starts and ends mid-tile."""
+    """Pointer loads and TMA loads in the backward kernels, with a band that starts and ends mid-tile."""
     q, k, v = make_qkv(1, 2, 2, 83, 71, 32, torch.float16, DEVICE)
     check_against_reference(lambda q, k, v: with_backward_tiles(q, k, v, True, configs, None, (13, -1)),
                             q, k, v, True, window_size=(13, -1))

@@ -7,12 +7,41 @@
     FlashAttentionTriton.apply(Q, K, V, is_causal=False)                        # (..., N, d), the article's API
     FlashAttentionPytorch.apply(Q, K, V, is_causal=False)                       # the same algorithm in PyTorch
     attention_ref(q, k, v, is_causal=False)                                     # plain attention, the oracle
+
+The names load torch and the kernels on first use, so that `python -m flashtriton --help` and
+`flashtriton.__version__` answer at once. Triton reads TRITON_INTERPRET when the kernels are defined:
+set it before the first use of one of these names.
 """
 
-from .api import flash_attention, flash_attention_varlen
-from .autograd import FlashAttentionTriton
-from .reference import FlashAttentionPytorch, attention_ref
+from __future__ import annotations
 
-__all__ = ["flash_attention", "flash_attention_varlen", "FlashAttentionTriton", "FlashAttentionPytorch",
-           "attention_ref"]
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.2.0"  # the one place the version is written (pyproject.toml reads it)
+
+_EXPORTS = {
+    "flash_attention": ".api",
+    "flash_attention_varlen": ".api",
+    "FlashAttentionTriton": ".autograd",
+    "FlashAttentionPytorch": ".reference",
+    "attention_ref": ".reference",
+}
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers and editors
+    from .api import flash_attention, flash_attention_varlen  # noqa: F401
+    from .autograd import FlashAttentionTriton  # noqa: F401
+    from .reference import FlashAttentionPytorch, attention_ref  # noqa: F401
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'flashtriton' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

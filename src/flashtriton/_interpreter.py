@@ -14,9 +14,21 @@ import os
 import torch
 
 
+@functools.cache  # the kernels are defined once, at import
 def is_active() -> bool:
-    """True when `triton.jit` hands out interpreted kernels (decided when the kernels were defined)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when the kernels were defined interpreted: Triton reads TRITON_INTERPRET once, when `triton.jit`
+    wraps each function, so what counts is its value when flashtriton's kernels were imported."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from .kernels.forward import attn_fwd_kernel
+
+    return isinstance(attn_fwd_kernel, InterpretedFunction)
+
+
+def switched_on_after_import() -> bool:
+    """True when TRITON_INTERPRET=1 is set now but the kernels were compiled ones: set after the import,
+    too late to take effect, and Triton would then look for a GPU driver."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1" and not is_active()
 
 
 @functools.cache  # patches once per process

@@ -104,6 +104,10 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object, kernels:
     for name, x in (("k", k), ("v", v)):
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}; put q, k and v on one device")
+    if kernels and q.device.type != "cuda" and _interpreter.switched_on_after_import():
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after flashtriton was imported; Triton reads it when the kernels are "
+            "defined, at import: set it before the first `import flashtriton` (e.g. in the shell)")
     if kernels and q.device.type != "cuda" and not _interpreter.is_active():
         raise ValueError(
             f"q, k and v are on {q.device}, but the kernels run on CUDA GPUs; move them with .cuda(), or set "

@@ -22,6 +22,7 @@ import triton.language as tl
 from .common import (
     LOG2E,
     SEQLEN_ARGS,
+    column_pointers,
     dropout_keep,
     head_row_offset,
     key_tiles_for_query_tile,
@@ -32,7 +33,6 @@ from .common import (
     query_tiles_for_key_tile,
     sequence_bounds,
     store_tile,
-    tile_pointers,
     visible_keys,
 )
 
@@ -59,10 +59,8 @@ def attn_bwd_preprocess_kernel(
     if VARLEN:
         if start_m >= seqlen_q:
             return
-    o_ptrs = tile_pointers(O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om, stride_om, BLOCK_M,
-                           BLOCK_D)
-    do_ptrs = tile_pointers(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, stride_dom, BLOCK_M,
-                            BLOCK_D)
+    o_ptrs = column_pointers(O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om, BLOCK_D)
+    do_ptrs = column_pointers(DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom, BLOCK_D)
     o = load_tile(o_ptrs, start_m, stride_om, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True,
                   HEAD_DIM != BLOCK_D).to(tl.float32)
     do = load_tile(do_ptrs, start_m, stride_dom, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True,
@@ -230,10 +228,8 @@ def attn_bwd_dkdv_kernel(
         k = load_desc_rows(desc_k, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
         v = load_desc_rows(desc_v, b32, hkv32, start_n, BLOCK_N, BLOCK_D)
     else:
-        k_ptrs = tile_pointers(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, stride_kn, BLOCK_N,
-                               BLOCK_D)
-        v_ptrs = tile_pointers(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, stride_vn, BLOCK_N,
-                               BLOCK_D)
+        k_ptrs = column_pointers(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, BLOCK_D)
+        v_ptrs = column_pointers(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, BLOCK_D)
         k = load_tile(k_ptrs, start_n, stride_kn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, not EVEN_D)  # resident
         v = load_tile(v_ptrs, start_n, stride_vn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D, True, not EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -243,10 +239,8 @@ def attn_bwd_dkdv_kernel(
         start_n, seqlen_q, band_lo, band_hi, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT)
     for g in range(GROUP_SIZE):  # every query head that reads this key/value head
         off_hq = off_hkv * GROUP_SIZE + g
-        q_ptrs = tile_pointers(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, stride_qm, BLOCK_M,
-                               BLOCK_D)
-        do_ptrs = tile_pointers(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, stride_dom,
-                                BLOCK_M, BLOCK_D)
+        q_ptrs = column_pointers(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, BLOCK_D)
+        do_ptrs = column_pointers(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, BLOCK_D)
         row = head_row_offset(off_b, off_hq, num_heads_kv * GROUP_SIZE, q_start, stride_stats, VARLEN)
         lse2_ptr = LSE2 + row
         delta_ptr = DELTA + row
@@ -271,10 +265,8 @@ def attn_bwd_dkdv_kernel(
                                  seed, bh, dropout_p, BLOCK_M, HEAD_DIM, BLOCK_D, EVEN_D, ONE_LOOP or part != 1,
                                  ONE_LOOP, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA, SOFTCAP, ALIBI, DROPOUT)
 
-    dk_ptrs = tile_pointers(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, stride_dkn,
-                            BLOCK_N, BLOCK_D)
-    dv_ptrs = tile_pointers(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_start * stride_dvn, stride_dvn,
-                            BLOCK_N, BLOCK_D)
+    dk_ptrs = column_pointers(DK + off_b * stride_dkb + off_hkv * stride_dkh + k_start * stride_dkn, BLOCK_D)
+    dv_ptrs = column_pointers(DV + off_b * stride_dvb + off_hkv * stride_dvh + k_start * stride_dvn, BLOCK_D)
     store_tile(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), start_n, stride_dkn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D)
     store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), start_n, stride_dvn, seqlen_k, BLOCK_N, HEAD_DIM, BLOCK_D)
 
@@ -364,19 +356,15 @@ def attn_bwd_dq_kernel(
             return
     row = head_row_offset(off_b, off_hq, num_heads_q, q_start, stride_stats, VARLEN)
 
-    k_ptrs = tile_pointers(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, stride_kn, BLOCK_N,
-                           BLOCK_D)
-    v_ptrs = tile_pointers(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, stride_vn, BLOCK_N,
-                           BLOCK_D)
+    k_ptrs = column_pointers(K + off_b * stride_kb + off_hkv * stride_kh + k_start * stride_kn, BLOCK_D)
+    v_ptrs = column_pointers(V + off_b * stride_vb + off_hkv * stride_vh + k_start * stride_vn, BLOCK_D)
     hkv32 = off_hkv.to(tl.int32)
     if USE_TMA:
         q = load_desc_rows(desc_q, b32, hq32, start_m, BLOCK_M, BLOCK_D)
         do = load_desc_rows(desc_do, b32, hq32, start_m, BLOCK_M, BLOCK_D)
     else:
-        q_ptrs = tile_pointers(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, stride_qm, BLOCK_M,
-                               BLOCK_D)
-        do_ptrs = tile_pointers(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, stride_dom,
-                                BLOCK_M, BLOCK_D)
+        q_ptrs = column_pointers(Q + off_b * stride_qb + off_hq * stride_qh + q_start * stride_qm, BLOCK_D)
+        do_ptrs = column_pointers(DO + off_b * stride_dob + off_hq * stride_doh + q_start * stride_dom, BLOCK_D)
         q = load_tile(q_ptrs, start_m, stride_qm, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, not EVEN_D)  # resident
         do = load_tile(do_ptrs, start_m, stride_dom, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D, True, not EVEN_D)
     row_in_range = offs_m < seqlen_q
@@ -414,6 +402,5 @@ def attn_bwd_dq_kernel(
                    BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION, USE_TMA,
                    SOFTCAP, ALIBI, DROPOUT)
 
-    dq_ptrs = tile_pointers(DQ + off_b * stride_dqb + off_hq * stride_dqh + q_start * stride_dqm, stride_dqm,
-                            BLOCK_M, BLOCK_D)
+    dq_ptrs = column_pointers(DQ + off_b * stride_dqb + off_hq * stride_dqh + q_start * stride_dqm, BLOCK_D)
     store_tile(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), start_m, stride_dqm, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D)

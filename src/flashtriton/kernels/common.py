@@ -185,11 +185,11 @@ def dropout_keep(seed, bh, rows, cols, dropout_p):
 
 
 @triton.jit
-def tile_pointers(base, stride_row, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """[BLOCK_ROWS, BLOCK_D] pointers to the first rows of one head's row-major (seqlen, HEAD_DIM) matrix
-    at `base`. load_tile and store_tile move them to a tile's first row with one 64-bit scalar offset, so
-    that only the small in-tile offsets are 32-bit."""
-    return base + tl.arange(0, BLOCK_ROWS)[:, None] * stride_row + tl.arange(0, BLOCK_D)[None, :]
+def column_pointers(base, BLOCK_D: tl.constexpr):
+    """[1, BLOCK_D] pointers to the columns of one head's row-major (seqlen, HEAD_DIM) matrix at `base`.
+    load_tile and store_tile add a tile's rows as 64-bit offsets (row * stride can pass 2**31 elements),
+    as block pointers did: the same loads, and ptxas keeps the wgmmas asynchronous (docs/performance.md)."""
+    return base + tl.arange(0, BLOCK_D)[None, :]
 
 
 @triton.jit
@@ -199,19 +199,21 @@ def _tile_mask(start, seqlen, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, 
     rows_in = (start + tl.arange(0, BLOCK_ROWS))[:, None] < seqlen
     cols_in = tl.arange(0, BLOCK_D)[None, :] < HEAD_DIM
     if CHECK_ROWS and CHECK_COLS:
-        return rows_in & cols_in
+        mask = rows_in & cols_in
     elif CHECK_ROWS:
-        return rows_in
-    return cols_in
+        mask = rows_in
+    else:
+        mask = cols_in
+    return mask
 
 
 @triton.jit
 def load_tile(ptrs, start, stride_row, seqlen, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
-    """Rows [start, start + BLOCK_ROWS) through `ptrs` (tile_pointers), zero past the matrix's edges along
+    """Rows [start, start + BLOCK_ROWS) through `ptrs` (column_pointers), zero past the matrix's edges along
     the dims that can run past them: the sequence (CHECK_ROWS) and a head dim padded to BLOCK_D
     (CHECK_COLS). Unchecked loads compile without any compare."""
-    ptrs = ptrs + tl.cast(start, tl.int64) * stride_row
+    ptrs = ptrs + (start + tl.arange(0, BLOCK_ROWS)).to(tl.int64)[:, None] * stride_row
     if CHECK_ROWS or CHECK_COLS:
         mask = _tile_mask(start, seqlen, BLOCK_ROWS, HEAD_DIM, BLOCK_D, CHECK_ROWS, CHECK_COLS)
         tile = tl.load(ptrs, mask=mask, other=0.0)
@@ -225,7 +227,7 @@ def store_tile(ptrs, value, start, stride_row, seqlen, BLOCK_ROWS: tl.constexpr,
                BLOCK_D: tl.constexpr):
     """Store `value` into rows [start, start + BLOCK_ROWS) through `ptrs`, clipped at the matrix's edges."""
     mask = _tile_mask(start, seqlen, BLOCK_ROWS, HEAD_DIM, BLOCK_D, True, True)
-    tl.store(ptrs + tl.cast(start, tl.int64) * stride_row, value, mask=mask)
+    tl.store(ptrs + (start + tl.arange(0, BLOCK_ROWS)).to(tl.int64)[:, None] * stride_row, value, mask=mask)
 
 
 @triton.jit
@@ -236,7 +238,7 @@ def load_rows(ptrs, stride_row, seqlen, desc, off_b, off_h, start, BLOCK_ROWS: t
 
     With USE_TMA, through a (B, H, N, D) tensor descriptor: Hopper's TMA unit copies the tile into shared
     memory asynchronously and zero-fills what lies out of bounds itself. Otherwise through pointers to
-    the head's first rows (tile_pointers), masked only along the dims that can run past the edge."""
+    the head's columns (column_pointers), masked only along the dims that can run past the edge."""
     if USE_TMA:
         tile = load_desc_rows(desc, off_b, off_h, start, BLOCK_ROWS, BLOCK_D)
     else:

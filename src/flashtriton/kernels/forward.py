@@ -31,6 +31,7 @@ from .common import (
     LN2,
     LOG2E,
     SEQLEN_ARGS,
+    column_pointers,
     dropout_keep,
     key_tiles_for_query_tile,
     load_rows,
@@ -38,7 +39,6 @@ from .common import (
     program_tile,
     sequence_bounds,
     store_tile,
-    tile_pointers,
     visible_keys,
 )
 
@@ -177,9 +177,9 @@ def attn_fwd_kernel(
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
 
-    q_ptrs = tile_pointers(Q + b64 * stride_qb + hq64 * stride_qh + q_start * stride_qm, stride_qm, BLOCK_M, BLOCK_D)
-    k_ptrs = tile_pointers(K + b64 * stride_kb + hkv64 * stride_kh + k_start * stride_kn, stride_kn, BLOCK_N, BLOCK_D)
-    v_ptrs = tile_pointers(V + b64 * stride_vb + hkv64 * stride_vh + k_start * stride_vn, stride_vn, BLOCK_N, BLOCK_D)
+    q_ptrs = column_pointers(Q + b64 * stride_qb + hq64 * stride_qh + q_start * stride_qm, BLOCK_D)
+    k_ptrs = column_pointers(K + b64 * stride_kb + hkv64 * stride_kh + k_start * stride_kn, BLOCK_D)
+    v_ptrs = column_pointers(V + b64 * stride_vb + hkv64 * stride_vh + k_start * stride_vn, BLOCK_D)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     band_lo = seqlen_k - seqlen_q - window_left
     band_hi = seqlen_k - seqlen_q + window_right
@@ -238,8 +238,7 @@ def attn_fwd_kernel(
     if USE_TMA:  # the copy engine clips rows and columns past the edges
         desc_o.store([off_b, off_hq, start_m, 0], o.reshape(1, 1, BLOCK_M, BLOCK_D))
     else:
-        o_ptrs = tile_pointers(O + b64 * stride_ob + hq64 * stride_oh + q_start * stride_om, stride_om, BLOCK_M,
-                               BLOCK_D)
+        o_ptrs = column_pointers(O + b64 * stride_ob + hq64 * stride_oh + q_start * stride_om, BLOCK_D)
         store_tile(o_ptrs, o, start_m, stride_om, seqlen_q, BLOCK_M, HEAD_DIM, BLOCK_D)
     lse_ptr = LSE + lse_row + offs_m
     tl.store(lse_ptr, lse, mask=offs_m < seqlen_q)

@@ -5,7 +5,7 @@ Each autotuner times the candidates of the head dim's width class once per (head
 dtype, sequence-length bucket) and, with `cache_results=True`, stores its pick in Triton's cache
 directory, so that later processes skip the timing (docs/tuning.md measures what a first call costs).
 There are two autotuners per kernel: with tensor descriptors at hand (a Hopper GPU and aligned tensors)
-the candidates include the TMA ones; without, block pointers only. They are made on first use and owned
+the candidates include the TMA ones; without, pointer loads only. They are made on first use and owned
 by the cache (cache.py), keyed by the kernel they launch.
 """
 
@@ -35,7 +35,7 @@ from .tiles import (
 # The forward's candidates per row width (BLOCK_D * itemsize), (TileConfig: BLOCK_M, BLOCK_N, warps, stages,
 # TMA): on TMA, the winners of an interleaved A/B over the paper suite's shapes (64 x 128 at D=64 and
 # 64 x 64 at D=128 beat the tiles the first sweeps picked; 128 x 64 stays for the D=64 causal rows at
-# N <= 2048, which it wins by 1-2%); on block pointers, the sweeps' winners at N=4096 (docs/tuning.md).
+# N <= 2048, which it wins by 1-2%); on pointer loads, the sweeps' winners at N=4096 (docs/tuning.md).
 # Every launch through an autotuner sets the descriptors' boxes to its own tiles (WithDescriptorBoxes),
 # so TMA candidates of different tiles sit side by side. D=256 was not swept: its candidates are the
 # static choice and neighbours that fit shared memory.
@@ -50,7 +50,7 @@ FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
 
 # The backward kernels' candidates, from their sweeps (cs336's shape at D=64, the paper's N=4096 at D=128,
 # both masks; benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*): the best TMA configs and the best
-# block-pointer ones. At D=64, dK/dV's 64 x 64 TMA tile capped at 168 registers, so that three blocks share
+# pointer-load ones. At D=64, dK/dV's 64 x 64 TMA tile capped at 168 registers, so that three blocks share
 # an SM, is 12-14% ahead on the causal rows; the uncapped one stays for the variants that the cap would
 # spill (softcap, ALiBi, dropout: 376-568 bytes). At D=128 causal, dK/dV's 64 x 64 tile with two stages on
 # TMA wins since it runs one loop (7-13% ahead of 64 x 128 with 8 warps). dQ tiles of 128 keys lost.

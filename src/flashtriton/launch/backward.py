@@ -138,7 +138,7 @@ def _gradient_launches(tensors: dict, q: torch.Tensor, k: torch.Tensor, dims: tu
                           (*bhr_strides(q, k, v, do, dq, varlen=varlen), heads_q, *shared,
                            heads_per_group(k, group, causal_order), bucket))
     # The descriptors exist before the pick, at the first TMA candidate's tiles; each autotuned launch
-    # sets their boxes to its own (autotune.WithDescriptorBoxes). A packed batch takes block pointers: a
+    # sets their boxes to its own (autotune.WithDescriptorBoxes). A packed batch takes pointer loads: a
     # tile past a sequence's end would read into the next one.
     if autotune:
         strides = tma_strides(q, k, v, do) if varlen is None else None

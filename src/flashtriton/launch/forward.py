@@ -88,7 +88,7 @@ def _forward_launch(tensors: tuple, q: torch.Tensor, k: torch.Tensor, dims: tupl
 
     def grid(meta):
         return cdiv(grid_q, meta["BLOCK_M"]), heads_q, batch
-    # A packed batch takes block pointers: a tile past a sequence's end would read into the next one.
+    # A packed batch takes pointer loads: a tile past a sequence's end would read into the next one.
     if autotune:
         tile = tma_candidate_tile("fwd", head_dim, q.dtype)  # each autotuned launch sets its own boxes
         strides = tma_strides(*desc_sources) if varlen is None and tile is not None else None
@@ -96,7 +96,7 @@ def _forward_launch(tensors: tuple, q: torch.Tensor, k: torch.Tensor, dims: tupl
         return LaunchSpec("fwd", kernels.forward, grid, tensors[0], descs, scalars, meta,
                           autotuner=autotuner("fwd", kernels.forward, strides is not None),
                           tune_key=(q.dtype, bucket))
-    # Small problems on a GPU take block pointers: encoding descriptors would cost more host time than
+    # Small problems on a GPU take pointer loads: encoding descriptors would cost more host time than
     # TMA saves. The interpreter takes TMA where it can, so that the CPU tests cover that path.
     cfg = config or forward_config(head_dim, q.dtype, q.device, use_tma=q.device.type != "cuda")
     strides = tma_strides(*desc_sources) if cfg.use_tma and varlen is None else None

@@ -21,7 +21,7 @@ class TileConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 1
-    use_tma: bool = False  # tensor descriptors (Hopper's TMA copy engine) instead of block pointers
+    use_tma: bool = False  # tensor descriptors (Hopper's TMA copy engine) instead of masked pointer loads
     # producer/consumer warp groups for the unmasked loop (needs use_tma). With Triton 3.6 on sm_90 it
     # fails to compile at 4 warps and changes nothing at 8 (the same SASS): swept, not tuned.
     warp_specialize: bool = False
@@ -62,7 +62,7 @@ def _forward_config(head_dim: int, dtype: torch.dtype, device_type: str, use_tma
         # The interpreter: small, unequal tiles keep it fast and exercise every loop split.
         return TileConfig(block_m=32, block_n=16, use_tma=use_tma)
     width = row_bytes(head_dim, dtype)
-    # TMA: an interleaved A/B over the paper suite's shapes (docs/performance.md); block pointers: the sweeps.
+    # TMA: an interleaved A/B over the paper suite's shapes (docs/performance.md); pointer loads: the sweeps.
     if width <= 128:  # D <= 64 in 16 bits
         return TileConfig(64, 128, 4, 2, True) if use_tma else TileConfig(128, 64, num_warps=4, num_stages=3)
     if width <= 256:  # D = 128 in 16 bits
@@ -71,7 +71,7 @@ def _forward_config(head_dim: int, dtype: torch.dtype, device_type: str, use_tma
 
 
 def backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[TileConfig, TileConfig]:
-    """(dK/dV config, dQ config) for problems too small to autotune: the backward sweeps' best block-pointer
+    """(dK/dV config, dQ config) for problems too small to autotune: the backward sweeps' best pointer-load
     tiles (benchmarks/results/h200/sweeps/sweep_dkdv_*, sweep_dq_*). dK/dV keeps BLOCK_N key rows resident
     and streams BLOCK_M query rows; dQ the reverse."""
     if device.type != "cuda":
@@ -82,7 +82,7 @@ def backward_configs(head_dim: int, dtype: torch.dtype, device: torch.device) ->
         # are the tiles that do not spill (`inspect --dtypes fp32`; the 16-bit tiles spill 9-17 KB).
         return (TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=1),
                 TileConfig(block_m=64, block_n=16, num_warps=4, num_stages=1))
-    if width <= 128:  # dQ: 64 x 64 ties the best block-pointer tile (128 x 64, 4.64 ms) without its spill
+    if width <= 128:  # dQ: 64 x 64 ties the best pointer-load tile (128 x 64, 4.64 ms) without its spill
         return (TileConfig(block_m=32, block_n=64, num_warps=4, num_stages=3),
                 TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=3))
     if width <= 256:

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 from collections.abc import Callable
@@ -57,6 +58,12 @@ class Shape:
                  f"softcap{self.softcap:g}" if self.softcap else "", "alibi" if self.alibi else "",
                  f"varlen{len(self.varlen)}" if self.varlen else ""]
         return "+".join(p for p in parts if p)
+
+    @property
+    def variant_kind(self) -> str:
+        """The variant without its parameters (gqa, window, softcap, alibi, varlen; "plain" for none): the
+        names that `bench --variants` selects by."""
+        return re.sub(r"[\d,.]+", "", self.variant) or "plain"
 
     def flops(self, mode: str) -> float:
         """ANCHORS.md's count: 4·B·H·Nq·Nk·D, halved when causal; with a sliding window, 4·B·H·D times the

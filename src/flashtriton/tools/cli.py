@@ -1,4 +1,4 @@
-"""Command line: `python -m flashtriton {bench, sweep, roofline, inspect}`.
+"""flashtriton's command line: `python -m flashtriton {bench, sweep, roofline, inspect}`.
 
 bench: on a CUDA GPU, a correctness check against float64, then a suite's benchmark table against the
 peers; without one, the same correctness check on small shapes through Triton's interpreter (timing needs
@@ -14,41 +14,73 @@ import sys
 import time
 from pathlib import Path
 
+MODES = ("fwd", "bwd", "fwd_bwd")
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+def _comma_list(valid: tuple[str, ...] | None = None, kind=str):
+    """An argparse type: a comma-separated list of `kind`, each one of `valid` when given."""
+    def parse(text: str) -> list:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        try:
+            items = [kind(x) for x in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}s") from None
+        unknown = [x for x in items if valid is not None and x not in valid]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, unknown)) or 'empty list'}; "
+                                             f"choose from {', '.join(valid or ())}")
+        return items
+    return parse
+
 
 def _parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="python -m flashtriton", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="check correctness, then time against the peers (GPU)")
+    parser.add_argument("--version", action="version", version=f"flashtriton {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{bench,sweep,roofline,inspect}")
+    bench = sub.add_parser(
+        "bench", help="check correctness, then time against the peers (GPU)",
+        description="On a CUDA GPU: check O, L and the gradients against float64, then time a suite against "
+                    "the peers (PyTorch's SDPA backends, FlexAttention) and print its table. Without a GPU: the "
+                    "same check on small shapes through Triton's interpreter (timing needs a GPU).")
     bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336", "memory", "variants"],
                        help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
                             "cs336: B=1, H=16, N=16384, D=64 causal; memory: peak memory of forward + "
                             "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers); "
-                            "variants: GQA, a sliding window, softcap, ALiBi and a packed batch at D=128 (fwd and bwd)")
-    bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex",
+                            "variants: GQA, a sliding window, softcap, ALiBi and a packed batch at D=128 "
+                            "(fwd and bwd)")
+    bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex", type=_comma_list(),
                        help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
-    bench.add_argument("--modes", default=None,
+    bench.add_argument("--modes", default=None, type=_comma_list(MODES),
                        help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336; "
                             "fwd_bwd for memory; fwd and bwd for variants)")
-    bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png here")
-    bench.add_argument("--seqlens", default=None, help="comma-separated: time only these N of the suite")
-    bench.add_argument("--head-dims", default=None, help="comma-separated: time only these D of the suite")
-    bench.add_argument("--variants", default=None,
-                       help="comma-separated: time only the shapes of these variants (e.g. varlen8,alibi; "
-                            "'plain' for none)")
+    bench.add_argument("--out", type=Path, default=None, help="write <suite>.json/.md/.png into this folder")
+    bench.add_argument("--seqlens", default=None, type=_comma_list(kind=int),
+                       help="comma-separated: time only these N of the suite")
+    bench.add_argument("--head-dims", default=None, type=_comma_list(kind=int),
+                       help="comma-separated: time only these D of the suite")
+    bench.add_argument("--variants", default=None, type=_comma_list(),
+                       help="comma-separated: time only the shapes of these variants of the variants suite "
+                            "by kind (e.g. varlen,alibi; 'plain' for none)")
     bench.add_argument("--merge", action="store_true",
                        help="keep the rows of an earlier <suite>.json in --out that this run does not replace")
 
-    sweep = sub.add_parser("sweep", help="time the forward's (or a backward kernel's) tile configurations "
-                                         "(GPU); CSV + heatmap")
-    sweep.add_argument("--batch", type=int, default=4)
-    sweep.add_argument("--heads", type=int, default=8)
-    sweep.add_argument("--seqlen", type=int, default=4096)
-    sweep.add_argument("--head-dim", type=int, default=64)
-    sweep.add_argument("--causal", action="store_true")
+    sweep = sub.add_parser(
+        "sweep", help="time every tile configuration of one kernel (GPU); CSV + heatmap",
+        description="Compile and time each tile configuration (BLOCK_M, BLOCK_N, warps, stages, TMA, warp "
+                    "specialisation) of the forward, or of one backward kernel, on one bf16 shape; write a CSV, "
+                    "a heatmap and a summary. Needs a CUDA GPU, except --replot.")
+    sweep.add_argument("--batch", type=int, default=4, help="batch size (default: %(default)s)")
+    sweep.add_argument("--heads", type=int, default=8, help="heads (default: %(default)s)")
+    sweep.add_argument("--seqlen", type=int, default=4096, help="sequence length N (default: %(default)s)")
+    sweep.add_argument("--head-dim", type=int, default=64, help="head dim D (default: %(default)s)")
+    sweep.add_argument("--causal", action="store_true", help="a causal mask (default: none)")
     sweep.add_argument("--kernel", default="fwd", choices=["fwd", "dkdv", "dq"],
                        help="the forward (default), or one of the backward's kernels (the other keeps its tiles)")
-    sweep.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    sweep.add_argument("--jobs", type=int, default=None, help="parallel compile processes (default: one per core)")
     sweep.add_argument("--match", default=None, metavar="REGEX",
                        help="sweep only the configs whose name (e.g. M64-N128-w8-s2-tma-ws) matches; the "
                             "static default is always timed as the yardstick")
@@ -56,10 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--replot", type=Path, default=None, metavar="CSV",
                        help="redraw the heatmap of a sweep's CSV (no GPU needed) and exit")
 
-    roofline = sub.add_parser("roofline", help="measure the GPU's ceilings and place the kernels on a roofline; "
-                                               "profile the forward with ncu where it exists (GPU)")
-    roofline.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash")
-    roofline.add_argument("--modes", default="fwd,bwd")
+    roofline = sub.add_parser(
+        "roofline", help="place the kernels on the GPU's roofline; ncu profiles (GPU)",
+        description="Measure the GPU's bf16 matmul and copy ceilings, time each provider at D=64 and 128, "
+                    "N=4096, and place them on a roofline; profile flashtriton's kernels with Nsight Compute "
+                    "where ncu is on the PATH. Needs a CUDA GPU.")
+    roofline.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash", type=_comma_list(),
+                          help="comma-separated providers to place (default: %(default)s)")
+    roofline.add_argument("--modes", default="fwd,bwd", type=_comma_list(MODES),
+                          help="comma-separated: fwd, bwd, fwd_bwd (default: %(default)s)")
     roofline.add_argument("--no-ncu", action="store_true", help="skip the Nsight Compute profile")
     roofline.add_argument("--out", type=Path, default=Path("."), help="folder for roofline.json/.md/.png")
     roofline.add_argument("--profile-target", action="store_true", help=argparse.SUPPRESS)
@@ -67,11 +104,16 @@ def _parser() -> argparse.ArgumentParser:
     roofline.add_argument("--causal", action="store_true", help=argparse.SUPPRESS)
     roofline.add_argument("--backward", action="store_true", help=argparse.SUPPRESS)
 
-    inspect = sub.add_parser("inspect", help="compile the kernels for sm_90 (no GPU needed): registers, "
-                                             "spills, shared memory, HGMMA/HMMA counts")
-    inspect.add_argument("--head-dims", default="64,128,256", help="comma-separated (default: %(default)s)")
-    inspect.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16, fp32")
-    inspect.add_argument("--no-tma", action="store_true", help="the block-pointer forward instead of TMA")
+    inspect = sub.add_parser(
+        "inspect", help="compile the kernels for sm_90 (no GPU needed): registers, spills, wgmma",
+        description="Compile the forward and backward kernels for Hopper (sm_90) with Triton's own ptxas, on "
+                    "any machine, and report per kernel: registers, spilled bytes, shared memory, and the "
+                    "HGMMA (wgmma) and HMMA instruction counts of the SASS.")
+    inspect.add_argument("--head-dims", default="64,128,256", type=_comma_list(kind=int),
+                         help="comma-separated (default: %(default)s)")
+    inspect.add_argument("--dtypes", default="bf16", type=_comma_list(DTYPES),
+                         help="comma-separated: bf16, fp16, fp32 (default: %(default)s)")
+    inspect.add_argument("--no-tma", action="store_true", help="the forward on pointer loads instead of TMA")
     inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
     inspect.add_argument("--backward-tma", action="store_true",
                          help="the backward's static tiles on TMA (the autotuner's data path)")
@@ -83,8 +125,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_names(parser: argparse.ArgumentParser, option: str, given: list[str] | None, valid) -> None:
+    """Exit through argparse (status 2) when a list option names something that does not exist."""
+    unknown = [x for x in given or () if x not in valid]
+    if unknown:
+        parser.error(f"argument {option}: unknown {', '.join(unknown)}; choose from {', '.join(valid)}")
+
+
+
 def _roofline(args: argparse.Namespace) -> int:
-    from .bench import PROVIDERS, environment, warm_up_gpu
+    from .bench import environment, warm_up_gpu
     from .roofline import (
         PROFILED_KERNELS,
         measure_ceilings,
@@ -97,15 +147,10 @@ def _roofline(args: argparse.Namespace) -> int:
     if args.profile_target:
         run_profile_target(args.head_dim, args.causal, args.backward)
         return 0
-    providers = [p for p in args.providers.split(",") if p]
-    unknown = [p for p in providers if p not in PROVIDERS]
-    if unknown:
-        print(f"unknown provider(s) {unknown}; choose from {sorted(PROVIDERS)}", file=sys.stderr)
-        return 2
     warm_up_gpu()
     ceilings = measure_ceilings()
     print(f"ceilings: bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s, copy {ceilings.copy_tbps:.2f} TB/s")
-    points = measure_points(providers, args.modes.split(","))
+    points = measure_points(args.providers, args.modes)
     profiles = {}
     if not args.no_ncu:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -129,8 +174,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     reports = []
-    for name in args.dtypes.split(","):
-        for head_dim in (int(d) for d in args.head_dims.split(",")):
+    for name in args.dtypes:
+        for head_dim in args.head_dims:
             for causal in (False, True):
                 if args.variants:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
@@ -200,7 +245,6 @@ def _bench_gpu(args: argparse.Namespace) -> int:
     from ..testing import make_qkv
     from .bench import (
         DEFAULT_MODES,
-        PROVIDERS,
         article_table,
         check_correctness,
         environment,
@@ -212,15 +256,8 @@ def _bench_gpu(args: argparse.Namespace) -> int:
         write_results,
     )
 
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
-    unknown = [p for p in providers if p not in PROVIDERS]
-    if unknown:
-        print(f"unknown provider(s) {unknown}; choose from {sorted(PROVIDERS)}", file=sys.stderr)
-        return 2
-    modes = DEFAULT_MODES[args.suite] if args.modes is None else [m.strip() for m in args.modes.split(",")]
-    if any(m not in ("fwd", "bwd", "fwd_bwd") for m in modes):
-        print(f"--modes takes fwd, bwd, fwd_bwd; got {args.modes!r}", file=sys.stderr)
-        return 2
+    providers = args.providers
+    modes = DEFAULT_MODES[args.suite] if args.modes is None else args.modes
 
     print(f"Correctness on {torch.cuda.get_device_name()} (O, L, dQ, dK, dV against float64):")
     if not check_correctness("cuda", [(1, 1), (97, 97), (130, 1000), (1025, 511)], head_dim=64):
@@ -230,14 +267,13 @@ def _bench_gpu(args: argparse.Namespace) -> int:
     meta = environment()
     q, k, v = make_qkv(4, 8, 8, 1024, 1024, 64, torch.bfloat16, "cuda", requires_grad=False)
     meta["sdpa_backend"] = sdpa_default_backend(q, k, v, False)
-    seqlens, head_dims = (None if arg is None else {int(x) for x in arg.split(",")}
-                          for arg in (args.seqlens, args.head_dims))
+    seqlens, head_dims = (None if arg is None else set(arg) for arg in (args.seqlens, args.head_dims))
     print(f"\nTiming suite '{args.suite}' (plain SDPA dispatches to {meta['sdpa_backend']}):")
     unavailable: list[dict] = []
-    variants = None if args.variants is None else set(args.variants.split(","))
+    variants = None if args.variants is None else set(args.variants)
     rows = run_suite(args.suite, providers, modes, keep=lambda s: (seqlens is None or s.seqlen_q in seqlens)
                      and (head_dims is None or s.head_dim in head_dims)
-                     and (variants is None or (s.variant or "plain") in variants), unavailable=unavailable)
+                     and (variants is None or s.variant_kind in variants), unavailable=unavailable)
     if unavailable:
         meta["unavailable"] = unavailable
     if args.out is not None:
@@ -253,7 +289,15 @@ def _bench_gpu(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)  # before torch loads: --help and --version answer at once
+    if args.command in ("bench", "roofline"):
+        from .bench import PROVIDERS, SUITES
+
+        _check_names(parser, f"{args.command} --providers", args.providers, list(PROVIDERS))
+        if args.command == "bench":
+            _check_names(parser, "bench --variants", args.variants,
+                         list(dict.fromkeys(s.variant_kind for s in SUITES["variants"]())))
     import torch
 
     if args.command == "inspect":
@@ -270,9 +314,13 @@ def main(argv: list[str] | None = None) -> int:
         return _sweep(args)
     if not torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") != "1":
-            # triton.jit chose compiled kernels when flashtriton was imported; start again interpreted.
-            env = dict(os.environ, TRITON_INTERPRET="1")
-            argv = sys.argv[1:] if argv is None else argv
-            os.execve(sys.executable, [sys.executable, "-m", "flashtriton", *argv], env)
+            from .. import _interpreter
+
+            if "flashtriton.kernels" in sys.modules:  # defined compiled already (main() called in-process)
+                print("no CUDA GPU, and the kernels were imported compiled: run again with TRITON_INTERPRET=1",
+                      file=sys.stderr)
+                return 2
+            os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined, on their first import
+            assert _interpreter.is_active()
         return _bench_cpu()
     return _bench_gpu(args)

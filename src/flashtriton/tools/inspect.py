@@ -122,7 +122,9 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
 
 def _wgmma_serialized(ptx: str) -> bool:
     """Whether ptxas serialises the kernel's wgmma instructions (advisory C7515), from a second ptxas run."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    tool = get_ptxas(90).path  # the ptxas Triton itself compiles sm_90 with (3.9: its CUDA 13 one)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()

@@ -1,8 +1,8 @@
 """Tile sweeps (the article's part 2): time every tile configuration of one kernel on one shape.
 
-The forward's configurations are BLOCK_M x BLOCK_N x num_warps x num_stages x {block pointers, TMA, TMA +
+The forward's configurations are BLOCK_M x BLOCK_N x num_warps x num_stages x {pointer loads, TMA, TMA +
 warp specialisation, TMA + q k^T ahead}; a backward kernel's (dK/dV or dQ) are its tile shapes x
-num_warps x num_stages x {block pointers, TMA}, timed as the whole backward with the other kernel on its
+num_warps x num_stages x {pointer loads, TMA}, timed as the whole backward with the other kernel on its
 static tiles. Those that cannot fit an SM's shared memory or would spill registers are skipped before
 compiling (the arithmetic is in docs/tuning.md). The rest are compiled in parallel worker processes (each
 compile is CPU-bound; Triton's on-disk cache hands the binaries to the timing process), checked against
@@ -33,7 +33,7 @@ WARPS = (4, 8)
 STAGES = (2, 3, 4)
 # (use_tma, warp_specialize, qk_ahead)
 VARIANTS = ((False, False, False), (True, False, False), (True, True, False), (True, False, True))
-VARIANT_NAMES = {(False, False, False): "block pointers", (True, False, False): "TMA",
+VARIANT_NAMES = {(False, False, False): "pointer loads", (True, False, False): "TMA",
                  (True, True, False): "TMA + warp specialisation", (True, False, True): "TMA + q k^T ahead"}
 # The backward kernels' tiles as (BLOCK_M, BLOCK_N): dK/dV keeps BLOCK_N key rows resident and streams
 # short query tiles; dQ keeps BLOCK_M query rows and streams short key tiles.
