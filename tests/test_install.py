@@ -119,3 +119,17 @@ def test_dependency_bounds_are_the_tested_versions():
 
     assert deps == [f"torch{bounds(pairs['OLDEST_TORCH'], pairs['NEWEST_TORCH'])}",
                     f"triton{bounds(pairs['OLDEST_TRITON'], pairs['NEWEST_TRITON'])}"]
+
+
+def test_interpreter_without_numpy_says_which_extra_brings_it():
+    code = """
+import sys
+sys.modules["numpy"] = None  # as if NumPy were not installed
+import torch, flashtriton
+try:
+    flashtriton.flash_attention(torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8))
+except ImportError as error:
+    print(error)
+"""
+    out = _python(code, interpret=True)
+    assert "needs NumPy: pip install 'flashtriton[cpu]'" in out.stdout, out.stderr[-2000:]

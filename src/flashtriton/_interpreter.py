@@ -14,6 +14,18 @@ import os
 import torch
 
 
+def require_numpy() -> None:
+    """Raise ImportError with the fix when TRITON_INTERPRET=1 and NumPy is missing: Triton's interpreter
+    imports it when it wraps the kernels, and its own error would not say which extra brings it."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        raise ImportError("TRITON_INTERPRET=1 runs the kernels through Triton's interpreter, which needs NumPy: "
+                          "pip install 'flashtriton[cpu]'") from None
+
+
 @functools.cache  # the kernels are defined once, at import
 def is_active() -> bool:
     """True when the kernels were defined interpreted: Triton reads TRITON_INTERPRET once, when `triton.jit`

@@ -13,13 +13,18 @@ outputs, builds its launches and runs them (runner.py: replayed, static or autot
     kernel_set.py  which @triton.jit kernels a call launches
 """
 
-from .arguments import Varlen
-from .backward import attention_backward, backward_stats
-from .dropout import attention_probs, dropout_mask, new_dropout_seed
-from .forward import attention_forward
-from .kernel_set import DEFAULT_KERNELS, Kernels
-from .runner import Choice, last_choice
-from .tiles import TileConfig
+from .. import _interpreter
+
+# First, before anything imports Triton: with TRITON_INTERPRET=1, `import triton.language` already needs NumPy.
+_interpreter.require_numpy()
+
+from .arguments import Varlen  # noqa: E402
+from .backward import attention_backward, backward_stats  # noqa: E402
+from .dropout import attention_probs, dropout_mask, new_dropout_seed  # noqa: E402
+from .forward import attention_forward  # noqa: E402
+from .kernel_set import DEFAULT_KERNELS, Kernels  # noqa: E402
+from .runner import Choice, last_choice  # noqa: E402
+from .tiles import TileConfig  # noqa: E402
 
 __all__ = ["Choice", "DEFAULT_KERNELS", "Kernels", "TileConfig", "Varlen", "attention_backward", "attention_forward",
            "attention_probs", "backward_stats", "dropout_mask", "last_choice", "new_dropout_seed"]
