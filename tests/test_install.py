@@ -133,3 +133,12 @@ except ImportError as error:
 """
     out = _python(code, interpret=True)
     assert "needs NumPy: pip install 'flashtriton[cpu]'" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's main job: on a GPU, bench times the suite")
+def test_main_job_without_a_gpu_runs_the_interpreted_check():
+    """`python -m flashtriton bench` on a machine without a GPU and without TRITON_INTERPRET set: it must
+    switch the interpreter on before anything defines the kernels (the benchmark's own imports included)."""
+    out = _python("import sys\nfrom flashtriton.tools.cli import main\nsys.exit(main(['bench']))")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Timing needs a GPU" in out.stdout and "all checks passed" in out.stdout, out.stdout[-2000:]

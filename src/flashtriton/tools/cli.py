@@ -291,6 +291,17 @@ def _bench_gpu(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)  # before torch loads: --help and --version answer at once
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if args.command == "bench" and not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
+        # The check runs through the interpreter, which Triton picks when the kernels are defined: before
+        # anything below imports them.
+        if "flashtriton.kernels" in sys.modules:  # main() called in a process that already ran them
+            print("no CUDA GPU, and the kernels were imported compiled: run again with TRITON_INTERPRET=1",
+                  file=sys.stderr)
+            return 2
+        os.environ["TRITON_INTERPRET"] = "1"
     if args.command in ("bench", "roofline"):
         from .bench import PROVIDERS, SUITES
 
@@ -298,29 +309,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             _check_names(parser, "bench --variants", args.variants,
                          list(dict.fromkeys(s.variant_kind for s in SUITES["variants"]())))
-    import torch
 
     if args.command == "inspect":
         return _inspect(args)
     if args.command == "roofline":
-        if not torch.cuda.is_available():
+        if not on_gpu:
             print("the roofline measures the GPU: it needs a CUDA GPU", file=sys.stderr)
             return 2
         return _roofline(args)
     if args.command == "sweep":
-        if not torch.cuda.is_available() and args.replot is None:
+        if not on_gpu and args.replot is None:
             print("the sweep times kernels: it needs a CUDA GPU", file=sys.stderr)
             return 2
         return _sweep(args)
-    if not torch.cuda.is_available():
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            from .. import _interpreter
-
-            if "flashtriton.kernels" in sys.modules:  # defined compiled already (main() called in-process)
-                print("no CUDA GPU, and the kernels were imported compiled: run again with TRITON_INTERPRET=1",
-                      file=sys.stderr)
-                return 2
-            os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined, on their first import
-            assert _interpreter.is_active()
-        return _bench_cpu()
-    return _bench_gpu(args)
+    return _bench_gpu(args) if on_gpu else _bench_cpu()
