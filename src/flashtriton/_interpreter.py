@@ -4,6 +4,10 @@ The interpreter runs each program with NumPy. It stores bfloat16 as raw uint16 b
 `tl.dot` multiplies those bits as integers (triton-lang/triton#11584, "not supported yet" upstream). The
 kernels only ever feed bf16 values to `tl.dot` (everything else is upcast to fp32 first), so converting
 the dot's bf16 operands to fp32 is all it takes to run them exactly as a GPU would.
+
+The interpreter also re-patches `triton.language` (walking every member of four modules) at each call of
+a @triton.jit helper, though the launch already patched those modules for its whole run: a third of the
+CPU suite's time. Helper calls inside a launch skip it when the launch has patched every module they use.
 """
 
 from __future__ import annotations
@@ -64,7 +68,41 @@ def _patch_bf16_dot() -> None:
     builder_cls.create_dot = create_dot
 
 
+@functools.cache  # patches once per process
+def _patch_language_once_per_launch() -> None:
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang
+    launch_patched: list[set[int]] = []  # ids of the modules the running launch has patched (empty outside)
+
+    def modules_of(fn) -> set[int]:
+        return {id(m) for m in fn.__globals__.values() if inspect.ismodule(m) and m in (tl, tl.core)}
+
+    def patch_lang(fn):
+        if launch_patched and modules_of(fn) <= launch_patched[-1]:
+            return interpreter._LangPatchScope()  # nothing to patch, nothing to restore
+        scope = original(fn)
+        if launch_patched:  # a helper that uses a module the launch did not patch: now patched, as upstream
+            launch_patched[-1] |= modules_of(fn)
+            return scope
+        launch_patched.append(modules_of(fn))  # the launch itself: its scope is restored when it ends
+        restore = scope.restore
+
+        def restore_and_end_launch():
+            launch_patched.pop()
+            restore()
+
+        scope.restore = restore_and_end_launch
+        return scope
+
+    interpreter._patch_lang = patch_lang
+
+
 def prepare(device: torch.device) -> None:
-    """Called before every launch: patches the interpreter's bf16 dot once when running on the CPU."""
+    """Called before every launch: patches the interpreter once when running on the CPU."""
     if device.type != "cuda" and is_active():
         _patch_bf16_dot()
+        _patch_language_once_per_launch()
