@@ -43,3 +43,12 @@ def poison_empty(monkeypatch):
 def fresh_seed(request):
     # Fresh random inputs per test, reproducible from the test's id.
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+# The longest tests (the fuzzers' many cases, the offline compiles) first: with `pytest -n 2` they then
+# run beside the many short ones instead of alone at the end.
+_LONGEST_FIRST = ("test_fuzz.py", "test_compiled.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in _LONGEST_FIRST)  # stable: the order within is kept
