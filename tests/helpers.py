@@ -3,11 +3,10 @@
 import torch
 
 from conftest import DEVICE
-from flashtriton import attention_ref
-from flashtriton.autograd import FlashAttention, Tiles
+from flashtriton import attention_ref, launch
 from flashtriton.testing import backward_rounding_slack, bounded, compare_with_reference, make_qkv, max_err
 
-__all__ = ["with_backward_tiles", "check_against_reference", "make_qkv", "max_err", "packed_qkv",
+__all__ = ["BackwardTiles", "with_backward_tiles", "check_against_reference", "make_qkv", "max_err", "packed_qkv",
            "reference_per_sequence", "failed_checks"]
 
 
@@ -18,12 +17,31 @@ def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0, wind
     assert not failed, "; ".join(failed)
 
 
+class BackwardTiles(torch.autograd.Function):
+    """`BackwardTiles.apply(q, k, v, is_causal, options, configs, autotune) -> (o, lse)`: the launchers
+    under autograd, with the backward's tiles chosen (configs = (dK/dV, dQ), or None) or its autotuners
+    forced on or off, which the public API picks by problem size. `options`: the launchers' keywords."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, options, configs, autotune):
+        o, lse = launch.attention_forward(q, k, v, is_causal, **options)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.arguments = (is_causal, options, configs, autotune)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        is_causal, options, configs, autotune = ctx.arguments
+        grads = launch.attention_backward(do, *ctx.saved_tensors, is_causal, **options, configs=configs,
+                                          autotune=autotune)
+        return *grads, None, None, None, None
+
+
 def with_backward_tiles(q, k, v, is_causal, configs, autotune=None, window=(-1, -1)):
     """(o, lse) of the kernels with chosen backward tiles (dK/dV, dQ), or the backward's autotuners forced
-    on (the public API picks by problem size), through the autograd layer's own Function."""
-    options = dict(scale=q.shape[-1] ** -0.5, window=window)
-    return FlashAttention.apply(q, k, v, is_causal, options, True, False,
-                                Tiles(backward=configs, autotune_backward=autotune))
+    on (the public API picks by problem size)."""
+    return BackwardTiles.apply(q, k, v, is_causal, dict(scale=q.shape[-1] ** -0.5, window=window), configs, autotune)
 
 
 def packed_qkv(lengths_q, lengths_k, heads_q, heads_kv, head_dim, dtype, device=DEVICE):

@@ -7,7 +7,7 @@ import torch
 from conftest import DEVICE, ON_GPU
 from flashtriton import flash_attention
 from flashtriton.launch import TileConfig
-from helpers import check_against_reference, make_qkv
+from helpers import BackwardTiles, check_against_reference, make_qkv
 
 SIZES = [(97, 63), (63, 97), (1, 17)] if not ON_GPU else [(1000, 700), (700, 1000), (1, 300)]
 
@@ -47,14 +47,12 @@ def test_softcap_bounds_the_scores():
                                      (TileConfig(16, 32), TileConfig(32, 16)), None],
                          ids=["tma", "pointer-loads", "autotuned"])
 def test_score_mods_on_every_backward_path(configs):
-    from flashtriton.autograd import FlashAttention, Tiles
     slopes = _slopes((4,))
     q, k, v = make_qkv(1, 4, 1, 61, 77, 64, torch.float16, DEVICE)
     options = dict(scale=0.125, softcap=3.0, alibi_slopes=slopes)
 
     def modded(q, k, v):
-        return FlashAttention.apply(q, k, v, True, options, True, False,
-                                    Tiles(backward=configs, autotune_backward=configs is None))
+        return BackwardTiles.apply(q, k, v, True, options, configs, configs is None)
     check_against_reference(modded, q, k, v, True, scale=0.125, softcap=3.0, alibi_slopes=slopes)
 
 

@@ -5,8 +5,13 @@
     flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,  # packed (total, H, D)
                            max_seqlen_k, ...)
     FlashAttentionTriton.apply(Q, K, V, is_causal=False)                        # (..., N, d), the article's API
+    scaled_dot_product_attention(query, key, value, attn_mask=None, ...)        # torch's SDPA, same semantics
+    with sdpa_override(): model(x)                                              # routes F.scaled_dot_product_attention
     FlashAttentionPytorch.apply(Q, K, V, is_causal=False)                       # the same algorithm in PyTorch
     attention_ref(q, k, v, is_causal=False)                                     # plain attention, the oracle
+
+Beside them: `flashtriton.flash_attn_interface` (flash_attn's functions), `flashtriton.nn.Attention`
+(a layer), `flashtriton.integrations.transformers` (a Hugging Face attention backend).
 
 The names load torch and the kernels on first use, so that `python -m flashtriton --help` and
 `flashtriton.__version__` answer at once. Triton reads TRITON_INTERPRET when the kernels are defined:
@@ -23,16 +28,22 @@ __version__ = "0.2.0"  # the one place the version is written (pyproject.toml re
 _EXPORTS = {
     "flash_attention": ".api",
     "flash_attention_varlen": ".api",
-    "FlashAttentionTriton": ".autograd",
+    "FlashAttentionTriton": ".api",
+    "scaled_dot_product_attention": ".sdpa",
+    "sdpa_override": ".sdpa",
     "FlashAttentionPytorch": ".reference",
     "attention_ref": ".reference",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers and editors
-    from .api import flash_attention, flash_attention_varlen  # noqa: F401
-    from .autograd import FlashAttentionTriton  # noqa: F401
+    from .api import (  # noqa: F401
+        FlashAttentionTriton,  # noqa: F401
+        flash_attention,
+        flash_attention_varlen,
+    )
     from .reference import FlashAttentionPytorch, attention_ref  # noqa: F401
+    from .sdpa import scaled_dot_product_attention, sdpa_override  # noqa: F401
 
 
 def __getattr__(name: str):

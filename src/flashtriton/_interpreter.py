@@ -30,10 +30,10 @@ def require_numpy() -> None:
                           "pip install 'flashtriton[cpu]'") from None
 
 
-@functools.cache  # the kernels are defined once, at import
 def is_active() -> bool:
     """True when the kernels were defined interpreted: Triton reads TRITON_INTERPRET once, when `triton.jit`
-    wraps each function, so what counts is its value when flashtriton's kernels were imported."""
+    wraps each function, so what counts is its value when flashtriton's kernels were imported. (Not
+    memoised: torch.compile traces this, and an isinstance check is as cheap as a cache lookup.)"""
     from triton.runtime.interpreter import InterpretedFunction
 
     from .kernels.forward import attn_fwd_kernel

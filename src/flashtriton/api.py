@@ -1,13 +1,71 @@
-"""The public functional API: check the inputs, then run the autograd layer (autograd.py), or, with
-nothing to differentiate, the forward's launcher alone."""
+"""The public functional API: check the inputs, then run the custom ops (ops.py), which carry the
+autograd and torch.compile support, over the launchers (launch/).
+
+- `flash_attention`: (B, H, N, D) tensors.
+- `flash_attention_varlen`: a packed batch (total, H, D), as flash_attn's varlen API lays it out.
+- `FlashAttentionTriton.apply`: the article's interface on (..., N, d), over `flash_attention`.
+
+Everything here runs inside torch.compile's trace too: the checks read shapes, dtypes and flags only
+(never tensor values while compiling), so a compiled call guards on what the eager one checks.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .autograd import FlashAttention, FlashAttentionVarlen, checked_options, outputs
-from .launch import Varlen, attention_forward, attention_probs
-from .validation import check_flags, check_inputs, check_varlen, last_dim_contiguous
+from . import ops
+from .launch import new_dropout_seed
+from .validation import (
+    check_alibi_slopes,
+    check_dropout,
+    check_flags,
+    check_inputs,
+    check_scale,
+    check_softcap,
+    check_varlen,
+    check_window,
+    last_dim_contiguous,
+)
+
+NO_WINDOW = (-1, -1)
+
+
+def op_options(q: torch.Tensor, scale, window_size, softcap, alibi_slopes, dropout_p,
+               batch: int | None = None) -> tuple:
+    """The public keywords, checked, as the ops' arguments (scale, window_left, window_right, softcap,
+    alibi_slopes, dropout_p, dropout_seed). With dropout, the call's Philox key is drawn here, once for
+    its forward and backward. `batch` is the number of sequences of a packed q."""
+    window = NO_WINDOW if window_size == NO_WINDOW else check_window(window_size)
+    softcap = 0.0 if softcap == 0.0 else check_softcap(softcap)
+    if alibi_slopes is not None:
+        alibi_slopes = check_alibi_slopes(alibi_slopes, q, batch=batch)
+    seed = None
+    if dropout_p != 0.0:
+        dropout_p = check_dropout(dropout_p)
+        seed = new_dropout_seed(q.device)
+    return check_scale(scale, q.shape[-1]), *window, softcap, alibi_slopes, float(dropout_p), seed
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, is_causal: bool, options: tuple) -> torch.Tensor:
+    """The (B, Hq, Nq, Nk) float32 probabilities a call on 4-D q, k used (after dropout and its
+    1 / (1 - p) scaling, 0 where dropped), recomputed with the reference and the kernels' dropout mask.
+    `options`: the call's `op_options`."""
+    from .reference import attention_ref
+    scale, window_left, window_right, softcap, alibi_slopes, dropout_p, seed = options
+    q, k = q.float(), k.float()
+    keep = None if dropout_p == 0 else ops.dropout_keep(seed, q.shape[0], q.shape[1], q.shape[2], k.shape[2],
+                                                        dropout_p)
+    _, _, probs = attention_ref(q, k, k, is_causal=is_causal, scale=scale, upcast=False,
+                                window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                                dropout_p=dropout_p, dropout_mask=keep, return_probs=True)
+    return probs
+
+
+def outputs(o: torch.Tensor, lse: torch.Tensor, return_lse: bool, probs: torch.Tensor | None):
+    """o, or the tuple (o, lse if asked for, the probabilities if asked for)."""
+    if not return_lse and probs is None:
+        return o
+    return (o, *((lse,) if return_lse else ()), *((probs,) if probs is not None else ()))
 
 
 def flash_attention(
@@ -82,12 +140,9 @@ def flash_attention(
                 "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
     check_flags(return_lse=return_lse, return_attn_probs=return_attn_probs)
     check_inputs(q, k, v, is_causal=is_causal)
-    options = checked_options(q, scale, window_size, softcap, alibi_slopes, dropout_p)
+    options = op_options(q, scale, window_size, softcap, alibi_slopes, dropout_p)
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FlashAttention.apply(q, k, v, is_causal, options, return_lse, return_attn_probs)
-    # Nothing to differentiate: skip the autograd machinery, which costs the host about as much as the checks.
-    o, lse = attention_forward(q, k, v, is_causal, **options)
+    o, lse = ops.attention(q, k, v, None, None, 0, 0, is_causal, *options)
     return outputs(o, lse, return_lse, attention_probs(q, k, is_causal, options) if return_attn_probs else None)
 
 
@@ -132,8 +187,43 @@ def flash_attention_varlen(
     """
     check_flags(return_lse=return_lse)
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal)
-    options = checked_options(q, scale, window_size, softcap, alibi_slopes, dropout_p, batch=len(cu_seqlens_q) - 1)
-    # The kernels index cu_seqlens with unit stride: a strided view is copied (once, a few bytes).
-    varlen = Varlen(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k))
+    options = op_options(q, scale, window_size, softcap, alibi_slopes, dropout_p, batch=len(cu_seqlens_q) - 1)
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
-    return FlashAttentionVarlen.apply(q, k, v, varlen, is_causal, options, return_lse)
+    # The kernels index cu_seqlens with unit stride: a strided view is copied (once, a few bytes).
+    o, lse = ops.attention(q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
+                           is_causal, *options)
+    return (o, lse) if return_lse else o
+
+
+def _as_4d(x: torch.Tensor) -> torch.Tensor:
+    """(..., H, N, D) -> (B, H, N, D), merging extra leading dims into B; (N, D) and (B, N, D) get H = 1."""
+    if x.dim() == 2:
+        return x[None, None]
+    if x.dim() == 3:
+        return x[:, None]
+    if x.dim() == 4:
+        return x
+    return x.reshape(-1, *x.shape[-3:])
+
+
+class FlashAttentionTriton:
+    """FlashAttention-2 in Triton, forward and backward: the article's interface.
+
+    `FlashAttentionTriton.apply(Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=(-1, -1),
+    softcap=0.0, alibi_slopes=None, dropout_p=0.0, return_attn_probs=False)` returns O, or `(O, L)` with
+    `return_lse=True` (L carries no gradient); the rest as in `flash_attention`. Q: (..., Nq, d), K and V:
+    (..., Nk, d), with equal leading dims except that a 4-D (or larger) input may have fewer key/value
+    heads (dim -3) than query heads (GQA). O: like Q; L: Q.shape[:-1], float32, natural log. The backward
+    saves exactly `Q, K, V, O, L` (as views of the 4-D tensors the kernels take).
+    """
+
+    @staticmethod
+    def apply(Q, K, V, is_causal=False, scale=None, return_lse=False, window_size=NO_WINDOW, softcap=0.0,
+              alibi_slopes=None, dropout_p=0.0, return_attn_probs=False):
+        check_flags(return_lse=return_lse, return_attn_probs=return_attn_probs)
+        check_inputs(Q, K, V, is_causal=is_causal)
+        options = op_options(Q, scale, window_size, softcap, alibi_slopes, dropout_p)
+        q4, k4, v4 = (_as_4d(last_dim_contiguous(x)) for x in (Q, K, V))
+        o4, lse4 = ops.attention(q4, k4, v4, None, None, 0, 0, is_causal, *options)
+        O, L = o4.view(Q.shape), lse4.view(Q.shape[:-1])
+        return outputs(O, L, return_lse, attention_probs(q4, k4, is_causal, options) if return_attn_probs else None)

@@ -182,8 +182,8 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
     """Validate a packed batch: q (total_q, Hq, D), k and v (total_k, Hkv, D), cumulative lengths int32
     (batch + 1,) that start at 0, never decrease and end at the totals, and maximum lengths at least the
     longest sequence. Reads the lengths back to the host (one small copy each), except while a CUDA graph
-    is being captured, where a copy to the host is not allowed: there only their type, shape and device
-    are checked, and the values are the caller's responsibility."""
+    is being captured or torch.compile traces the call, where a copy to the host is not allowed: there
+    only their type, shape and device are checked, and the values are the caller's responsibility."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -192,7 +192,8 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
                              f"shape {tuple(x.shape)}")
     # the rest of the per-tensor checks, on the (1, H, total, D) views the kernels read
     check_inputs(*(x.permute(1, 0, 2)[None] for x in (q, k, v)), is_causal=is_causal)
-    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    # Neither a CUDA graph capture nor torch.compile's trace can read tensor values back to the host.
+    capturing = torch.compiler.is_compiling() or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
     lengths = {}
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or len(cu) < 1:

@@ -19,12 +19,12 @@ from .. import _interpreter
 _interpreter.require_numpy()
 
 from .arguments import Varlen  # noqa: E402
-from .backward import attention_backward, backward_stats  # noqa: E402
-from .dropout import attention_probs, dropout_mask, new_dropout_seed  # noqa: E402
-from .forward import attention_forward  # noqa: E402
+from .backward import attention_backward, backward_stats, gradient_outputs  # noqa: E402
+from .dropout import dropout_mask, new_dropout_seed  # noqa: E402
+from .forward import attention_forward, forward_outputs  # noqa: E402
 from .kernel_set import DEFAULT_KERNELS, Kernels  # noqa: E402
 from .runner import Choice, last_choice  # noqa: E402
 from .tiles import TileConfig  # noqa: E402
 
 __all__ = ["Choice", "DEFAULT_KERNELS", "Kernels", "TileConfig", "Varlen", "attention_backward", "attention_forward",
-           "attention_probs", "backward_stats", "dropout_mask", "last_choice", "new_dropout_seed"]
+           "backward_stats", "dropout_mask", "forward_outputs", "gradient_outputs", "last_choice", "new_dropout_seed"]

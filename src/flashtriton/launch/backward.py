@@ -21,6 +21,7 @@ from .arguments import (
 )
 from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candidate_tile
 from .descriptors import attention_descriptors, statistics_descriptors, tma_strides
+from .forward import empty_in_order
 from .kernel_set import DEFAULT_KERNELS, Kernels
 from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, backward_configs, block_d
@@ -74,7 +75,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if do.stride(-1) != 1:
         do = do.contiguous()
     need_dq, need_dkdv = needs[0], needs[1] or needs[2]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = gradient_outputs(q, k, v)
     if dq.numel() == 0 or dk.numel() == 0:  # nothing attends: every gradient is zero
         return _wanted((dq.zero_(), dk.zero_(), dv.zero_()), needs)
     if dropout_p > 0 and dropout_seed is None:
@@ -106,6 +107,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                                  softcap, alibi_slopes, varlen, dropout_p, kernels)]
     run("backward", key, specs, ("dkdv", "dq"))
     return _wanted((dq, dk, dv), needs)
+
+
+def gradient_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv, laid out like q, k, v (forward.empty_in_order); the custom op's fake implementation
+    allocates through this too."""
+    return empty_in_order(q), empty_in_order(k), empty_in_order(v)
 
 
 def _gradient_launches(tensors: dict, q: torch.Tensor, k: torch.Tensor, dims: tuple[int, int, int], is_causal: bool,

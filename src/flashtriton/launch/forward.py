@@ -40,9 +40,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     packed batch (Varlen); `dropout_p` > 0 drops probabilities with the Philox key in `dropout_seed` (one
     int64 on q's device; the backward must get the same one); `kernels` replaces the kernels launched."""
     heads_q, seqlen_q, head_dim = q.shape[1:]
-    # a packed batch's output is packed like q: (total_q, Hq, D) seen as (1, Hq, total_q, D)
-    o = torch.empty_like(q) if varlen is None else q.new_empty((seqlen_q, heads_q, head_dim)).permute(1, 0, 2)[None]
-    lse = torch.empty((q.shape[0], heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    o, lse = forward_outputs(q, packed=varlen is not None)
     if o.numel() == 0:
         return o, lse
     batch, grid_q, grid_k = grid_dims(q, k, varlen)
@@ -66,6 +64,30 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
                            softcap, alibi_slopes, varlen, dropout_p, kernels or DEFAULT_KERNELS)
     run("forward", key, [spec], ("fwd",))
     return o, lse
+
+
+def empty_in_order(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised dense tensor shaped like x whose dims lie in memory in the order of x's strides.
+    That is x's own layout when x is dense, as torch.empty_like keeps it; for a slice of a bigger tensor
+    (q out of a (B, N, 3, H, D) qkv, seen as (B, H, N, D)) it is the dense layout in the same order, here
+    (B, N, H, D), where empty_like would fall back to (B, H, N, D)."""
+    order = sorted(range(x.dim()), key=lambda d: -x.stride(d))  # stable: equal strides keep their order
+    if order == list(range(x.dim())):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+    dense = torch.empty([x.shape[d] for d in order], device=x.device, dtype=x.dtype)
+    return dense.permute(sorted(range(x.dim()), key=order.__getitem__))
+
+
+def forward_outputs(q: torch.Tensor, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """O and L, allocated for q (B, Hq, Nq, D): O laid out like q (empty_in_order), L (B, Hq, Nq) float32.
+    A packed batch's O is packed like q, (total_q, Hq, D), seen as (1, Hq, total_q, D). The custom op's
+    fake implementation allocates through this too, so that its strides are a real call's."""
+    heads_q, seqlen_q, head_dim = q.shape[1:]
+    if packed:
+        o = torch.empty((seqlen_q, heads_q, head_dim), device=q.device, dtype=q.dtype).permute(1, 0, 2)[None]
+    else:
+        o = empty_in_order(q)
+    return o, torch.empty((q.shape[0], heads_q, seqlen_q), device=q.device, dtype=torch.float32)
 
 
 def _forward_launch(tensors: tuple, q: torch.Tensor, k: torch.Tensor, dims: tuple[int, int, int], is_causal: bool,

@@ -1,0 +1,132 @@
+"""flash_attn's interface (version 2.8) over flashtriton's kernels, so that code written for flash_attn
+switches with one line:
+
+    import flashtriton.flash_attn_interface as flash_attn_interface
+    from flashtriton.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+The functions take flash_attn's argument names, defaults and (batch, seqlen, heads, head_dim) layout and
+return what it returns. The layout is a transposed view of flashtriton's (B, H, N, D), so nothing is
+copied; the output comes back contiguous in flash_attn's layout. Differences:
+
+- `deterministic` is accepted and changes nothing: flashtriton's backward is always deterministic.
+- `return_attn_probs=True` returns (out, softmax_lse, probs) where probs are the (B, H, Nq, Nk) float32
+  probabilities after dropout, 0 where dropped. flash_attn returns its S_dmask, padded to its tiles,
+  with dropped entries negative. Both are testing aids; ours materialises them, so keep it small.
+- Not supported, each a NotImplementedError: `block_table` (paged KV) in `flash_attn_varlen_func`, and
+  flash_attn's other entry points (`flash_attn_with_kvcache`).
+
+Masks, as in flash_attn >= 2.1: `causal` aligns to the bottom-right corner (query i sees key j iff
+j <= i + Nk - Nq); `window_size=(left, right)` bounds that band, -1 unbounded; with causal, right is 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .api import flash_attention, flash_attention_varlen
+
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
+
+
+def _check_layout(name: str, x: object, dims: int, shape: str) -> None:
+    if isinstance(x, torch.Tensor) and x.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dims {shape} in flash_attn's layout, got shape {tuple(x.shape)}")
+
+
+def _check_packed(name: str, x: object, dims: int, count: int, shape: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    _check_layout(name, x, dims, shape)
+    if x.shape[-3] != count:
+        raise ValueError(f"{name} must be {shape}, with {count} at dim {x.dim() - 3}; got shape {tuple(x.shape)}")
+
+
+def _check_deterministic(deterministic: object) -> None:
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
+
+
+def _results(o: torch.Tensor, lse: torch.Tensor, probs: torch.Tensor | None, return_attn_probs: bool):
+    return (o, lse, probs) if return_attn_probs else o
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Attention on q (B, Nq, Hq, D), k and v (B, Nk, Hkv, D); Hq a multiple of Hkv (GQA, MQA).
+
+    Args as flash_attn's: `softmax_scale` defaults to 1 / sqrt(D); `alibi_slopes` float32 (Hq,) or
+    (B, Hq), a bias of -slope * |i + Nk - Nq - j|; `softcap` > 0 caps the scores (softcap * tanh(s / softcap)).
+
+    Returns out (B, Nq, Hq, D); with `return_attn_probs`, (out, softmax_lse (B, Hq, Nq) float32, probs).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_layout(name, x, 4, "(batch, seqlen, heads, head_dim)")
+    _check_deterministic(deterministic)
+    result = flash_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=softmax_scale,
+                             return_lse=True, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                             dropout_p=dropout_p, return_attn_probs=return_attn_probs)
+    o, lse, *probs = result
+    return _results(o.transpose(1, 2), lse, probs[0] if probs else None, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """`flash_attn_func` on qkv (B, N, 3, H, D) stacked; returns as it does. The gradient comes back as one
+    (B, N, 3, H, D) tensor."""
+    _check_packed("qkv", qkv, 5, 3, "(batch, seqlen, 3, heads, head_dim)")
+    return flash_attn_func(*qkv.unbind(2), dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """`flash_attn_func` on q (B, Nq, Hq, D) and kv (B, Nk, 2, Hkv, D) stacked; returns as it does."""
+    _check_packed("kv", kv, 5, 2, "(batch, seqlen, 2, heads, head_dim)")
+    return flash_attn_func(q, *kv.unbind(2), dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """Attention on a packed batch: q (total_q, Hq, D), k and v (total_k, Hkv, D), sequence b being rows
+    cu_seqlens_q[b]:cu_seqlens_q[b + 1] (int32, (B + 1,)); masks per sequence. Returns out (total_q, Hq, D);
+    with `return_attn_probs`, (out, softmax_lse (Hq, total_q) float32, None): the probabilities of a
+    packed batch are not materialised."""
+    if block_table is not None:
+        raise NotImplementedError("block_table (a paged KV cache) is not supported by flash_attn_varlen_func here; "
+                                  "pass contiguous k and v")
+    _check_deterministic(deterministic)
+    if not isinstance(return_attn_probs, bool):
+        raise TypeError(f"return_attn_probs must be True or False, got {return_attn_probs!r}")
+    o, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    is_causal=causal, scale=softmax_scale, window_size=window_size, softcap=softcap,
+                                    alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=True)
+    return _results(o, lse, None, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """`flash_attn_varlen_func` on qkv (total, 3, H, D) stacked, one cu_seqlens for queries and keys."""
+    _check_packed("qkv", qkv, 4, 3, "(total, 3, heads, head_dim)")
+    return flash_attn_varlen_func(*qkv.unbind(1), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """`flash_attn_varlen_func` on q (total_q, Hq, D) and kv (total_k, 2, Hkv, D) stacked."""
+    _check_packed("kv", kv, 4, 2, "(total, 2, heads, head_dim)")
+    return flash_attn_varlen_func(q, *kv.unbind(1), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_with_kvcache(*args, **kwargs):
+    """Not supported yet: decoding against a KV cache is a separate capability of flashtriton's roadmap."""
+    raise NotImplementedError("flash_attn_with_kvcache is not supported by flashtriton yet; for decoding, call "
+                              "flash_attn_func with the cached keys and values (k_cache[:, :seqlen])")

@@ -1,0 +1,1 @@
+"""Interfaces for other libraries' ecosystems, each importing its library only when it is imported itself."""

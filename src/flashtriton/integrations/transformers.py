@@ -1,0 +1,135 @@
+"""A Hugging Face transformers (5.x) attention backend: `attn_implementation="FlashTriton"`.
+
+    import flashtriton.integrations.transformers   # registers "FlashTriton" (or call register())
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="FlashTriton")
+
+The name is capitalised on purpose: transformers takes every implementation name that contains the
+lowercase "flash" for a flash_attn build, and tries to import it from flash_attn or the Hugging Face
+Hub (`is_flash_attention_requested`), so `"flashtriton"` fails there with "Could not find the
+currently requested flash attention implementation".
+
+Importing this module registers the backend with transformers' `AttentionInterface`, and registers
+transformers' own flash-attention mask builder under the same name with `AttentionMaskInterface`, so
+that a model hands the backend what it hands flash_attn: a 2-D padding mask (batch, keys), or None
+when nothing is padded. The backend then runs, per layer:
+
+- no padding: `flash_attention` on the (B, H, N, D) tensors, causal aligned to the bottom-right
+  corner, which is what decoding against a KV cache needs;
+- a padding mask: the tokens kept are gathered into a packed batch (`flash_attention_varlen`) and the
+  output scattered back, 0 at padded queries (one read of the mask's lengths to the host per layer);
+- packed sequences: the `cu_seq_lens_q`/`cu_seq_lens_k`/`max_length_q`/`max_length_k` keywords that
+  transformers' `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` produces; or, with batch 1
+  and no mask, `position_ids` that restart (read on the host, as transformers' flash path does: under
+  torch.compile that is a graph break, so pass the cu_seq_lens keywords there);
+- grouped-query heads natively (no repeat of K and V); a layer's `sliding_window` as the window
+  (sliding_window - 1, sliding_window - 1), as transformers maps it for flash_attn (a causal layer
+  sees its last `sliding_window` keys); `softcap` (Gemma 2) and `scaling` as they are; `dropout`.
+
+Anything else raises NotImplementedError: attention sinks (`s_aux`), a 4-D custom mask, key and value
+head dims that differ. `output_attentions=True` returns no weights, with a warning, as transformers'
+flash backends do.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+from ..api import flash_attention, flash_attention_varlen
+
+NAME = "FlashTriton"  # not "flashtriton": see the module docstring
+
+__all__ = ["NAME", "attention_forward", "register"]
+
+
+def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+
+
+def _packed_from_positions(position_ids: torch.Tensor | None, batch: int, seqlen: int):
+    """(cu_seqlens, max_seqlen) of the sequences packed into one row, where position_ids restart; None
+    for one sequence per row (batch > 1, a single token, or positions that never restart)."""
+    if position_ids is None or batch != 1 or seqlen == 1:
+        return None
+    positions = position_ids.reshape(-1)
+    starts = (positions[1:] <= positions[:-1]).nonzero().flatten() + 1
+    if starts.numel() == 0:
+        return None
+    cu = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), positions.numel())]).to(torch.int32)
+    return cu, int(cu.diff().max())
+
+
+def _varlen(query, key, value, cu_q, cu_k, max_q, max_k, options):
+    """Attention on (B, N, H, D) tensors flattened into one packed batch; returns (B, Nq, H, D)."""
+    batch, seqlen_q = query.shape[:2]
+    o = flash_attention_varlen(query.reshape(-1, *query.shape[2:]), key.reshape(-1, *key.shape[2:]),
+                               value.reshape(-1, *value.shape[2:]), cu_q, cu_k, int(max_q), int(max_k), **options)
+    return o.view(batch, seqlen_q, *o.shape[1:])
+
+
+def _unpadded(query, key, value, mask, options):
+    """Attention on (B, N, H, D) tensors of which `mask` (B, Nk), True where kept, marks the keys; the
+    queries are the last Nq positions of it. Padded queries get 0."""
+    batch, seqlen_q = query.shape[:2]
+    mask = mask.bool()
+    mask_q = mask[:, -seqlen_q:]
+    lengths_k, lengths_q = mask.sum(-1, dtype=torch.int32), mask_q.sum(-1, dtype=torch.int32)
+    kept_k, kept_q = mask.flatten().nonzero().flatten(), mask_q.flatten().nonzero().flatten()
+    max_q, max_k = torch.stack([lengths_q.max(), lengths_k.max()]).tolist()  # one read back for both
+    q = query.reshape(-1, *query.shape[2:]).index_select(0, kept_q)
+    k, v = (x.reshape(-1, *x.shape[2:]).index_select(0, kept_k) for x in (key, value))
+    o = flash_attention_varlen(q, k, v, _cumulative(lengths_q), _cumulative(lengths_k), max_q, max_k, **options)
+    full = o.new_zeros(batch * seqlen_q, *o.shape[1:]).index_copy(0, kept_q, o)
+    return full.view(batch, seqlen_q, *o.shape[1:])
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+                      s_aux: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: query (B, Hq, Nq, D), key and value (B, Hkv, Nk, D);
+    returns (output (B, Nq, Hq, D), None)."""
+    if s_aux is not None:
+        raise NotImplementedError("attention sinks (s_aux) are not supported by flashtriton; use "
+                                  "attn_implementation='eager' or 'sdpa' for this model")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise NotImplementedError(f"flashtriton takes a 2-D padding mask (batch, keys) from transformers' flash "
+                                  f"mask builder, got a mask of shape {tuple(attention_mask.shape)}; custom 4-D "
+                                  "masks need attn_implementation='sdpa' or 'eager'")
+    if value.shape[-1] != query.shape[-1]:
+        raise NotImplementedError(f"value head dim {value.shape[-1]} differs from the query's {query.shape[-1]}; "
+                                  "flashtriton needs them equal")
+    if kwargs.get("output_attentions", False):
+        warnings.warn("flashtriton does not return attention weights (output_attentions=True); they are None",
+                      stacklevel=2)
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
+    options = dict(is_causal=bool(is_causal), scale=scaling, window_size=window, softcap=softcap or 0.0,
+                   dropout_p=float(dropout))
+    batch, seqlen_q = query.shape[0], query.shape[2]
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, N, H, D) views
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if attention_mask is not None:
+        return _unpadded(q, k, v, attention_mask, options), None
+    if cu_q is not None and cu_k is not None:
+        return _varlen(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), kwargs["max_length_q"],
+                       kwargs["max_length_k"], options), None
+    packed = _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q)
+    if packed is not None:
+        cu, longest = packed
+        return _varlen(q, k, v, cu, cu, longest, longest, options), None
+    return flash_attention(query, key, value, **options).transpose(1, 2), None
+
+
+def register(name: str = NAME) -> str:
+    """Register the backend (and its mask builder) under `name`; returns the name to pass as
+    `attn_implementation`. Done once on import with the default name; registering again is harmless."""
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+register()

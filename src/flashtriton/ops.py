@@ -1,0 +1,166 @@
+"""The custom operators: the forward, the backward and dropout's mask as `torch.library` ops, with fake
+(meta) implementations and autograd registered on them. `torch.compile` sees each call as one node
+whose output shapes, dtypes and strides it knows without running it, so it traces through the public
+API with no graph break; CUDA graphs capture the kernels the op launches.
+
+    flashtriton::forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                         scale, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                         dropout_seed) -> (o, lse)
+    flashtriton::backward(do, q, k, v, o, lse, <the forward's arguments after v>, need_dq,
+                          need_dkdv) -> (dq, dk, dv)
+    flashtriton::dropout_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep
+
+A call is dense when cu_seqlens_q is None: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), lse (B, Hq, Nq),
+and max_seqlen_* are ignored. Otherwise it is a packed batch: q (total_q, Hq, D), k and v (total_k,
+Hkv, D), lse (Hq, total_q). The arguments are those the public API checked (api.py); the ops check
+nothing again.
+
+These are `torch.library.custom_op`s, not `triton_op`s with `wrap_triton`. A triton_op's body is traced
+so that Inductor can call the Triton kernels from its own generated code. Our launchers do things no
+trace can hold: they replay recorded launch plans through the compiled kernels' own launchers, run
+Triton's autotuner with TMA descriptors whose boxes each candidate sets, and read cu_seqlens back
+once per tensor. Inductor cannot fuse its own code into a user's Triton kernel either way, so a
+triton_op would only save the dispatcher's few microseconds per call, and `mode="reduce-overhead"`
+(CUDA graphs) removes those too.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .launch import Varlen, attention_backward, attention_forward, dropout_mask, forward_outputs, gradient_outputs
+
+NAMESPACE = "flashtriton"
+
+
+def _packed_as_4d(x: Tensor) -> Tensor:
+    """(total, H, D) -> the (1, H, total, D) view the launchers take for a packed batch (launch.Varlen)."""
+    return x.permute(1, 0, 2)[None]
+
+
+def _unpacked(x4: Tensor) -> Tensor:
+    """The launchers' (1, H, total, D) or (1, H, total) result, back in the packed layout."""
+    return x4[0].permute(1, 0, 2) if x4.dim() == 4 else x4[0]
+
+
+def _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
+                   window_right, softcap, alibi_slopes, dropout_p, dropout_seed) -> dict:
+    """The op's arguments after the tensors, as the launchers' keywords."""
+    varlen = None if cu_seqlens_q is None else Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return dict(is_causal=is_causal, scale=scale, window=(window_left, window_right), softcap=softcap,
+                alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=dropout_seed, varlen=varlen)
+
+
+def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+            max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float, window_left: int,
+            window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
+            dropout_seed: Tensor | None) -> tuple[Tensor, Tensor]:
+    kwargs = _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
+                            window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+    if cu_seqlens_q is None:
+        return attention_forward(q, k, v, **kwargs)
+    o4, lse4 = attention_forward(_packed_as_4d(q), _packed_as_4d(k), _packed_as_4d(v), **kwargs)
+    return _unpacked(o4), lse4[0]
+
+
+forward = torch.library.custom_op(f"{NAMESPACE}::forward", forward_impl, mutates_args=())
+
+
+@forward.register_fake
+def _forward_fake(q, k, v, cu_seqlens_q, *_):
+    # The launcher's own allocation, so that the strides are exactly those a real call returns.
+    if cu_seqlens_q is None:
+        return forward_outputs(q, packed=False)
+    o4, lse4 = forward_outputs(_packed_as_4d(q), packed=True)
+    return _unpacked(o4), lse4[0]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::backward", mutates_args=())
+def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
+             cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
+             window_left: int, window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
+             dropout_seed: Tensor | None, need_dq: bool, need_dkdv: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv; a gradient not asked for (need_dq, need_dkdv) comes back as an empty (0,) tensor,
+    since an op returns tensors only."""
+    kwargs = _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
+                            window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
+    needs = (need_dq, need_dkdv, need_dkdv)
+    if cu_seqlens_q is None:
+        grads = attention_backward(do, q, k, v, o, lse, **kwargs, needs=needs)
+    else:
+        grads = attention_backward(*(_packed_as_4d(x) for x in (do, q, k, v, o)), lse[None], **kwargs, needs=needs)
+        grads = tuple(None if g is None else _unpacked(g) for g in grads)
+    return tuple(q.new_empty(0) if g is None else g for g in grads)
+
+
+@backward.register_fake
+def _backward_fake(do, q, k, v, o, lse, cu_seqlens_q, *args):
+    need_dq, need_dkdv = args[-2:]
+    packed = cu_seqlens_q is not None
+    grads = gradient_outputs(*((_packed_as_4d(x) for x in (q, k, v)) if packed else (q, k, v)))
+    grads = tuple(_unpacked(g) for g in grads) if packed else grads
+    return tuple(g if need else q.new_empty(0) for g, need in zip(grads, (need_dq, need_dkdv, need_dkdv), strict=True))
+
+
+def _setup_forward(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left, window_right, softcap, alibi_slopes, \
+        dropout_p, dropout_seed = inputs
+    o, lse = output
+    optional = (cu_q, cu_k, alibi_slopes, dropout_seed)
+    # Exactly Q, K, V, O, L, and the variants' tensors only where they are on.
+    ctx.save_for_backward(q, k, v, o, lse, *(t for t in optional if t is not None))
+    ctx.present = tuple(t is not None for t in optional)
+    ctx.scalars = (max_q, max_k, is_causal, scale, window_left, window_right, softcap, dropout_p)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_of_forward(ctx, do, _dlse):
+    q, k, v, o, lse, *saved = ctx.saved_tensors
+    saved = iter(saved)
+    cu_q, cu_k, alibi_slopes, dropout_seed = (next(saved) if present else None for present in ctx.present)
+    max_q, max_k, is_causal, scale, window_left, window_right, softcap, dropout_p = ctx.scalars
+    need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
+    dq, dk, dv = backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left, window_right,
+                          softcap, alibi_slopes, dropout_p, dropout_seed, need_dq, need_dk or need_dv)
+    return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None, *(None,) * 12)
+
+
+def _setup_backward(ctx, inputs, output) -> None:
+    pass
+
+
+def _no_second_derivative(ctx, *_):
+    raise NotImplementedError(
+        "flash_attention has no second derivative (double backward): compute its gradients without "
+        "create_graph=True, or use flashtriton.attention_ref (plain attention) where a second derivative is "
+        "needed")
+
+
+torch.library.register_autograd(f"{NAMESPACE}::forward", _backward_of_forward, setup_context=_setup_forward)
+torch.library.register_autograd(f"{NAMESPACE}::backward", _no_second_derivative, setup_context=_setup_backward)
+
+
+def _dropout_keep(seed: Tensor, batch: int, heads: int, seqlen_q: int, seqlen_k: int, dropout_p: float) -> Tensor:
+    return dropout_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p)
+
+
+# The boolean (batch, heads, seqlen_q, seqlen_k) mask of the probabilities a call kept (launch.dropout_mask).
+dropout_keep = torch.library.custom_op(f"{NAMESPACE}::dropout_mask", _dropout_keep, mutates_args=())
+
+
+@dropout_keep.register_fake
+def _dropout_keep_fake(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
+    return seed.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+              max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, *options) -> tuple[Tensor, Tensor]:
+    """(o, lse) through the forward op; or, outside torch.compile with nothing to differentiate, through
+    its implementation directly, since dispatching to the op and its autograd costs the host ~10 µs a call.
+    `options`: (scale, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed)."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, *options)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled()
+                                         and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return forward(*args)
+    return forward_impl(*args)
