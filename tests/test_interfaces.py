@@ -65,7 +65,7 @@ def test_flash_attn_func_against_flash_attn_semantics(case):
     def through_interface(q, k, v):  # (B, H, N, D) in, so that the reference can take them
         out, lse, probs = fai.flash_attn_func(*(x.transpose(1, 2) for x in (q, k, v)), return_attn_probs=True,
                                               **kwargs)
-        assert out.is_contiguous() and out.shape == (2, seqlen_q, heads_q, 32)
+        assert out.shape == (2, seqlen_q, heads_q, 32)  # laid out like q (a transposed view here)
         assert probs.shape == (2, heads_q, seqlen_q, seqlen_k)
         return out.transpose(1, 2), lse
 

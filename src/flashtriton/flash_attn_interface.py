@@ -6,7 +6,8 @@ switches with one line:
 
 The functions take flash_attn's argument names, defaults and (batch, seqlen, heads, head_dim) layout and
 return what it returns. The layout is a transposed view of flashtriton's (B, H, N, D), so nothing is
-copied; the output comes back contiguous in flash_attn's layout. Differences:
+copied; the output is laid out like q, as flash_attn's is: contiguous for a contiguous q, and for the
+slices of a stacked qkv. Differences:
 
 - `deterministic` is accepted and changes nothing: flashtriton's backward is always deterministic.
 - `return_attn_probs=True` returns (out, softmax_lse, probs) where probs are the (B, H, Nq, Nk) float32
