@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-from flashtriton import flash_attention
+from flashtriton import flash_attention, launch
 from flashtriton.tools.bench import environment, warm_up_gpu
 
 ROUNDS = 3
@@ -68,6 +68,8 @@ def _timers(provider: str, way: str, mode: str, seqlen: int, causal: bool):
 
     def call():
         step(q, k, v)
+        if mode != "fwd":  # as a training step's zero_grad(set_to_none=True): the graphs own their outputs
+            q.grad = k.grad = v.grad = None
     for _ in range(3):  # compile, record the graphs, settle
         call()
     torch.cuda.synchronize()
@@ -86,7 +88,8 @@ def _timers(provider: str, way: str, mode: str, seqlen: int, causal: bool):
             torch.cuda.synchronize()
             per_call.append((time.perf_counter() - start) / calls * 1e3)
         return statistics.median(per_call)
-    return do_bench, loop
+    choice = launch.last_choice("forward") if provider == "flashtriton" else None
+    return do_bench, loop, None if choice is None else f"{choice}{' (replayed)' if choice.replayed else ''}"
 
 
 def run(seqlens: list[int], modes: list[str]) -> list[dict]:
@@ -97,12 +100,13 @@ def run(seqlens: list[int], modes: list[str]) -> list[dict]:
                 timers = {(p, w): _timers(p, w, mode, seqlen, causal) for p in PROVIDERS for w in WAYS}
                 times = {key: ([], []) for key in timers}
                 for _ in range(ROUNDS):
-                    for key, (do_bench, loop) in timers.items():
+                    for key, (do_bench, loop, _) in timers.items():
                         times[key][0].append(do_bench())
                         times[key][1].append(loop())
                 for (provider, way), (bench_ms, loop_ms) in times.items():
                     rows.append(dict(mode=mode, seqlen=seqlen, causal=causal, provider=provider, way=way,
                                      ms=statistics.median(bench_ms), loop_ms=statistics.median(loop_ms),
+                                     forward_tiles=timers[(provider, way)][2],
                                      spread=(max(bench_ms) - min(bench_ms)) / statistics.median(bench_ms)))
                 print(mode, seqlen, "causal" if causal else "full",
                       {f"{p}/{w}": (round(statistics.median(a), 4), round(statistics.median(b), 4))
