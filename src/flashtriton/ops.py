@@ -76,8 +76,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, *_):
     return _unpacked(o4), lse4[0]
 
 
-@torch.library.custom_op(f"{NAMESPACE}::backward", mutates_args=())
-def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
+def backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
              cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
              window_left: int, window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
              dropout_seed: Tensor | None, need_dq: bool, need_dkdv: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -92,6 +91,9 @@ def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor
         grads = attention_backward(*(_packed_as_4d(x) for x in (do, q, k, v, o)), lse[None], **kwargs, needs=needs)
         grads = tuple(None if g is None else _unpacked(g) for g in grads)
     return tuple(q.new_empty(0) if g is None else g for g in grads)
+
+
+backward = torch.library.custom_op(f"{NAMESPACE}::backward", backward_impl, mutates_args=())
 
 
 @backward.register_fake
@@ -115,15 +117,21 @@ def _setup_forward(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(lse)
 
 
-def _backward_of_forward(ctx, do, _dlse):
+def _gradients(ctx, do, run_backward) -> tuple:
+    """The forward's inputs' gradients (None for what autograd does not want), through `run_backward`:
+    the backward op, or its implementation."""
     q, k, v, o, lse, *saved = ctx.saved_tensors
     saved = iter(saved)
     cu_q, cu_k, alibi_slopes, dropout_seed = (next(saved) if present else None for present in ctx.present)
     max_q, max_k, is_causal, scale, window_left, window_right, softcap, dropout_p = ctx.scalars
     need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
-    dq, dk, dv = backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left, window_right,
-                          softcap, alibi_slopes, dropout_p, dropout_seed, need_dq, need_dk or need_dv)
+    dq, dk, dv = run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left,
+                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed, need_dq, need_dk or need_dv)
     return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None, *(None,) * 12)
+
+
+def _backward_of_forward(ctx, do, _dlse):
+    return _gradients(ctx, do, backward)
 
 
 def _setup_backward(ctx, inputs, output) -> None:
@@ -154,13 +162,33 @@ def _dropout_keep_fake(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
     return seed.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The forward op's autograd for eager calls, with the same context and gradients. Measured on the
+    H200's host (benchmarks/host_per_call.py), the custom op's Python autograd layer cost a small forward
+    with gradients ~150 µs more than a torch.autograd.Function; only torch.compile needs the op.
+    `_EagerAttention.apply(*the forward op's arguments) -> (o, lse)`."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = forward_impl(*inputs)
+        _setup_forward(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        # With create_graph=True, through the op, whose own autograd makes a second derivative a clear error.
+        return _gradients(ctx, do, backward if torch.is_grad_enabled() else backward_impl)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
               max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, *options) -> tuple[Tensor, Tensor]:
-    """(o, lse) through the forward op; or, outside torch.compile with nothing to differentiate, through
-    its implementation directly, since dispatching to the op and its autograd costs the host ~10 µs a call.
-    `options`: (scale, window_left, window_right, softcap, alibi_slopes, dropout_p, dropout_seed)."""
+    """(o, lse): through the forward op while torch.compile traces; outside it, through the same
+    implementation and autograd without the op's dispatch (_EagerAttention), or with nothing to
+    differentiate, through the implementation alone. `options`: (scale, window_left, window_right,
+    softcap, alibi_slopes, dropout_p, dropout_seed)."""
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, *options)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled()
-                                         and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if torch.compiler.is_compiling():
         return forward(*args)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(*args)
     return forward_impl(*args)

@@ -1,0 +1,53 @@
+"""Host time per call of small attention calls (the GPU keeps up, so the wall time per call is the
+host's): forward without and with autograd, and forward + backward, for flashtriton and for SDPA as the
+control. Compares two trees in one run on one host (host figures drift between runs):
+
+    for tree in old/src src; do PYTHONPATH=$tree python benchmarks/host_per_call.py --label $tree; done
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from flashtriton import flash_attention
+
+
+def per_call_us(fn, calls: int = 2000) -> float:
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--label", default="")
+    args = parser.parse_args()
+    q, k, v = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    results = {}
+    for name, attend in (("flashtriton", lambda: flash_attention(q, k, v, is_causal=True)),
+                         ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))):
+        def no_grad(attend=attend):
+            with torch.no_grad():
+                attend()
+
+        def fwd_bwd(attend=attend):
+            attend().backward(do)
+            q.grad = k.grad = v.grad = None
+        results[name] = dict(forward_no_grad=per_call_us(no_grad), forward=per_call_us(attend),
+                             forward_backward=per_call_us(fwd_bwd))
+    print(json.dumps(dict(label=args.label, us=results)))
+
+
+if __name__ == "__main__":
+    main()
