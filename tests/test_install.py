@@ -142,3 +142,15 @@ def test_main_job_without_a_gpu_runs_the_interpreted_check():
     out = _python("import sys\nfrom flashtriton.tools.cli import main\nsys.exit(main(['bench']))")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Timing needs a GPU" in out.stdout and "all checks passed" in out.stdout, out.stdout[-2000:]
+
+
+def test_core_and_interfaces_import_only_torch_and_triton():
+    """transformers is an optional extra ([hf]): only flashtriton.integrations.transformers imports it."""
+    result = _python("""
+import sys
+import flashtriton, flashtriton.api, flashtriton.ops, flashtriton.sdpa, flashtriton.nn
+import flashtriton.flash_attn_interface, flashtriton.integrations
+assert "transformers" not in sys.modules, "the core imported transformers"
+print("ok")
+""", interpret=True)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
