@@ -9,23 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
 from flashtriton import flash_attention
-
-
-def per_call_us(fn, calls: int = 2000) -> float:
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+from host_overhead import per_call_us  # benchmarks/, the script's own folder
 
 
 def main() -> None:
