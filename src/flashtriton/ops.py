@@ -22,6 +22,10 @@ Triton's autotuner with TMA descriptors whose boxes each candidate sets, and rea
 once per tensor. Inductor cannot fuse its own code into a user's Triton kernel either way, so a
 triton_op would only save the dispatcher's few microseconds per call, and `mode="reduce-overhead"`
 (CUDA graphs) removes those too.
+
+Only traced calls need the ops. Eager calls (`attention`) run the same implementations directly, under a
+torch.autograd.Function with the same saved tensors and gradients: the custom op's own Python autograd
+layer cost the H200's host ~150 µs more per call (docs/performance.md, "torch.compile and the custom ops").
 """
 
 from __future__ import annotations
@@ -53,9 +57,9 @@ def _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_ca
 
 
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
-            max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float, window_left: int,
-            window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
-            dropout_seed: Tensor | None) -> tuple[Tensor, Tensor]:
+                 max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float, window_left: int,
+                 window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
+                 dropout_seed: Tensor | None) -> tuple[Tensor, Tensor]:
     kwargs = _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     if cu_seqlens_q is None:
@@ -77,9 +81,9 @@ def _forward_fake(q, k, v, cu_seqlens_q, *_):
 
 
 def backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
-             cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
-             window_left: int, window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
-             dropout_seed: Tensor | None, need_dq: bool, need_dkdv: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
+                  window_left: int, window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
+                  dropout_seed: Tensor | None, need_dq: bool, need_dkdv: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv; a gradient not asked for (need_dq, need_dkdv) comes back as an empty (0,) tensor,
     since an op returns tensors only."""
     kwargs = _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
