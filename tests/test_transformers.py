@@ -52,6 +52,8 @@ def _batch(batch=2, seqlen=13):
 def test_registered_name():
     assert register() == NAME == "FlashTriton"
     assert NAME in transformers.AttentionInterface().valid_keys()
+    with pytest.raises(ValueError, match="containing 'flash'"):
+        register("flashtriton")
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -127,6 +127,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 def register(name: str = NAME) -> str:
     """Register the backend (and its mask builder) under `name`; returns the name to pass as
     `attn_implementation`. Done once on import with the default name; registering again is harmless."""
+    if not isinstance(name, str) or "flash" in name:
+        raise ValueError(f"name {name!r} cannot be registered: transformers takes an implementation name containing "
+                         f"'flash' for a flash_attn build and tries to import it; use e.g. {NAME!r}")
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, flash_attention_mask)
     return name
