@@ -5,14 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .api import flash_attention, flash_attention_varlen
+from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 from .validation import check_dropout, check_flags, check_softcap, check_window
 
 __all__ = ["Attention"]
 
 
 class Attention(nn.Module):
-    """Multi-head self- or cross-attention: projections, then `flash_attention`, then the output projection.
+    """Multi-head self- or cross-attention: projections, then attention (flash_attn_interface's functions,
+    whose layouts the projections give without a copy), then the output projection.
 
         layer = flashtriton.nn.Attention(1024, num_heads=16, num_kv_heads=4, is_causal=True).cuda().bfloat16()
         y = layer(x)                                  # x, y: (B, N, 1024)
@@ -86,10 +87,11 @@ class Attention(nn.Module):
         lead = x.shape[:-1]
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
         k, v = self.kv_proj(source).unflatten(-1, (2, self.num_kv_heads, self.head_dim)).unbind(-3)
-        options = dict(is_causal=self.is_causal, scale=self.scale, window_size=self.window_size, softcap=self.softcap,
-                       dropout_p=self.dropout if self.training else 0.0)
+        # flash_attn's layouts are the projections' own: (B, N, H, D), or (total, H, D) packed
+        options = dict(causal=self.is_causal, softmax_scale=self.scale, window_size=self.window_size,
+                       softcap=self.softcap, dropout_p=self.dropout if self.training else 0.0)
         if packed:
-            o = flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **options)
-        else:  # (B, N, H, D) seen as (B, H, N, D): no copy; the output comes back laid out (B, N, H, D)
-            o = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **options).transpose(1, 2)
+            o = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **options)
+        else:
+            o = flash_attn_func(q, k, v, **options)
         return self.out_proj(o.reshape(*lead, self.num_heads * self.head_dim))

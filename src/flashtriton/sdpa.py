@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from . import _interpreter
-from .api import flash_attention
+from .api import FlashAttentionTriton
 from .validation import MAX_HEAD_DIM, SUPPORTED_DTYPES, check_flags
 
 __all__ = ["scaled_dot_product_attention", "sdpa_override"]
@@ -39,15 +39,6 @@ def _fall_back(reason: str, *args, **kwargs) -> torch.Tensor:
     warnings.warn(f"flashtriton: {reason}; this call runs PyTorch's scaled_dot_product_attention instead",
                   stacklevel=3)
     return F.scaled_dot_product_attention(*args, **kwargs)
-
-
-def _as_4d(x: torch.Tensor) -> torch.Tensor:
-    """(..., H, N, D) -> (B, H, N, D) with the leading dims merged; (N, D) and (B, N, D) get H = 1."""
-    if x.dim() == 2:
-        return x[None, None]
-    if x.dim() == 3:
-        return x[:, None]
-    return x if x.dim() == 4 else x.reshape(-1, *x.shape[-3:])
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -82,15 +73,14 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if query.dim() >= 4 and key.dim() == query.dim() and key.shape[-3] != query.shape[-3] and not enable_gqa:
         raise ValueError(f"query has {query.shape[-3]} heads and key {key.shape[-3]}; pass enable_gqa=True for "
                          "grouped-query attention, as PyTorch's scaled_dot_product_attention requires")
-    q, k, v = _as_4d(query), _as_4d(key), _as_4d(value)
-    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    seqlen_q, seqlen_k = query.shape[-2], key.shape[-2]
     window = (-1, -1)
     if is_causal and seqlen_q < seqlen_k:  # query i < Nq never sees key j >= Nq: bottom-right on Nq keys
-        k, v = k[:, :, :seqlen_q], v[:, :, :seqlen_q]
+        key, value = key[..., :seqlen_q, :], value[..., :seqlen_q, :]
     elif is_causal and seqlen_q > seqlen_k:  # j <= i is the bottom-right band shifted Nq - Nk ahead
         is_causal, window = False, (-1, seqlen_q - seqlen_k)
-    o = flash_attention(q, k, v, is_causal=is_causal, scale=scale, window_size=window, dropout_p=dropout_p)
-    return o.view(query.shape) if query.dim() != 4 else o
+    # The article's interface already takes (..., N, E) of any rank and returns O shaped like the query.
+    return FlashAttentionTriton.apply(query, key, value, is_causal, scale, window_size=window, dropout_p=dropout_p)
 
 
 def _kernels_cannot_run(query, key, value) -> str | None:

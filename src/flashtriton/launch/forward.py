@@ -71,9 +71,9 @@ def empty_in_order(x: torch.Tensor) -> torch.Tensor:
     That is x's own layout when x is dense, as torch.empty_like keeps it; for a slice of a bigger tensor
     (q out of a (B, N, 3, H, D) qkv, seen as (B, H, N, D)) it is the dense layout in the same order, here
     (B, N, H, D), where empty_like would fall back to (B, H, N, D)."""
+    if x.is_contiguous():  # the common case, without the sort (this runs on every call's host path)
+        return torch.empty_like(x)
     order = sorted(range(x.dim()), key=lambda d: -x.stride(d))  # stable: equal strides keep their order
-    if order == list(range(x.dim())):
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
     dense = torch.empty([x.shape[d] for d in order], device=x.device, dtype=x.dtype)
     return dense.permute(sorted(range(x.dim()), key=order.__getitem__))
 
