@@ -56,6 +56,8 @@ def test_results_of_a_suite_timed_in_parts_merge(tmp_path):
         ("flashtriton", 64, 0.5), ("flashtriton", 128, 3.0), ("sdpa", 64, 2.0)]
     assert len(rows) == 3
     assert data["meta"]["commit"] == "second" and data["meta"]["merged"] == [dict(meta, rows=1)]
+    assert "**Not one run**: beside this run's rows are rows of 1 earlier runs (commits first" in (
+        tmp_path / "paper.md").read_text()
     write_results(tmp_path, "paper", [row("flashtriton", 64, 0.7)], dict(meta, commit="third"))  # no merge
     assert len(json.loads((tmp_path / "paper.json").read_text())["rows"]) == 1
 

@@ -635,6 +635,12 @@ def write_results(out_dir: Path, suite: str, rows: list[Row], meta: dict, merge:
     (out_dir / f"{suite}.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     md = [f"# `{suite}` suite on {meta['gpu']}",
           f"torch {meta['torch']}, triton {meta['triton']}, commit {meta['commit']}, {meta['date']}.", ""]
+    merged = meta.get("merged", [])
+    if merged:  # say so where the table is read, not only in the JSON
+        commits = ", ".join(dict.fromkeys(m["commit"] for m in merged))
+        md += [f"**Not one run**: beside this run's rows are rows of {len(merged)} earlier runs (commits {commits}; "
+               "`meta.merged` in the JSON lists each). For a table from one run: "
+               f"`bash benchmarks/h200.sh {suite}` without MERGE.", ""]
     if suite == "article":
         md += ["Forward, B=4, H=8, D=64, bf16; SDPA is plain `F.scaled_dot_product_attention` "
                f"({meta.get('sdpa_backend', '?')} on this GPU).", "", article_table(rows), ""]
