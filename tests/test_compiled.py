@@ -50,11 +50,12 @@ def test_wgmma_runs_asynchronously(reports):
             assert not r["wgmma_serialized"] and r["wgmma_waits"] < r["hgmma"], r
 
 
-# The dK/dV TMA tiles were tuned on Triton 3.6, the H200 machine's. Triton 3.9 compiles sm_90 with the
-# CUDA 13 ptxas, which serialises their wgmmas (offline, both tests below; not timed: no GPU has 3.9 here).
-# Strict: a Triton that stops serialising them turns these red, so that the note is revisited.
-TUNED_TRITON_ONLY = pytest.mark.xfail(triton.__version__.startswith("3.9"), strict=True,
-                                      reason="Triton 3.9's ptxas serialises the dK/dV TMA tiles' wgmmas")
+# The dK/dV TMA tiles were tuned on Triton 3.6, the H200 machine's. Compiled offline, Triton 3.8 (with
+# its ptxas 12.9) and 3.9 (with CUDA 13's) serialise their wgmmas in both tests below, so the cause is
+# not the ptxas alone; 3.7 is untested; none of these has run on a GPU here. Strict: a newer Triton that
+# stops serialising them turns these red, so that the note is revisited.
+TUNED_TRITON_ONLY = pytest.mark.xfail(not triton.__version__.startswith("3.6"), strict=True,
+                                      reason="Triton after 3.6 serialises the dK/dV TMA tiles' wgmmas")
 
 
 @TUNED_TRITON_ONLY
