@@ -4,6 +4,8 @@
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None)
     flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,  # packed (total, H, D)
                            max_seqlen_k, ...)
+    flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k=None,    # decoding against a KV cache,
+                                 v=None, block_table=None, ...)                # contiguous or paged
     FlashAttentionTriton.apply(Q, K, V, is_causal=False)                        # (..., N, d), the article's API
     scaled_dot_product_attention(query, key, value, attn_mask=None, ...)        # torch's SDPA, same semantics
     with sdpa_override(): model(x)                                              # routes F.scaled_dot_product_attention
@@ -29,6 +31,7 @@ _EXPORTS = {
     "flash_attention": ".api",
     "flash_attention_varlen": ".api",
     "FlashAttentionTriton": ".api",
+    "flash_attention_with_kvcache": ".kvcache",
     "scaled_dot_product_attention": ".sdpa",
     "sdpa_override": ".sdpa",
     "FlashAttentionPytorch": ".reference",
@@ -42,6 +45,7 @@ if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers and editors
         flash_attention,
         flash_attention_varlen,
     )
+    from .kvcache import flash_attention_with_kvcache  # noqa: F401
     from .reference import FlashAttentionPytorch, attention_ref  # noqa: F401
     from .sdpa import scaled_dot_product_attention, sdpa_override  # noqa: F401
 

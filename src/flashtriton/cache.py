@@ -5,6 +5,8 @@
 - `autotuners`: the Triton autotuners themselves, made on first use for each (kernel, TMA or not).
 - `host_values`: cu_seqlens read back to the host, while that very tensor lives unmodified
   (validation.py).
+- `checked`: KV-cache index tensors (lengths, block tables) whose values passed the checks, while they
+  live unmodified (validation.py).
 - `last`: the tiles the latest forward and backward ran, and whether they were replayed (for logs).
 - `replays`: set False to launch every kernel through Triton's own launch path (A/B timing, tests).
 
@@ -23,6 +25,7 @@ class Cache:
         self.picks: dict = {}
         self.autotuners: dict = {}
         self.host_values: dict = {}
+        self.checked: dict = {}
         self.last: dict = {}
         self.replays = True
 
@@ -38,6 +41,7 @@ class Cache:
         for tuner in self.autotuners.values():
             tuner.cache.clear()
         self.host_values.clear()
+        self.checked.clear()
         self.last.clear()
         self.replays = True
 

@@ -13,8 +13,9 @@ slices of a stacked qkv. Differences:
 - `return_attn_probs=True` returns (out, softmax_lse, probs) where probs are the (B, H, Nq, Nk) float32
   probabilities after dropout, 0 where dropped. flash_attn returns its S_dmask, padded to its tiles,
   with dropped entries negative. Both are testing aids; ours materialises them, so keep it small.
+- `flash_attn_with_kvcache` takes contiguous and paged caches, but not rotary embeddings inside the call.
 - Not supported, each a NotImplementedError: `block_table` (paged KV) in `flash_attn_varlen_func`, and
-  flash_attn's other entry points (`flash_attn_with_kvcache`).
+  `rotary_cos`/`rotary_sin` in `flash_attn_with_kvcache`.
 
 Masks, as in flash_attn >= 2.1: `causal` aligns to the bottom-right corner (query i sees key j iff
 j <= i + Nk - Nq); `window_size=(left, right)` bounds that band, -1 unbounded; with causal, right is 0.
@@ -25,9 +26,11 @@ from __future__ import annotations
 import torch
 
 from .api import flash_attention, flash_attention_varlen
+from .kvcache import flash_attention_with_kvcache
+from .validation import check_flags
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"]
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache"]
 
 
 def _check_layout(name: str, x: object, dims: int, shape: str) -> None:
@@ -127,7 +130,42 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   return_attn_probs)
 
 
-def flash_attn_with_kvcache(*args, **kwargs):
-    """Not supported yet: decoding against a KV cache is a separate capability of flashtriton's roadmap."""
-    raise NotImplementedError("flash_attn_with_kvcache is not supported by flashtriton yet; for decoding, call "
-                              "flash_attn_func with the cached keys and values (k_cache[:, :seqlen])")
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Decoding against a KV cache, as flash_attn's: q (B, Nq, Hq, D); k_cache, v_cache (B_cache, Nmax,
+    Hkv, D), or with `block_table` (B, max_blocks) int32 paged (num_blocks, block_size, Hkv, D); new k, v
+    (B, N_new, Hkv, D) written into the cache in place at `cache_seqlens` (int32 (B,) or an int; None: the
+    whole cache is in use) before attending. `causal` aligns each sequence's queries to its own end.
+    Returns out (B, Nq, Hq, D), and with `return_softmax_lse` (out, softmax_lse (B, Hq, Nq)).
+    `flashtriton.flash_attention_with_kvcache` documents the rest; `num_splits` > 0 forces the split-KV
+    count as flash_attn's does. Rotary embeddings inside the call (`rotary_cos`, `rotary_sin`) are not
+    supported: apply them to q and k first."""
+    if rotary_cos is not None or rotary_sin is not None:
+        raise NotImplementedError("rotary_cos/rotary_sin (rotary embedding inside the call) are not supported by "
+                                  "flashtriton: apply the rotary embedding to q and k before the call")
+    check_flags(rotary_interleaved=rotary_interleaved)  # ignored without rotary
+    _check_layout("q", q, 4, "(batch, seqlen, heads, head_dim)")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_layout(name, x, 4, "(batch_cache, seqlen_cache, heads_kv, head_dim) or paged (num_blocks, "
+                                  "block_size, heads_kv, head_dim)")
+    for name, x in (("k", k), ("v", v)):
+        _check_layout(name, x, 4, "(batch, new_tokens, heads_kv, head_dim)")
+    if cache_seqlens is None:  # the whole cache holds keys
+        if isinstance(k_cache, torch.Tensor):
+            cache_seqlens = k_cache.shape[1] * (block_table.shape[1] if isinstance(block_table, torch.Tensor) else 1)
+        if k is not None:
+            raise ValueError("k and v (new entries to append) need cache_seqlens, the position to write them at")
+    o, lse = flash_attention_with_kvcache(
+        _heads_first(q), _heads_first(k_cache), _heads_first(v_cache), cache_seqlens, _heads_first(k),
+        _heads_first(v), block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        is_causal=causal, scale=softmax_scale, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        num_splits=num_splits, return_lse=True)
+    o = o.transpose(1, 2)
+    return (o, lse) if return_softmax_lse else o
+
+
+def _heads_first(x):
+    """flash_attn's (B, N, H, D) as flashtriton's (B, H, N, D) view; anything else as it is (checked later)."""
+    return x.transpose(1, 2) if isinstance(x, torch.Tensor) and x.dim() == 4 else x

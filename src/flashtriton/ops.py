@@ -9,6 +9,9 @@ API with no graph break; CUDA graphs capture the kernels the op launches.
     flashtriton::backward(do, q, k, v, o, lse, <the forward's arguments after v>, need_dq,
                           need_dkdv) -> (dq, dk, dv)
     flashtriton::dropout_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep
+    flashtriton::decode(q, k_cache, v_cache, cache_seqlens, cache_seqlen, block_table, cache_batch_idx,
+                        cache_leftpad, is_causal, scale, window_left, window_right, softcap, alibi_slopes,
+                        num_splits) -> (o, lse)
 
 A call is dense when cu_seqlens_q is None: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), lse (B, Hq, Nq),
 and max_seqlen_* are ignored. Otherwise it is a packed batch: q (total_q, Hq, D), k and v (total_k,
@@ -33,7 +36,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .launch import Varlen, attention_backward, attention_forward, dropout_mask, forward_outputs, gradient_outputs
+from .launch import (
+    Varlen,
+    attention_backward,
+    attention_decode,
+    attention_forward,
+    dropout_mask,
+    empty_in_order,
+    forward_outputs,
+    gradient_outputs,
+)
 
 NAMESPACE = "flashtriton"
 
@@ -196,3 +208,28 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_s
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(*args)
     return forward_impl(*args)
+
+
+def _decode_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None, cache_seqlen: int,
+                 block_table: Tensor | None, cache_batch_idx: Tensor | None, cache_leftpad: Tensor | None,
+                 is_causal: bool, scale: float, window_left: int, window_right: int, softcap: float,
+                 alibi_slopes: Tensor | None, num_splits: int) -> tuple[Tensor, Tensor]:
+    return attention_decode(q, k_cache, v_cache, cache_seqlen if cache_seqlens is None else cache_seqlens, scale,
+                            is_causal=is_causal, window=(window_left, window_right), softcap=softcap,
+                            alibi_slopes=alibi_slopes, block_table=block_table, cache_batch_idx=cache_batch_idx,
+                            cache_leftpad=cache_leftpad, num_splits=num_splits)
+
+
+# Attention of q (B, Hq, Nq, D) against a KV cache (launch.attention_decode), forward only: (o, lse).
+# cache_seqlens None means every sequence has cache_seqlen keys.
+decode = torch.library.custom_op(f"{NAMESPACE}::decode", _decode_impl, mutates_args=())
+
+
+@decode.register_fake
+def _decode_fake(q, *_):
+    return empty_in_order(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def kvcache_attention(*args) -> tuple[Tensor, Tensor]:
+    """`decode`'s (o, lse): through the op while torch.compile traces, else its implementation directly."""
+    return decode(*args) if torch.compiler.is_compiling() else _decode_impl(*args)

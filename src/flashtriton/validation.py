@@ -219,3 +219,135 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
         longest = max(lengths[key], default=0)
         if isinstance(given, bool) or not isinstance(given, numbers.Integral) or given < longest:
             raise ValueError(f"{name} must be an int >= the longest sequence ({longest}), got {given!r}")
+
+
+def _check_index_tensor(name: str, x: object, dims: int, q: torch.Tensor, shape_hint: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.dim() != dims:
+        got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"{name} must be an int32 tensor {shape_hint}, got {got}; convert it with "
+                        f"{name}.to(torch.int32)")
+    if x.device != q.device:
+        raise ValueError(f"{name} is on {x.device} but q is on {q.device}; put it on q's device")
+    if x.shape[0] != q.shape[0]:
+        raise ValueError(f"{name} has {x.shape[0]} rows but q has batch {q.shape[0]}; it needs one per sequence")
+
+
+def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bool, tuple]:
+    """(whether check_kvcache passed these very tensors, unmodified since (their version counters), with
+    these sizes; the key and state to remember once they pass). A decode loop that keeps its block table
+    and advances its lengths in place then reads them back only when they change."""
+    key = tuple(map(id, tensors))
+    state = (tuple(t._version for t in tensors), sizes)
+    seen = CACHE.checked.get(key)
+    same = seen is not None and seen[1] == state and all(r() is t for r, t in zip(seen[0], tensors, strict=True))
+    return same, (key, (tuple(weakref.ref(t) for t in tensors), state))
+
+
+def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: object, k: object, v: object,
+                  block_table: object, cache_batch_idx: object, cache_leftpad: object, *, is_causal: object) -> None:
+    """Validate a call against a KV cache, in flashtriton's layout: q (B, Hq, Nq, D); the caches
+    (B_cache, Hkv, Nmax, D), or with `block_table` (B, max_blocks) int32 paged (num_blocks, Hkv,
+    block_size, D); `cache_seqlens` an int or int32 (B,); new k, v (B, Hkv, N_new, D) or both None;
+    `cache_batch_idx` and `cache_leftpad` int32 (B,) or None. The values (lengths that fit the cache with
+    the appended keys, block and cache indices in range, left padding within the length) are read back
+    to the host once per call (a copy that waits for the GPU), except while a CUDA graph is captured or
+    torch.compile traces: there they are the caller's responsibility."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims, got shape {tuple(x.shape)}: q (batch, heads, seqlen_q, "
+                             "head_dim), the caches (batch_cache, heads_kv, max_seqlen, head_dim), or paged "
+                             "(num_blocks, heads_kv, block_size, head_dim)")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    # dtypes, devices, head dims, GQA: as for a call on q and one cache row per sequence
+    check_inputs(q, *(x[:1].expand(q.shape[0], -1, -1, -1) for x in (k_cache, v_cache)), is_causal=is_causal)
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new keys and values to append) must be given together, or both be None")
+    new = 0
+    if k is not None:
+        for name, x in (("k", k), ("v", v)):
+            expected = (q.shape[0], k_cache.shape[1], x.shape[2] if isinstance(x, torch.Tensor) else 0, q.shape[3])
+            if not isinstance(x, torch.Tensor) or x.dim() != 4 or tuple(x.shape) != expected:
+                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name} (new entries to append) must be (batch, heads_kv, new_tokens, head_dim) = "
+                                 f"{expected[:2]} + (N_new, {expected[3]}), got {got}")
+            if x.dtype != k_cache.dtype or x.device != k_cache.device:
+                raise TypeError(f"{name} is {x.dtype} on {x.device} but the cache is {k_cache.dtype} on "
+                                f"{k_cache.device}; convert it with {name}.to(k_cache)")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        new = k.shape[2]
+    batch = q.shape[0]
+    if block_table is not None:
+        _check_index_tensor("block_table", block_table, 2, q, "(batch, max_blocks_per_sequence)")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx selects rows of a contiguous cache; with block_table (a paged cache) "
+                             "each sequence's blocks already say where it lives: pass one of the two")
+        if cache_leftpad is not None:
+            raise NotImplementedError("cache_leftpad with a paged cache (block_table) is not supported: start each "
+                                      "sequence at its first block instead")
+        capacity = block_table.shape[1] * k_cache.shape[2]
+    else:
+        capacity = k_cache.shape[2]
+        if cache_batch_idx is not None:
+            _check_index_tensor("cache_batch_idx", cache_batch_idx, 1, q, "(batch,)")
+        elif k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences but q has batch {batch}; pass "
+                             "cache_batch_idx (int32 (batch,)) to say which cache row each sequence uses")
+    if cache_leftpad is not None:
+        _check_index_tensor("cache_leftpad", cache_leftpad, 1, q, "(batch,)")
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_index_tensor("cache_seqlens", cache_seqlens, 1, q, "(batch,)")
+    elif isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, numbers.Integral):
+        raise TypeError(f"cache_seqlens must be an int or an int32 tensor (batch,), got {cache_seqlens!r}")
+    elif not 0 <= cache_seqlens <= capacity - new:
+        raise ValueError(f"cache_seqlens {cache_seqlens} plus {new} appended tokens does not fit the cache's "
+                         f"{capacity} positions; it must be in [0, {capacity - new}]")
+
+    capturing = torch.compiler.is_compiling() or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    index_tensors = tuple(x for x in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
+                          if isinstance(x, torch.Tensor))
+    if capturing or not index_tensors:
+        return
+    same, (key, state) = _checked_before(index_tensors, (new, capacity, k_cache.shape[0]))
+    if same:
+        return
+    # One copy to the host for every value check.
+    lengths = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor)
+               else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
+    checks = [lengths.min(), lengths.max()]
+    if cache_leftpad is not None:
+        checks += [cache_leftpad.min(), (cache_leftpad - lengths - new).max()]
+    if cache_batch_idx is not None:
+        checks += [cache_batch_idx.min(), cache_batch_idx.max()]
+    if block_table is not None:
+        used = (torch.arange(block_table.shape[1], device=q.device)[None, :] * k_cache.shape[2]
+                < (lengths + new)[:, None])
+        checks += [torch.where(used, block_table, 0).min(), torch.where(used, block_table, 0).max()]
+    values = torch.stack([c.to(torch.int64) for c in checks]).tolist()
+    if values[0] < 0 or values[1] > capacity - new:
+        raise ValueError(f"cache_seqlens must be in [0, {capacity - new}] (the cache's {capacity} positions less the "
+                         f"{new} appended), got values from {values[0]} to {values[1]}")
+    rest = iter(values[2:])
+    if cache_leftpad is not None:
+        low, over = next(rest), next(rest)
+        if low < 0 or over > 0:
+            where = "below 0" if low < 0 else "past its length"
+            raise ValueError("cache_leftpad must be in [0, cache_seqlens + new tokens] for every sequence (the "
+                             f"first cached key each one uses), got a value {where}")
+    if cache_batch_idx is not None:
+        low, high = next(rest), next(rest)
+        if low < 0 or high >= k_cache.shape[0]:
+            raise ValueError(f"cache_batch_idx must index rows of k_cache, in [0, {k_cache.shape[0] - 1}], got values "
+                             f"from {low} to {high}")
+    if block_table is not None:
+        low, high = next(rest), next(rest)
+        if low < 0 or high >= k_cache.shape[0]:
+            raise ValueError(f"block_table's entries for the blocks in use must index k_cache's {k_cache.shape[0]} "
+                             f"blocks, in [0, {k_cache.shape[0] - 1}], got values from {low} to {high}")
+    if len(CACHE.checked) > 64:
+        CACHE.checked.clear()
+    CACHE.checked[key] = state

@@ -175,6 +175,23 @@ def modified_scores(qk, rows, cols, diag, qk_scale_log2, softcap_scale, softcap_
 
 
 @triton.jit
+def softmax_update(l_i, m_i, qk, qk_scale_log2, MAY_BE_EMPTY: tl.constexpr):
+    """One score tile's step of the online softmax: returns (p, alpha, l, m) with p the tile's
+    unnormalised probabilities and alpha the factor that rescales the old state to the new running max."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
+    if MAY_BE_EMPTY:
+        # A row with no visible key so far still has m = -inf: shift it by 0 so that exp2 gives 0
+        # instead of exp2(-inf + inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_shift = m_new
+    p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
+    alpha = tl.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
 def dropout_keep(seed, bh, rows, cols, dropout_p):
     """Which scores survive dropout: a Philox draw for each (query row, key column, batch * heads + head),
     uniform in [0, 1), kept if >= dropout_p. The forward and both backward kernels call it with the same

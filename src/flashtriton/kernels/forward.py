@@ -38,26 +38,10 @@ from .common import (
     modified_scores,
     program_tile,
     sequence_bounds,
+    softmax_update,
     store_tile,
     visible_keys,
 )
-
-
-@triton.jit
-def _softmax_update(l_i, m_i, qk, qk_scale_log2, MAY_BE_EMPTY: tl.constexpr):
-    """One score tile's step of the online softmax: returns (p, alpha, l, m) with p the tile's
-    unnormalised probabilities and alpha the factor that rescales the old state to the new running max."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
-    if MAY_BE_EMPTY:
-        # A row with no visible key so far still has m = -inf: shift it by 0 so that exp2 gives 0
-        # instead of exp2(-inf + inf) = NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_shift = m_new
-    p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
-    alpha = tl.exp2(m_i - m_shift)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, l_i, m_new
 
 
 @triton.jit
@@ -84,7 +68,7 @@ def _fwd_inner(
             visible = visible_keys(offs_m, start_n + tl.arange(0, BLOCK_N), seqlen_k, band_lo, band_hi,
                                    MASK_LEFT, MASK_RIGHT)
             qk = tl.where(visible, qk, float("-inf"))
-        p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, score_scale, MASKED)
+        p, alpha, l_i, m_new = softmax_update(l_i, m_i, qk, score_scale, MASKED)
         if DROPOUT:  # l keeps every probability; only the product with V drops some (rescaled at the end)
             p = tl.where(dropout_keep(seed, bh, offs_m[:, None], start_n + tl.arange(0, BLOCK_N)[None, :],
                                       dropout_p), p, 0.0)
@@ -114,13 +98,13 @@ def _fwd_inner_qk_ahead(
             k = load_rows(k_ptrs, stride_kn, seqlen_k, desc_k, off_b, off_hkv, start_n + BLOCK_N, BLOCK_N,
                           HEAD_DIM, BLOCK_D, False, not EVEN_D, USE_TMA)
             qk_next = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
-            p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, False)
+            p, alpha, l_i, m_new = softmax_update(l_i, m_i, qk, qk_scale_log2, False)
             v = load_rows(v_ptrs, stride_vn, seqlen_k, desc_v, off_b, off_hkv, start_n, BLOCK_N, HEAD_DIM, BLOCK_D,
                           False, not EVEN_D, USE_TMA)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
             m_i = m_new
             qk = qk_next
-        p, alpha, l_i, m_new = _softmax_update(l_i, m_i, qk, qk_scale_log2, False)
+        p, alpha, l_i, m_new = softmax_update(l_i, m_i, qk, qk_scale_log2, False)
         v = load_rows(v_ptrs, stride_vn, seqlen_k, desc_v, off_b, off_hkv, end - BLOCK_N, BLOCK_N, HEAD_DIM,
                       BLOCK_D, False, not EVEN_D, USE_TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)

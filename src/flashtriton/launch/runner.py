@@ -75,7 +75,7 @@ def replay_recorded(entry: str, key, tensors: dict[str, tuple[tuple, tuple]]) ->
 def run(entry: str, key, specs: list[LaunchSpec], picks: tuple[str, ...]) -> None:
     """Launch `specs` in order through Triton (static tiles or an autotuner), and record them as the plan
     for `key` (None: do not record) when every one of them could be: not so for a call that ran an
-    autotuner's timing. `picks` names the tiled launches whose tiles the Choice reports."""
+    autotuner's timing. `picks` names the tiled launches whose tiles the Choice reports (none: no log entry)."""
     launches: dict[str, RecordedLaunch] = {}
     chosen: dict[str, object] = {}
     for spec in specs:
@@ -95,10 +95,9 @@ def run(entry: str, key, specs: list[LaunchSpec], picks: tuple[str, ...]) -> Non
         if key is not None:
             launches[spec.name] = RecordedLaunch.of(spec.kernel, compiled, dims, args, kwargs, len(spec.tensors),
                                                     spec.descriptors)
-    if not picks:
-        return
     choice = Choice(tuple(map(chosen.get, picks)))
-    CACHE.last[entry] = choice
+    if picks:
+        CACHE.last[entry] = choice
     if key is not None:
         CACHE.remember_plan(key, Plan(launches, choice._replace(replayed=True)))
 

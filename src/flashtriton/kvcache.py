@@ -1,0 +1,92 @@
+"""Attention against a KV cache, for inference: decoding, speculative decoding and chunked prefill.
+
+`flash_attention_with_kvcache` takes flashtriton's (B, H, N, D) layout; `flash_attn_interface.
+flash_attn_with_kvcache` is flash_attn 2.8's function over it, in (B, N, H, D).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .api import op_options
+from .launch import append_to_cache
+from .validation import check_flags, check_kvcache, last_dim_contiguous
+
+
+def flash_attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor | int,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    *,
+    block_table: torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a few new query tokens per sequence against its cached keys and values, with the new
+    keys and values (if given) first written into the cache in place. Forward only: there is no gradient.
+
+    Args:
+        q: (B, Hq, Nq, D): each sequence's newest Nq tokens (1 for plain decoding; more for speculative
+            decoding or chunked prefill).
+        k_cache, v_cache: the cache, contiguous (B_cache, Hkv, Nmax, D), or paged (num_blocks, Hkv,
+            block_size, D) with `block_table`; any strides whose last is 1 (flash_attn's (B, N, H, D)
+            cache is `k_cache.transpose(1, 2)`). Hq a multiple of Hkv (GQA, MQA). Any block size >= 1.
+        cache_seqlens: int32 (B,) or one int: how many keys each sequence has in the cache before the
+            append.
+        k, v: (B, Hkv, N_new, D) or None: written at positions cache_seqlens[b] .. + N_new of each sequence
+            (through its block table when paged) before attending. The call does not update cache_seqlens.
+        block_table: int32 (B, max_blocks): block j of sequence b holds its keys [j * block_size,
+            (j + 1) * block_size). Entries past a sequence's length are not read.
+        cache_batch_idx: int32 (B,): the cache row of each sequence (contiguous cache only); default b.
+        cache_leftpad: int32 (B,): each sequence's keys start at this position (left padding; contiguous
+            cache only); default 0.
+        is_causal: the queries are the sequence's last Nq positions: query i sits at position
+            L - Nq + i, with L = cache_seqlens[b] + N_new, and sees keys up to there (bottom-right, as
+            `flash_attention`). Without it every query sees all L keys.
+        scale, window_size, softcap, alibi_slopes: as in `flash_attention`, with positions as above.
+        num_splits: 0 chooses how many programs share a sequence's keys (split-KV; launch/decode.py's
+            heuristic); n > 0 forces n.
+        return_lse: also return the logsumexp (B, Hq, Nq) float32.
+
+    Returns:
+        o: (B, Hq, Nq, D), laid out like q; with `return_lse`, (o, lse). A query that sees no key (length
+        0, or masked) gives o = 0 and lse = -inf.
+
+    Rotary embeddings are not applied here (flash_attn's rotary_cos/rotary_sin): apply them to q and k
+    before the call. The cache values are checked on the host (see validation.check_kvcache), except
+    under CUDA graph capture and torch.compile, which both work.
+    """
+    check_flags(is_causal=is_causal, return_lse=return_lse)
+    check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
+                  is_causal=is_causal)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
+        raise NotImplementedError("flash_attention_with_kvcache has no backward (it is for inference): call it under "
+                                  "torch.no_grad(), or use flash_attention for training")
+    scale, window_left, window_right, softcap, alibi_slopes, _, _ = op_options(q, scale, window_size, softcap,
+                                                                               alibi_slopes, 0.0)
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache need a contiguous last dim (stride 1), so that the call can write "
+                         "and read them in place; lay the cache out with head_dim last")
+    q = last_dim_contiguous(q)
+    if k is not None:
+        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx)
+        cache_seqlens = cache_seqlens + k.shape[2]
+    tensor_lengths = isinstance(cache_seqlens, torch.Tensor)
+    o, lse = ops.kvcache_attention(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None,
+                                   0 if tensor_lengths else int(cache_seqlens), block_table, cache_batch_idx,
+                                   cache_leftpad, is_causal, scale, window_left, window_right, softcap, alibi_slopes,
+                                   num_splits)
+    return (o, lse) if return_lse else o

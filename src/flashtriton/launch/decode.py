@@ -1,0 +1,132 @@
+"""The decode launcher: attention of a few query tokens per sequence against a KV cache, contiguous or
+paged, with split-KV (kernels/decode.py); and the in-place append of new keys and values to the cache.
+
+Layouts (the public API checked them): q (B, Hq, Nq, D); a contiguous cache (B_cache, Hkv, Nmax, D) or a
+paged one (num_blocks, Hkv, block_size, D), any strides whose last is 1 (flash_attn's (B, N, H, D) is a
+transpose away).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _interpreter
+from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
+from . import replay
+from .arguments import LOG2E, band, cdiv, cuda_properties, input_precision, score_mods
+from .forward import empty_in_order
+from .runner import LaunchSpec, replay_recorded, run
+from .tiles import block_d
+
+# Split-KV heuristic (docs/performance.md, "Decoding"): enough programs for PROGRAMS_PER_SM on every SM,
+# but no split shorter than MIN_TILES_PER_SPLIT key tiles (its partial's write and merge would cost more
+# than its keys), and at most MAX_SPLITS.
+PROGRAMS_PER_SM = 4
+MIN_TILES_PER_SPLIT = 4
+MAX_SPLITS = 128
+
+
+def decode_tiles(rows: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): a row tile that holds the group's query heads times the query tokens (16 at
+    least, tl.dot's minimum; 64 at most, larger groups take several tiles) and a key tile."""
+    block_m = 16
+    while block_m < min(rows, 64):
+        block_m *= 2
+    return block_m, 64 if head_dim <= 128 else 32
+
+
+def decode_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
+    """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles) and the
+    longest sequence's `max_keys` (see the constants above)."""
+    sms = cuda_properties(device.index).multi_processor_count if device.type == "cuda" else 132
+    wanted = cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))
+    return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
+
+
+def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    cache_seqlens: torch.Tensor | int, block_table: torch.Tensor | None,
+                    cache_batch_idx: torch.Tensor | None) -> None:
+    """Write k, v (B, Hkv, N_new, D) into the caches in place at positions cache_seqlens[b] + [0, N_new) of
+    each sequence b (through the block table when paged). The caller checked that they fit."""
+    batch, _, new, _ = k.shape
+    positions = torch.arange(new, device=k.device)[None, :] + (
+        cache_seqlens[:, None].long() if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens)
+    if block_table is not None:
+        page_size = k_cache.shape[2]
+        rows = block_table.gather(1, positions // page_size).long()
+        cols = positions % page_size
+    else:
+        rows = (torch.arange(batch, device=k.device) if cache_batch_idx is None else cache_batch_idx.long())
+        rows = rows[:, None].expand(batch, new)
+        cols = positions
+    # (rows, cols) index dims 0 and 2 of the cache; seen as (.., N, H, D) they are adjacent, and the
+    # indexed result is (B, N_new, H, D), as k.transpose(1, 2) is.
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        cache.transpose(1, 2)[rows, cols] = x.transpose(1, 2).to(cache.dtype)
+
+
+def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     cache_seqlens: torch.Tensor | int, scale: float, *, is_causal: bool = False,
+                     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                     cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                     num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """o like q and lse (B, Hq, Nq) float32 of q against each sequence's first cache_seqlens[b] cached
+    keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv = k_cache.shape[1]
+    group = heads_q // heads_kv
+    o = empty_in_order(q)
+    lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+    max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
+    block_m, block_n = decode_tiles(group * seqlen_q, head_dim)
+    m_tiles = cdiv(group * seqlen_q, block_m)
+    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, block_n, q.device)
+    bd = block_d(head_dim)
+    if splits > 1:
+        o_part = torch.empty((batch, heads_q, seqlen_q, splits, bd), device=q.device, dtype=torch.float32)
+        lse_part = torch.empty((batch, heads_q, seqlen_q, splits), device=q.device, dtype=torch.float32)
+        outs = (o_part, lse_part)
+    else:
+        outs = (o, lse)
+    seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+    tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
+                           alibi_slopes), ())}
+    if splits > 1:
+        tensors["combine"] = ((o_part, lse_part, o, lse), ())
+
+    key = None
+    if replay.replayable(q.device):
+        key = replay.plan_key(replay.current_device_and_stream()[0],
+                              (q, k_cache, v_cache, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
+                              "decode", None if seqlens is not None else cache_seqlens, is_causal, scale,
+                              tuple(window), softcap, splits)
+        if replay_recorded("decode", key, tensors):
+            return o, lse
+    _interpreter.prepare(q.device)
+    mask_left, mask_right, window_left, window_right = band(is_causal, window)
+    softcap_scale, softcap_log2, stride_alibi_b = score_mods(scale, softcap, alibi_slopes)
+    scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
+               0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
+               0 if seqlens is not None else cache_seqlens, 0 if block_table is None else block_table.shape[1],
+               window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
+    meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n,
+                SPLIT=splits > 1, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
+                INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
+                SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
+    config = dict(num_warps=4, num_stages=3)
+    specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: (splits, heads_kv * m_tiles, batch),
+                        tensors["decode"][0], (), scalars, meta, config)]
+    if splits > 1:
+        block_s = 1
+        while block_s < splits:
+            block_s *= 2
+        specs.append(LaunchSpec("combine", attn_decode_combine_kernel, lambda meta: (seqlen_q, heads_q, batch),
+                                tensors["combine"][0], (), (*o.stride()[:3], heads_q, seqlen_q, splits),
+                                dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), dict(num_warps=4)))
+    run("decode", key, specs, ())
+    return o, lse

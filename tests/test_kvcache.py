@@ -1,0 +1,322 @@
+"""Attention against a KV cache (flash_attention_with_kvcache, flash_attn_with_kvcache): contiguous and
+paged caches (permuted, non-contiguous block tables), ragged lengths from 0 to the full cache, Nq = 1, 4,
+17, GQA and MQA, every flag, split-KV, the append, left padding; each sequence checked against the float64
+reference on its own keys, bounded by plain attention's error in the same precision. Cache positions a
+call must not read hold NaN."""
+
+import math
+
+import pytest
+import torch
+
+import flashtriton.flash_attn_interface as fai
+from conftest import DEVICE, ON_GPU
+from flashtriton import flash_attention_with_kvcache, launch
+from flashtriton.reference import attention_ref
+from flashtriton.testing import bounded
+
+CAPACITY = 130 if not ON_GPU else 1100  # a contiguous cache's positions per sequence
+
+
+def _lengths(capacity: int, batch: int = 4) -> list[int]:
+    """Ragged lengths with 0 and the full cache among them."""
+    base = [0, 17, 63, capacity] if not ON_GPU else [0, 170, 1000, capacity]
+    return (base * batch)[:batch]
+
+
+def _cache(batch, heads_kv, capacity, head_dim, dtype, lengths, leftpad=None):
+    """A logical (B, Hkv, capacity, D) cache with random keys and values at the positions in use and NaN
+    elsewhere."""
+    k, v = (torch.randn(batch, heads_kv, capacity, head_dim, device=DEVICE, dtype=dtype) for _ in range(2))
+    for b, length in enumerate(lengths):
+        start = 0 if leftpad is None else leftpad[b]
+        for x in (k, v):
+            x[b, :, length:] = float("nan")
+            x[b, :, :start] = float("nan")
+    return k, v
+
+
+def _paged(k, v, block_size):
+    """The logical cache in blocks of `block_size`, scattered over a pool with spare blocks through a
+    random permutation: (k_pages, v_pages, block_table). Unused blocks hold NaN."""
+    batch, heads_kv, capacity, head_dim = k.shape
+    per_seq = capacity // block_size
+    pool = batch * per_seq + 3
+    table = torch.randperm(pool, device=DEVICE)[:batch * per_seq].view(batch, per_seq).to(torch.int32)
+    pages = []
+    for x in (k, v):
+        paged = torch.full((pool, heads_kv, block_size, head_dim), float("nan"), device=DEVICE, dtype=x.dtype)
+        for b in range(batch):
+            for j in range(per_seq):
+                paged[table[b, j]] = x[b, :, j * block_size:(j + 1) * block_size]
+        pages.append(paged)
+    return pages[0], pages[1], table
+
+
+def _reference(q, k, v, lengths, upcast, leftpad=None, alibi_slopes=None, **kwargs):
+    """Each sequence against its own keys, positions [leftpad, length) of the logical cache."""
+    outs, lses = [], []
+    for b, length in enumerate(lengths):
+        start = 0 if leftpad is None else leftpad[b]
+        qs, ks, vs = q[b:b + 1], k[b:b + 1, :, start:length], v[b:b + 1, :, start:length]
+        slopes = None if alibi_slopes is None else alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+        o, lse = attention_ref(qs, ks, vs, upcast=upcast, alibi_slopes=slopes, **kwargs)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def _check(o, lse, q, k, v, lengths, factor=2.0, **kwargs):
+    o64, lse64 = _reference(q, k, v, lengths, True, **kwargs)
+    low_o, low_lse = _reference(q, k, v, lengths, False, **kwargs)
+    finite = torch.isfinite(lse64)
+    checks = [bounded("O", o, o64, low_o, q.dtype, factor),
+              bounded("L", lse[finite], lse64[finite], low_lse[finite], q.dtype, factor)]
+    failed = [str(c) for c in checks if not c.ok]
+    if not torch.equal(torch.isneginf(lse), ~finite):
+        failed.append("L is -inf on other rows than those that see no key")
+    assert not failed, failed
+
+
+VARIANTS = {"full": dict(), "causal": dict(is_causal=True), "window": dict(window_size=(7, 3)),
+            "causal+softcap+alibi": dict(is_causal=True, softcap=4.0, alibi=True)}
+LAYOUTS = ["contiguous", "paged16", "paged64", "paged256"]
+
+
+def _run(layout, q, k, v, lengths, num_splits, kwargs):
+    """flash_attention_with_kvcache on the logical cache laid out as `layout`."""
+    lengths_t = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        if layout == "contiguous":
+            return flash_attention_with_kvcache(q, k, v, lengths_t, num_splits=num_splits, return_lse=True, **kwargs)
+        k_pages, v_pages, table = _paged(k, v, int(layout.removeprefix("paged")))
+        return flash_attention_with_kvcache(q, k_pages, v_pages, lengths_t, block_table=table, num_splits=num_splits,
+                                            return_lse=True, **kwargs)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("seqlen_q", [1, 4, 17])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kvcache_matches_reference(layout, seqlen_q, variant):
+    """GQA 4/2, split over 2 programs (the merge) for Nq = 1 and 17, one for Nq = 4."""
+    kwargs = dict(VARIANTS[variant])
+    block = 1 if layout == "contiguous" else int(layout.removeprefix("paged"))
+    capacity = math.ceil(CAPACITY / block) * block
+    lengths = _lengths(capacity)
+    q = torch.randn(4, 4, seqlen_q, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(4, 2, capacity, 32, torch.bfloat16, lengths)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(4, 4, device=DEVICE)
+    o, lse = _run(layout, q, k, v, lengths, 1 if seqlen_q == 4 else 2, kwargs)
+    assert o.shape == q.shape and lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    _check(o, lse, q, k, v, lengths, **kwargs)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 5])
+@pytest.mark.parametrize("heads_q,heads_kv,head_dim,dtype", [(4, 1, 32, torch.float16), (2, 2, 40, torch.float32),
+                                                             (8, 2, 64, torch.bfloat16)],
+                         ids=["MQA-fp16", "MHA-D40-fp32", "GQA4-bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_kvcache_heads_dtypes_splits(layout, heads_q, heads_kv, head_dim, dtype, num_splits):
+    """Split counts agree (0: the heuristic), with MQA, MHA with a padded head dim, and float32."""
+    block = 1 if layout == "contiguous" else 16
+    capacity = math.ceil(CAPACITY / block) * block
+    lengths = _lengths(capacity, batch=3)[::-1]
+    q = torch.randn(3, heads_q, 2, head_dim, device=DEVICE, dtype=dtype)
+    k, v = _cache(3, heads_kv, capacity, head_dim, dtype, lengths)
+    o, lse = _run(layout, q, k, v, lengths, num_splits, dict(is_causal=True))
+    _check(o, lse, q, k, v, lengths, is_causal=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+@pytest.mark.parametrize("new", [1, 4])
+def test_append_then_attend(layout, new):
+    """k, v written at cache_seqlens in place, then attended: the cache equals one appended by hand, and
+    the output equals a call on that cache without the append (bitwise) and the reference."""
+    block = 1 if layout == "contiguous" else 16
+    capacity = math.ceil(CAPACITY / block) * block
+    lengths = [0, 5, capacity - new]
+    total = [n + new for n in lengths]
+    q = torch.randn(3, 4, new, 32, device=DEVICE, dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(3, 2, new, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    k, v = _cache(3, 2, capacity, 32, torch.bfloat16, lengths)
+    by_hand = [x.clone() for x in (k, v)]
+    for b, n in enumerate(lengths):
+        by_hand[0][b, :, n:n + new] = k_new[b]
+        by_hand[1][b, :, n:n + new] = v_new[b]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        if layout == "contiguous":
+            # the cache rows in another order than the batch: cache_batch_idx maps them
+            order = torch.tensor([2, 0, 1], device=DEVICE)
+            k_cache, v_cache = torch.empty_like(k), torch.empty_like(v)
+            k_cache[order], v_cache[order] = k, v
+            idx = order.to(torch.int32)
+            o, lse = flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new, v_new, cache_batch_idx=idx,
+                                                  is_causal=True, return_lse=True)
+            assert torch.equal(k_cache[order].nan_to_num(), by_hand[0].nan_to_num())
+            assert torch.equal(v_cache[order].nan_to_num(), by_hand[1].nan_to_num())
+            again = flash_attention_with_kvcache(q, k_cache, v_cache, seqlens + new, cache_batch_idx=idx,
+                                                 is_causal=True)
+        else:
+            k_pages, v_pages, table = _paged(k, v, block)
+            o, lse = flash_attention_with_kvcache(q, k_pages, v_pages, seqlens, k_new, v_new, block_table=table,
+                                                  is_causal=True, return_lse=True)
+            hand_k, hand_v, _ = _paged(*by_hand, block)
+            for b in range(3):  # compare through the table: block j of sequence b
+                for j in range(table.shape[1]):
+                    page = table[b, j]
+                    assert torch.equal(k_pages[page].nan_to_num(), by_hand[0][b, :, j * block:(j + 1) * block]
+                                       .nan_to_num())
+                    assert torch.equal(v_pages[page].nan_to_num(), by_hand[1][b, :, j * block:(j + 1) * block]
+                                       .nan_to_num())
+            again = flash_attention_with_kvcache(q, k_pages, v_pages, seqlens + new, block_table=table, is_causal=True)
+    assert torch.equal(o, again)
+    _check(o, lse, q, *by_hand, total, is_causal=True)
+
+
+def test_int_lengths_and_leftpad():
+    """One int for every sequence's length, and left padding: sequence b's keys start at leftpad[b]."""
+    lengths = [CAPACITY] * 3
+    leftpad = [0, 9, CAPACITY]
+    q = torch.randn(3, 4, 3, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(3, 2, CAPACITY, 32, torch.bfloat16, lengths, leftpad)
+    pad = torch.tensor(leftpad, dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        o, lse = flash_attention_with_kvcache(q, k, v, CAPACITY, cache_leftpad=pad, is_causal=True, num_splits=3,
+                                              return_lse=True)
+    _check(o, lse, q, k, v, lengths, leftpad=leftpad, is_causal=True)
+
+
+def test_empty_sequences_give_zero():
+    q = torch.randn(2, 4, 2, 32, device=DEVICE, dtype=torch.float16)
+    k, v = _cache(2, 2, 64, 32, torch.float16, [0, 0])
+    with torch.no_grad():
+        for splits in (1, 3):
+            o, lse = flash_attention_with_kvcache(q, k, v, torch.zeros(2, dtype=torch.int32, device=DEVICE),
+                                                  num_splits=splits, return_lse=True)
+            assert torch.equal(o, torch.zeros_like(o)) and bool(torch.isneginf(lse).all())
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_flash_attn_with_kvcache_layout(paged):
+    """flash_attn's (B, N, H, D) function equals flashtriton's on the transposed views, appends included."""
+    lengths = [3, 40]
+    q = torch.randn(2, 1, 4, 32, device=DEVICE, dtype=torch.bfloat16)  # (B, Nq, Hq, D)
+    k_new, v_new = (torch.randn(2, 1, 2, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    k, v = _cache(2, 2, 64, 32, torch.bfloat16, lengths)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    table = None
+    if paged:
+        k, v, table = _paged(k, v, 16)
+    ours_k, ours_v = k.clone(), v.clone()
+    with torch.no_grad():
+        out, lse = fai.flash_attn_with_kvcache(q, k.transpose(1, 2), v.transpose(1, 2), k_new, v_new,
+                                               cache_seqlens=seqlens, block_table=table, causal=True,
+                                               return_softmax_lse=True)
+        o2, lse2 = flash_attention_with_kvcache(q.transpose(1, 2), ours_k, ours_v, seqlens, k_new.transpose(1, 2),
+                                                v_new.transpose(1, 2), block_table=table, is_causal=True,
+                                                return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 1)
+    assert torch.equal(out, o2.transpose(1, 2)) and torch.equal(lse, lse2)
+    assert torch.equal(k.nan_to_num(), ours_k.nan_to_num())
+
+
+def test_flash_attn_with_kvcache_signature():
+    import inspect
+    names = [p.name for p in inspect.signature(fai.flash_attn_with_kvcache).parameters.values()]
+    assert names == ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+                     "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
+                     "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
+
+
+def test_split_heuristic():
+    """Few programs and long sequences split; many programs, or short sequences, do not."""
+    cpu = torch.device("cpu")  # taken as a 132-SM GPU
+    assert launch.decode.decode_splits(programs=8, max_keys=131072, block_n=64, device=cpu) == 66
+    assert launch.decode.decode_splits(programs=2048, max_keys=131072, block_n=64, device=cpu) == 1
+    assert launch.decode.decode_splits(programs=8, max_keys=200, block_n=64, device=cpu) == 1
+    assert launch.decode.decode_splits(programs=1, max_keys=10**7, block_n=64, device=cpu) == launch.decode.MAX_SPLITS
+
+
+def _errors_case():
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 64, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    pages = torch.randn(6, 2, 16, 32, device=DEVICE, dtype=torch.bfloat16)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32, device=DEVICE)
+    return q, k, v, pages, table
+
+
+def _seqlens(*values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+ERRORS = {
+    "seqlens past the cache": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k, v, _seqlens(3, 65)),
+                               ValueError, "cache_seqlens must be in"),
+    "int seqlens past the cache": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k, v, 65),
+                                   ValueError, "does not fit"),
+    "append past the cache": (lambda q, k, v, p, t: flash_attention_with_kvcache(
+        q, k, v, _seqlens(3, 63), k[:, :, :2], v[:, :, :2]), ValueError, "less the 2 appended"),
+    "block table out of range": (lambda q, k, v, p, t: flash_attention_with_kvcache(
+        q, p, p, _seqlens(3, 40), block_table=t + 1), ValueError, "block_table's entries"),
+    "block table dtype": (lambda q, k, v, p, t: flash_attention_with_kvcache(
+        q, p, p, _seqlens(3, 40), block_table=t.long()), TypeError, "block_table must be an int32"),
+    "seqlens dtype": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k, v, _seqlens(3, 4).long()),
+                      TypeError, "cache_seqlens must be an int32"),
+    "cache dtype": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k.half(), v.half(), 3),
+                    TypeError, "dtype"),
+    "new k without v": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k, v, 3, k[:, :, :1]),
+                        ValueError, "together"),
+    "new k shape": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k, v, 3, k[:1, :, :1], v[:1, :, :1]),
+                    ValueError, "new entries to append"),
+    "cache batch without idx": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k[:1], v[:1], 3),
+                                ValueError, "cache_batch_idx"),
+    "cache_batch_idx out of range": (lambda q, k, v, p, t: flash_attention_with_kvcache(
+        q, k, v, 3, cache_batch_idx=_seqlens(0, 2)), ValueError, "cache_batch_idx must index"),
+    "leftpad with paging": (lambda q, k, v, p, t: flash_attention_with_kvcache(
+        q, p, p, 3, block_table=t, cache_leftpad=_seqlens(0, 0)), NotImplementedError, "cache_leftpad"),
+    "leftpad past length": (lambda q, k, v, p, t: flash_attention_with_kvcache(
+        q, k, v, _seqlens(3, 4), cache_leftpad=_seqlens(0, 9)), ValueError, "cache_leftpad must be in"),
+    "num_splits": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k, v, 3, num_splits=-1),
+                   ValueError, "num_splits"),
+    "gradients": (lambda q, k, v, p, t: flash_attention_with_kvcache(q.requires_grad_(), k, v, 3),
+                  NotImplementedError, "no backward"),
+    "rotary": (lambda q, k, v, p, t: fai.flash_attn_with_kvcache(q.transpose(1, 2), k, v, rotary_cos=q),
+               NotImplementedError, "rotary"),
+    "3-d cache": (lambda q, k, v, p, t: flash_attention_with_kvcache(q, k[0], v[0], 3), ValueError, "4 dims"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_kvcache_errors(case):
+    fn, error, match = ERRORS[case]
+    with pytest.raises(error, match=match):
+        fn(*_errors_case())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_cuda_graph_decode_step():
+    """A decode step (append one token, attend) captured once and replayed with the lengths advanced in
+    place, as serving engines run decode, equals eager calls."""
+    batch, capacity = 4, 2048
+    q = torch.randn(batch, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(batch, 2, 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(batch, 2, capacity, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.tensor([0, 100, 1000, 2000], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        def step():
+            return flash_attention_with_kvcache(q, k, v, seqlens, k_new, v_new, is_causal=True)
+        step()  # compile and record before capture
+        seqlens += 1
+        eager_k, eager_v = k.clone(), v.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        for _ in range(3):
+            graph.replay()
+            expected = flash_attention_with_kvcache(q, eager_k, eager_v, seqlens.clone(), k_new, v_new, is_causal=True)
+            torch.cuda.synchronize()
+            assert torch.equal(out, expected)
+            seqlens += 1
+        assert torch.equal(k[:, :, :capacity - 1], eager_k[:, :, :capacity - 1])
