@@ -142,7 +142,7 @@ def test_varlen_entry_points():
 @pytest.mark.parametrize("call,error,match", [
     (lambda q, cu: fai.flash_attn_varlen_func(q, q, q, cu, cu, 8, 8, block_table=cu), NotImplementedError,
      "block_table"),
-    (lambda q, cu: fai.flash_attn_with_kvcache(q, q, q), NotImplementedError, "not supported"),
+    (lambda q, cu: fai.flash_attn_with_kvcache(q, q, q), ValueError, r"4 dims \(batch, seqlen, heads, head_dim\)"),
     (lambda q, cu: fai.flash_attn_func(q, q, q), ValueError, r"4 dims \(batch, seqlen, heads, head_dim\)"),
     (lambda q, cu: fai.flash_attn_func(q[None], q[None], q[None], deterministic=1), TypeError, "deterministic"),
     (lambda q, cu: fai.flash_attn_qkvpacked_func(q[None, :, None].expand(1, 8, 2, 2, 16)), ValueError,

@@ -9,6 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from conftest import DEVICE, ON_GPU  # noqa: E402
+from flashtriton import flash_attention_with_kvcache  # noqa: E402
 from flashtriton.integrations.transformers import NAME, attention_forward, register  # noqa: E402
 
 VOCAB = 97
@@ -77,16 +78,33 @@ def test_logits_and_gradients_match(name):
         torch.testing.assert_close(g, r, atol=2e-5, rtol=2e-4)
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_generate_same_tokens(name):
+def test_generate_same_tokens(name, padded, monkeypatch):
+    """Greedy generation gives sdpa's (or eager's) tokens; every decoding step after the prompt runs
+    through the KV-cache kernel, with the left padding as cache_leftpad while the padded keys are in the
+    cache (a sliding-window layer's cache drops them). The prompt (20 tokens) takes the prefill path."""
+    from flashtriton.integrations import transformers as backend
+    decode_calls = []
+
+    def counted(*args, **kwargs):
+        decode_calls.append(kwargs.get("cache_leftpad") is not None)
+        return flash_attention_with_kvcache(*args, **kwargs)
+    monkeypatch.setattr(backend, "flash_attention_with_kvcache", counted)
     make_config, reference = MODELS[name]
-    ids, mask = _batch()
+    ids, mask = _batch(seqlen=20)
+    if not padded:
+        mask = torch.ones_like(mask)
     tokens = {}
     for implementation in (reference, NAME):
         model = _model(make_config(), implementation)
         tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
                                                 pad_token_id=0)
     assert torch.equal(tokens[NAME], tokens[reference])
+    layers = make_config().num_hidden_layers
+    assert len(decode_calls) == 5 * layers  # 6 new tokens: the prompt's pass, then 5 decoding steps
+    # Mistral's sliding-window cache keeps the last 6 keys, past the padding: transformers passes no mask.
+    assert any(decode_calls) == (padded and name != "mistral")
 
 
 def test_packed_sequences():

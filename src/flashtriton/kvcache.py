@@ -13,6 +13,8 @@ from .api import op_options
 from .launch import append_to_cache
 from .validation import check_flags, check_kvcache, last_dim_contiguous
 
+DENSE_FROM_QUERIES = 128  # query tokens per sequence from which a call on a plain cache takes the dense forward
+
 
 def flash_attention_with_kvcache(
     q: torch.Tensor,
@@ -56,7 +58,9 @@ def flash_attention_with_kvcache(
             `flash_attention`). Without it every query sees all L keys.
         scale, window_size, softcap, alibi_slopes: as in `flash_attention`, with positions as above.
         num_splits: 0 chooses how many programs share a sequence's keys (split-KV; launch/decode.py's
-            heuristic); n > 0 forces n.
+            heuristic); n > 0 forces n. A call with at least DENSE_FROM_QUERIES queries on a contiguous
+            cache with an int length and no cache_batch_idx or cache_leftpad (a chunked prefill) runs the
+            dense forward kernel instead, and ignores it.
         return_lse: also return the logsumexp (B, Hq, Nq) float32.
 
     Returns:
@@ -85,6 +89,14 @@ def flash_attention_with_kvcache(
         append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx)
         cache_seqlens = cache_seqlens + k.shape[2]
     tensor_lengths = isinstance(cache_seqlens, torch.Tensor)
+    if (q.shape[2] >= DENSE_FROM_QUERIES and not tensor_lengths and block_table is None and cache_batch_idx is None
+            and cache_leftpad is None):
+        # A chunked prefill on a plain cache: the dense forward's tiles (TMA, unmasked interior) beat the
+        # decode kernel's once the query tile is full; the masks are aligned the same way.
+        keys, values = k_cache[:, :, :cache_seqlens], v_cache[:, :, :cache_seqlens]
+        o, lse = ops.attention(q, keys, values, None, None, 0, 0, is_causal, scale, window_left, window_right, softcap,
+                               alibi_slopes, 0.0, None)
+        return (o, lse) if return_lse else o
     o, lse = ops.kvcache_attention(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None,
                                    0 if tensor_lengths else int(cache_seqlens), block_table, cache_batch_idx,
                                    cache_leftpad, is_causal, scale, window_left, window_right, softcap, alibi_slopes,

@@ -13,6 +13,9 @@ transformers' own flash-attention mask builder under the same name with `Attenti
 that a model hands the backend what it hands flash_attn: a 2-D padding mask (batch, keys), or None
 when nothing is padded. The backend then runs, per layer:
 
+- generation's decoding steps (at most DECODE_QUERIES new tokens, nothing to differentiate):
+  `flash_attention_with_kvcache` (split-KV, GQA heads packed) against the keys transformers passes,
+  with left padding as `cache_leftpad` (a mask that pads elsewhere takes the packed path below);
 - no padding: `flash_attention` on the (B, H, N, D) tensors, causal aligned to the bottom-right
   corner, which is what decoding against a KV cache needs;
 - a padding mask: the tokens kept are gathered into a packed batch (`flash_attention_varlen`) and the
@@ -39,8 +42,10 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
 from ..api import flash_attention, flash_attention_varlen
+from ..kvcache import flash_attention_with_kvcache
 
 NAME = "FlashTriton"  # not "flashtriton": see the module docstring
+DECODE_QUERIES = 16  # calls with at most this many new tokens per sequence take the KV-cache kernel
 
 __all__ = ["NAME", "attention_forward", "register"]
 
@@ -86,6 +91,24 @@ def _unpadded(query, key, value, mask, options):
     return full.view(batch, seqlen_q, *o.shape[1:])
 
 
+def _left_padding(mask: torch.Tensor, seqlen_q: int) -> torch.Tensor | None:
+    """Each row's count of leading padded keys (int32 (B,)) when `mask` (B, Nk) pads on the left only and
+    keeps every query; else None. One read back to the host."""
+    mask = mask.bool()
+    first = mask.int().argmax(-1)  # the first kept key
+    left_only = (mask.sum(-1) == mask.shape[1] - first) & mask[:, -seqlen_q:].all(-1)
+    return first.to(torch.int32) if bool(left_only.all()) else None
+
+
+def _decode(query, key, value, leftpad, options):
+    """A decoding step on (B, H, N, D) tensors: the new tokens' queries against every key so far (the
+    cache transformers passes, new keys included), through the split-KV kernel; returns (B, Nq, H, D)."""
+    o = flash_attention_with_kvcache(query, key, value, key.shape[2], cache_leftpad=leftpad,
+                                     is_causal=options["is_causal"], scale=options["scale"],
+                                     window_size=options["window_size"], softcap=options["softcap"])
+    return o.transpose(1, 2)
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
@@ -112,6 +135,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     batch, seqlen_q = query.shape[0], query.shape[2]
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, N, H, D) views
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    decoding = (seqlen_q <= DECODE_QUERIES and not dropout and cu_q is None and key.stride(-1) == 1
+                and not (torch.is_grad_enabled() and query.requires_grad)
+                and _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q) is None)
+    if decoding:
+        leftpad = None if attention_mask is None else _left_padding(attention_mask, seqlen_q)
+        if attention_mask is None or leftpad is not None:
+            return _decode(query, key, value, leftpad, options), None
     if attention_mask is not None:
         return _unpadded(q, k, v, attention_mask, options), None
     if cu_q is not None and cu_k is not None:

@@ -46,12 +46,14 @@ def _parser() -> argparse.ArgumentParser:
         description="On a CUDA GPU: check O, L and the gradients against float64, then time a suite against "
                     "the peers (PyTorch's SDPA backends, FlexAttention) and print its table. Without a GPU: the "
                     "same check on small shapes through Triton's interpreter (timing needs a GPU).")
-    bench.add_argument("--suite", default="article", choices=["article", "paper", "cs336", "memory", "variants"],
+    bench.add_argument("--suite", default="article",
+                       choices=["article", "paper", "cs336", "memory", "variants", "decode"],
                        help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
                             "cs336: B=1, H=16, N=16384, D=64 causal; memory: peak memory of forward + "
                             "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers); "
                             "variants: GQA, a sliding window, softcap, ALiBi and a packed batch at D=128 "
-                            "(fwd and bwd)")
+                            "(fwd and bwd); decode: a few query tokens against a KV cache, contiguous and "
+                            "paged, in ms and TB/s against a measured read ceiling, cuDNN and sdpa_flash")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex", type=_comma_list(),
                        help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
     bench.add_argument("--modes", default=None, type=_comma_list(MODES),
@@ -256,6 +258,9 @@ def _bench_gpu(args: argparse.Namespace) -> int:
         write_results,
     )
 
+    if args.suite == "decode":  # its own shapes, providers and table (tools/decode_bench.py)
+        from .decode_bench import bench_decode
+        return bench_decode(args.out, head_dims=None if args.head_dims is None else set(args.head_dims))
     providers = args.providers
     modes = DEFAULT_MODES[args.suite] if args.modes is None else args.modes
 
