@@ -21,8 +21,8 @@ from .tiles import block_d
 # Split-KV heuristic (docs/performance.md, "Decoding"): enough programs for PROGRAMS_PER_SM on every SM,
 # but no split shorter than MIN_TILES_PER_SPLIT key tiles (its partial's write and merge would cost more
 # than its keys), and at most MAX_SPLITS.
-PROGRAMS_PER_SM = 4
-MIN_TILES_PER_SPLIT = 4
+PROGRAMS_PER_SM = 8
+MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 128
 
 
