@@ -118,22 +118,28 @@ def _calls(shape: DecodeShape, q, k, v, table) -> dict:
     return calls
 
 
-def run_decode_suite(shapes: list[DecodeShape]) -> tuple[list[dict], float]:
+def _median_ms(calls: dict) -> dict[str, float]:
+    """Each call's median ms over ROUNDS interleaved rounds of do_bench; NaN for a backend that refuses the
+    shape (SDPA's "No available kernel")."""
     import triton.testing
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    with torch.no_grad():
+        for _ in range(ROUNDS):
+            for name, call in calls.items():
+                try:
+                    times[name].append(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
+                except RuntimeError:
+                    times[name].append(float("nan"))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run_decode_suite(shapes: list[DecodeShape]) -> tuple[list[dict], float]:
     ceiling = read_ceiling_tb_s()
     rows = []
     for shape in shapes:
         q, k, v, table = _inputs(shape)
         calls = _calls(shape, q, k, v, table)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        with torch.no_grad():
-            for _ in range(ROUNDS):
-                for name, call in calls.items():
-                    try:
-                        times[name].append(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
-                    except RuntimeError:  # a backend that refuses the shape
-                        times[name].append(float("nan"))
-        ms = {name: statistics.median(t) for name, t in times.items()}
+        ms = _median_ms(calls)
         rows.append(dict(**asdict(shape), ms=ms, tb_s={n: shape.bytes_moved / t / 1e9 for n, t in ms.items()},
                          tflop_s={n: shape.flops / t / 1e9 for n, t in ms.items()}))
         print(shape, {n: round(t, 4) for n, t in ms.items()}, flush=True)
@@ -143,8 +149,6 @@ def run_decode_suite(shapes: list[DecodeShape]) -> tuple[list[dict], float]:
 
 def prefill_row() -> dict:
     """Chunked prefill against the cache, and the dense forward at N = 4096 (flash_attention), causal."""
-    import triton.testing
-
     from ..api import flash_attention
     shape = DecodeShape(PREFILL["batch"], PREFILL["heads_q"], PREFILL["heads_kv"], PREFILL["seqlen_k"],
                         PREFILL["head_dim"], PREFILL["seqlen_q"], causal=True)
@@ -153,15 +157,7 @@ def prefill_row() -> dict:
     qd, kd, vd = (torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     calls = _calls(shape, q, k, v, None)
     calls["flashtriton dense N=4096"] = lambda: flash_attention(qd, kd, vd, is_causal=True)
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    with torch.no_grad():
-        for _ in range(ROUNDS):
-            for name, call in calls.items():
-                try:
-                    times[name].append(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
-                except RuntimeError:  # SDPA has no kernel for a causal GQA call with Nq != Nk
-                    times[name].append(float("nan"))
-    ms = {name: statistics.median(t) for name, t in times.items()}
+    ms = _median_ms(calls)
     flops = {name: (dense if "dense" in name else shape).flops for name in ms}
     return dict(**asdict(shape), ms=ms, tflop_s={n: flops[n] / t / 1e9 for n, t in ms.items()})
 
