@@ -135,9 +135,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     batch, seqlen_q = query.shape[0], query.shape[2]
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, N, H, D) views
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    decoding = (seqlen_q <= DECODE_QUERIES and not dropout and cu_q is None and key.stride(-1) == 1
-                and not (torch.is_grad_enabled() and query.requires_grad)
-                and _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q) is None)
+    packed = (None if cu_q is not None or attention_mask is not None
+              else _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q))
+    decoding = (seqlen_q <= DECODE_QUERIES and not dropout and cu_q is None and packed is None
+                and key.stride(-1) == 1 and not (torch.is_grad_enabled() and query.requires_grad))
     if decoding:
         leftpad = None if attention_mask is None else _left_padding(attention_mask, seqlen_q)
         if attention_mask is None or leftpad is not None:
@@ -147,7 +148,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if cu_q is not None and cu_k is not None:
         return _varlen(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), kwargs["max_length_q"],
                        kwargs["max_length_k"], options), None
-    packed = _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q)
     if packed is not None:
         cu, longest = packed
         return _varlen(q, k, v, cu, cu, longest, longest, options), None
