@@ -84,10 +84,6 @@ def _timer(attention: str, way: str, tokens, config: dict, device: str):
     step = _step(model, way)
     context = flashtriton.sdpa_override if attention == "flashtriton" else contextlib.nullcontext
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    with context():
-        for _ in range(3):  # compile, record the graphs, settle
-            step(tokens)
-    sync()
 
     def timed(steps: int = 20, repeats: int = 5) -> float:
         per_step = []
@@ -100,6 +96,16 @@ def _timer(attention: str, way: str, tokens, config: dict, device: str):
                 sync()
                 per_step.append((time.perf_counter() - start) / steps * 1e3)
         return statistics.median(per_step)
+    with context():
+        for _ in range(3):  # compile, record the graphs, settle
+            step(tokens)
+    sync()
+    timed.routed = None
+    if device == "cuda":  # which attention kernels one step ran: ours are Triton's attn_* kernels
+        with context(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            step(tokens)
+            sync()
+        timed.routed = any(event.name.startswith("attn_") for event in profile.events())
     return timed
 
 
@@ -108,11 +114,12 @@ def main() -> None:
     parser.add_argument("--seqlens", default="1024,4096")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tiny", action="store_true", help="2 layers of width 32: a smoke run (CPU)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     config = (dict(layers=2, width=32, heads=2, vocab=64) if args.tiny
-              else dict(layers=8, width=1024, heads=16, vocab=32768))
+              else dict(layers=args.layers, width=1024, heads=16, vocab=32768))
     ways = ("eager",) if args.device != "cuda" else WAYS  # torch.compile of the interpreter's CPU run: too slow
     rows = []
     for seqlen in (int(n) for n in args.seqlens.split(",")):
@@ -120,7 +127,8 @@ def main() -> None:
         timers = {(a, w): _timer(a, w, tokens, config, args.device) for a in ("sdpa", "flashtriton") for w in ways}
         times = {key: [timer(*((2, 1) if args.tiny else ())) for _ in range(ROUNDS)] for key, timer in timers.items()}
         for (attention, way), ms in times.items():
-            rows.append(dict(seqlen=seqlen, attention=attention, way=way, ms=statistics.median(ms)))
+            rows.append(dict(seqlen=seqlen, attention=attention, way=way, ms=statistics.median(ms),
+                             ran_flashtriton_kernels=timers[attention, way].routed))
         print(seqlen, {f"{a}/{w}": round(statistics.median(ms), 3) for (a, w), ms in times.items()}, flush=True)
         torch._dynamo.reset()
     if args.out is not None:

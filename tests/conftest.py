@@ -12,7 +12,8 @@ if not ON_GPU:
     # Must be set before flashtriton's kernels are defined: triton.jit reads it at decoration time.
     os.environ["TRITON_INTERPRET"] = "1"
 
-from flashtriton.cache import reset  # noqa: E402  (after TRITON_INTERPRET)
+from flashtriton.cache import CACHE, reset  # noqa: E402  (after TRITON_INTERPRET)
+from flashtriton.launch import replay  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 
@@ -43,6 +44,19 @@ def poison_empty(monkeypatch):
 def fresh_seed(request):
     # Fresh random inputs per test, reproducible from the test's id.
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def replays_through_the_interpreter(monkeypatch):
+    """On CPU, plans are recorded and replayed as on a GPU, except that a replay launches its kernel
+    through the interpreter with the reassembled arguments (all of them positional, as the compiled
+    launcher takes them): what ops records, keys and reassembles gets checked without a GPU."""
+    if ON_GPU:
+        return
+    monkeypatch.setattr(replay, "replayable", lambda device: CACHE.replays)
+    monkeypatch.setattr(replay, "current_device_and_stream", lambda: (0, 0))
+    monkeypatch.setattr(replay.Recorded, "replay", lambda self, prefix, stream, scalars=None, grid=None:
+                        self.jit_fn[self.launch_grid(grid)](*self.arguments(prefix, scalars)))
 
 
 # The longest tests (the fuzzers' many cases, the offline compiles) first: with `pytest -n 2` they then

@@ -232,11 +232,13 @@ def test_flash_attn_with_kvcache_signature():
 
 def test_split_heuristic():
     """Few programs and long sequences split; many programs, or short sequences, do not."""
-    cpu = torch.device("cpu")  # taken as a 132-SM GPU
-    assert launch.decode.decode_splits(programs=8, max_keys=131072, block_n=64, device=cpu) == 128  # MAX_SPLITS
-    assert launch.decode.decode_splits(programs=2048, max_keys=131072, block_n=64, device=cpu) == 1
-    assert launch.decode.decode_splits(programs=8, max_keys=500, block_n=64, device=cpu) == 1
-    assert launch.decode.decode_splits(programs=1, max_keys=10**7, block_n=64, device=cpu) == launch.decode.MAX_SPLITS
+    splits = launch.decode.decode_splits  # on a 132-SM GPU
+    assert splits(programs=8, max_keys=131072, block_n=64, sms=132) == 128  # MAX_SPLITS
+    assert splits(programs=8, max_keys=131072, block_n=128, sms=132) == 64  # 16 key tiles each
+    assert splits(programs=64, max_keys=32768, block_n=128, sms=132) == 16
+    assert splits(programs=2048, max_keys=131072, block_n=64, sms=132) == 1
+    assert splits(programs=8, max_keys=500, block_n=64, sms=132) == 1
+    assert splits(programs=1, max_keys=10**7, block_n=64, sms=132) == launch.decode.MAX_SPLITS
 
 
 def _errors_case():
@@ -345,3 +347,30 @@ def test_decode_op_opcheck_and_compile():
             q, *compiled_caches, k_new, v_new, seqlens)
     assert torch.equal(compiled, eager)
     assert torch.equal(compiled_caches[0], caches[0][0]) and torch.equal(compiled_caches[1], caches[0][1])
+
+
+@pytest.mark.usefixtures("replays_through_the_interpreter")
+@pytest.mark.parametrize("lengths_as", ["int", "tensor"])
+def test_a_growing_cache_replays_one_plan(monkeypatch, lengths_as):
+    """A decoding loop whose cache grows every step (a new, longer contiguous cache tensor, as
+    transformers' DynamicCache makes; or one cache with a larger length) replays the first step's
+    launches with each step's length, strides and split count, bit for bit what Triton's launch gives."""
+    from flashtriton.cache import CACHE
+    from flashtriton.launch import replay
+    replays, original = [], replay.Recorded.replay
+    monkeypatch.setattr(replay.Recorded, "replay", lambda self, *a: replays.append(1) or original(self, *a))
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    full_k, full_v = (torch.randn(2, 2, 96, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    steps = (33, 34, 35, 47, 48, 49) if lengths_as == "int" else (33, 34, 35, 47)
+    got, want = [], []
+    for replays_on, out in ((True, got), (False, want)):
+        monkeypatch.setattr(CACHE, "replays", replays_on)
+        for n in steps:
+            k, v = full_k[:, :, :n].contiguous(), full_v[:, :, :n].contiguous()
+            lengths = n if lengths_as == "int" else torch.full((2,), n, dtype=torch.int32, device=DEVICE)
+            out.append(launch.attention_decode(q, k, v, lengths, 0.2, num_splits=2 if n < 40 else 3))
+    for (o, lse), (o_want, lse_want) in zip(got, want, strict=True):
+        assert torch.equal(o, o_want) and torch.equal(lse, lse_want)
+    # Plans differ only where Triton specialises differently: 16 dividing the int length (48), the split count.
+    plans = 3 if lengths_as == "int" else 2
+    assert len(CACHE.plans) == plans and len(replays) == 2 * (len(steps) - plans)

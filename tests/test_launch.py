@@ -73,19 +73,6 @@ def test_no_replay_without_a_gpu():
     assert (len(CACHE.plans) > 0) == ON_GPU
 
 
-@pytest.fixture
-def replays_through_the_interpreter(monkeypatch):
-    """On CPU, plans are recorded and replayed as on a GPU, except that a replay launches its kernel
-    through the interpreter with the reassembled arguments (all of them positional, as the compiled
-    launcher takes them): what ops records, keys and reassembles gets checked without a GPU."""
-    if ON_GPU:
-        return
-    monkeypatch.setattr(replay, "replayable", lambda device: CACHE.replays)
-    monkeypatch.setattr(replay, "current_device_and_stream", lambda: (0, 0))
-    monkeypatch.setattr(replay.Recorded, "replay",
-                        lambda self, prefix, stream: self.jit_fn[self.grid](*prefix, *self.suffix))
-
-
 def _grads(fn, inputs, do):
     """The output and the gradients of one forward + backward."""
     for x in inputs:

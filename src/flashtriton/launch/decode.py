@@ -8,7 +8,10 @@ transpose away).
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import triton
 
 from .. import _interpreter
 from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
@@ -16,29 +19,31 @@ from . import replay
 from .arguments import LOG2E, band, cdiv, cuda_properties, input_precision, score_mods
 from .forward import empty_in_order
 from .runner import LaunchSpec, replay_recorded, run
-from .tiles import block_d
+from .tiles import TileConfig, block_d
 
 # Split-KV heuristic (docs/performance.md, "Decoding"): enough programs for PROGRAMS_PER_SM on every SM,
 # but no split shorter than MIN_TILES_PER_SPLIT key tiles (its partial's write and merge would cost more
 # than its keys), and at most MAX_SPLITS.
 PROGRAMS_PER_SM = 8
-MIN_TILES_PER_SPLIT = 8
+MIN_TILES_PER_SPLIT = 16
 MAX_SPLITS = 128
 
 
-def decode_tiles(rows: int, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): a row tile that holds the group's query heads times the query tokens (16 at
-    least, tl.dot's minimum; 64 at most, larger groups take several tiles) and a key tile."""
-    block_m = 16
-    while block_m < min(rows, 64):
-        block_m *= 2
-    return block_m, 64 if head_dim <= 128 else 32
+@functools.lru_cache(maxsize=256)
+def decode_tiles(rows: int, head_dim: int) -> TileConfig:
+    """A row tile that holds the group's query heads times the query tokens (16 at least, tl.dot's
+    minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
+    H200 sweep of docs/performance.md, "Decoding": two stages, four warps)."""
+    block_m = max(16, min(triton.next_power_of_2(rows), 64))
+    if head_dim <= 128:
+        return TileConfig(block_m, 128 if head_dim <= 64 else 64, num_warps=4, num_stages=2)
+    return TileConfig(block_m, 32, num_warps=4, num_stages=3)
 
 
-def decode_splits(programs: int, max_keys: int, block_n: int, device: torch.device) -> int:
-    """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles) and the
-    longest sequence's `max_keys` (see the constants above)."""
-    sms = cuda_properties(device.index).multi_processor_count if device.type == "cuda" else 132
+@functools.lru_cache(maxsize=4096)
+def decode_splits(programs: int, max_keys: int, block_n: int, sms: int) -> int:
+    """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles), the
+    longest sequence's `max_keys` and the GPU's `sms` (see the constants above)."""
     wanted = cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))
     return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
@@ -70,9 +75,10 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                      cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
-                     num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_splits: int = 0, tiles: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q and lse (B, Hq, Nq) float32 of q against each sequence's first cache_seqlens[b] cached
-    keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits."""
+    keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits;
+    `tiles` forces (BLOCK_M, BLOCK_N, warps, stages), None takes decode_tiles (sweeps and tests)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     heads_kv = k_cache.shape[1]
     group = heads_q // heads_kv
@@ -83,9 +89,11 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
-    block_m, block_n = decode_tiles(group * seqlen_q, head_dim)
+    tiles = tiles or decode_tiles(group * seqlen_q, head_dim)
+    block_m, block_n = tiles.block_m, tiles.block_n
     m_tiles = cdiv(group * seqlen_q, block_m)
-    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, block_n, q.device)
+    sms = cuda_properties(q.device.index).multi_processor_count if q.device.type == "cuda" else 132
+    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, block_n, sms)
     bd = block_d(head_dim)
     if splits > 1:
         o_part = torch.empty((batch, heads_q, seqlen_q, splits, bd), device=q.device, dtype=torch.float32)
@@ -94,39 +102,46 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     else:
         outs = (o, lse)
     seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
-    tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
-                           alibi_slopes), ())}
-    if splits > 1:
-        tensors["combine"] = ((o_part, lse_part, o, lse), ())
-
-    key = None
-    if replay.replayable(q.device):
-        key = replay.plan_key(replay.current_device_and_stream()[0],
-                              (q, k_cache, v_cache, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
-                              "decode", None if seqlens is not None else cache_seqlens, is_causal, scale,
-                              tuple(window), softcap, splits)
-        if replay_recorded("decode", key, tensors):
-            return o, lse
-    _interpreter.prepare(q.device)
+    cache_seqlen = 0 if seqlens is not None else cache_seqlens  # the kernel's length for every sequence
     mask_left, mask_right, window_left, window_right = band(is_causal, window)
     softcap_scale, softcap_log2, stride_alibi_b = score_mods(scale, softcap, alibi_slopes)
     scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
                0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
-               0 if seqlens is not None else cache_seqlens, 0 if block_table is None else block_table.shape[1],
+               cache_seqlen, 0 if block_table is None else block_table.shape[1],
                window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
+    grid = (splits, heads_kv * m_tiles, batch)
+    block_s = triton.next_power_of_2(splits)
+    combine_scalars = (*o.stride()[:3], heads_q, seqlen_q, splits)
+    tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
+                           alibi_slopes), (), scalars, grid)}
+    if splits > 1:
+        tensors["combine"] = ((o_part, lse_part, o, lse), (), combine_scalars, None)
+
+    key = None
+    if replay.replayable(q.device):
+        # A decoding loop's cache grows (a longer cache tensor, or a larger int length, every step): its
+        # length, strides and split count are kept out of the key as values, and in it as Triton
+        # specialises them, so that each step replays the plan and passes its own (replay.int_specialization).
+        varying = (*k_cache.stride()[:3], *v_cache.stride()[:3], cache_seqlen, splits)
+        cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
+                        k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
+        key = replay.plan_key(replay.current_device_and_stream()[0],
+                              (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
+                              "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
+                              is_causal, scale, tuple(window), softcap, tiles)
+        if replay_recorded("decode", key, tensors):
+            return o, lse
+    _interpreter.prepare(q.device)
     meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n,
                 SPLIT=splits > 1, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
                 INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                 SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
-    config = dict(num_warps=4, num_stages=3)
-    specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: (splits, heads_kv * m_tiles, batch),
-                        tensors["decode"][0], (), scalars, meta, config)]
+    config = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: grid, tensors["decode"][0], (), scalars, meta,
+                        config)]
     if splits > 1:
-        block_s = 1
-        while block_s < splits:
-            block_s *= 2
         specs.append(LaunchSpec("combine", attn_decode_combine_kernel, lambda meta: (seqlen_q, heads_q, batch),
-                                tensors["combine"][0], (), (*o.stride()[:3], heads_q, seqlen_q, splits),
+                                tensors["combine"][0], (), combine_scalars,
                                 dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), dict(num_warps=4)))
     run("decode", key, specs, ())
     return o, lse

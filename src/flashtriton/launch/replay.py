@@ -44,9 +44,19 @@ class Recorded:
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.suffix = (*args[prefix_length:], *tail)
 
-    def replay(self, prefix: tuple, stream: int) -> None:
+    def arguments(self, prefix: tuple, scalars: tuple | None = None) -> tuple:
+        """Every argument in signature order: `prefix`, then the recorded scalars (or, where the launcher
+        passes them, this call's `scalars` in their place: values that Triton specialises the same way),
+        then the constexprs."""
+        return (*prefix, *self.suffix) if scalars is None else (*prefix, *scalars, *self.suffix[len(scalars):])
+
+    def launch_grid(self, grid: tuple | None = None) -> tuple:
+        return self.grid if grid is None else tuple(grid) + (1,) * (3 - len(grid))
+
+    def replay(self, prefix: tuple, stream: int, scalars: tuple | None = None, grid: tuple | None = None) -> None:
         c = self.compiled
-        c.run(*self.grid, stream, c.function, c.packed_metadata, None, None, None, *prefix, *self.suffix)
+        c.run(*self.launch_grid(grid), stream, c.function, c.packed_metadata, None, None, None,
+              *self.arguments(prefix, scalars))
 
 
 class RecordedLaunch(NamedTuple):
@@ -64,14 +74,16 @@ class RecordedLaunch(NamedTuple):
         return cls(Recorded(jit_fn, compiled, grid_dims, args, kwargs, tensor_count + len(descs)), layout,
                    len(descs))
 
-    def replay(self, tensors: tuple, desc_sources: tuple, stream: int) -> None:
-        """Launch again with this call's tensors, and descriptors of the first `count` of `desc_sources`."""
+    def replay(self, tensors: tuple, desc_sources: tuple, stream: int, scalars: tuple | None = None,
+               grid: tuple | None = None) -> None:
+        """Launch again with this call's tensors, and descriptors of the first `count` of `desc_sources`
+        (and this call's scalars and grid, where the launcher's plan key leaves them free)."""
         if self.layout is None:
             descs = (None,) * self.count
         else:
             descs = tuple(descriptor(t, strides, box)
                           for t, (strides, box) in zip(desc_sources[:self.count], self.layout, strict=True))
-        self.recorded.replay((*tensors, *descs), stream)
+        self.recorded.replay((*tensors, *descs), stream, scalars, grid)
 
 
 class Plan(NamedTuple):
@@ -79,9 +91,11 @@ class Plan(NamedTuple):
     launches: dict[str, RecordedLaunch]
     choice: object
 
-    def replay(self, tensors: dict[str, tuple[tuple, tuple]], stream: int) -> None:
+    def replay(self, tensors: dict[str, tuple], stream: int) -> None:
+        """`tensors`: {launch name: (tensors, descriptor sources[, scalars, grid])}."""
         for name, launch in self.launches.items():
-            launch.replay(*tensors[name], stream)
+            given = tensors[name]
+            launch.replay(given[0], given[1], stream, *given[2:])
 
 
 def replayable(device: torch.device) -> bool:
@@ -112,3 +126,11 @@ def plan_key(device: int, tensors: tuple, *options) -> tuple:
     launches."""
     layout = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
     return (device, layout, input_precision(tensors[0].dtype), *options)
+
+
+def int_specialization(values: tuple[int, ...]) -> tuple:
+    """How Triton specialises each int argument (its 32- or 64-bit type, whether it is 1, whether 16
+    divides it): integer arguments that are equal here compile to the same kernel, so a plan key may
+    hold this instead of their values, and the replay pass the values (the decode launcher's lengths and
+    strides, which a growing cache changes on every step)."""
+    return tuple((-2**31 <= v < 2**31, v == 1, v % 16 == 0) for v in values)

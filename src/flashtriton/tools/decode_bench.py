@@ -2,13 +2,17 @@
 
 Decoding reads K and V once and does almost no arithmetic, so its limit is HBM bandwidth: each row
 reports ms and the achieved bandwidth (bytes of K and V read, plus Q and O, over the time) beside a read
-ceiling measured in the same run (`torch.sum` over a 4 GiB buffer), for flashtriton's
+ceiling measured in the same run (the faster of `torch.sum` and a plain Triton reduction over a 4 GiB
+buffer), for flashtriton's
 `flash_attention_with_kvcache` and for PyTorch's SDPA backends cuDNN and FlashAttention-2 (`sdpa_flash`),
 which take the contiguous cache (B, H, N, D) with `enable_gqa` and have no paged cache: their paged cells
 are empty. One chunked-prefill row (Nq = 512 against 16k cached keys, causal) is reported in TFLOP/s
 beside the dense forward at N = 4096.
 
-Timing: triton.testing.do_bench medians (L2 flushed before each call), ROUNDS interleaved rounds.
+Two timings per call, each the median of ROUNDS interleaved rounds: `ms`, triton.testing.do_bench
+(eager calls, L2 flushed before each: a call's host time shows where it outlasts the flush), and
+`graph_ms`, triton.testing.do_bench_cudagraph (the calls replayed from a CUDA graph, as serving engines
+run decoding: GPU time alone). Paged rows also give their graph time against the contiguous row's.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 ROUNDS = 3
 MAX_KV_BYTES = 16 * 2**30  # skip shapes whose K + V would take more than this
@@ -71,12 +77,28 @@ def decode_suite() -> list[DecodeShape]:
     return shapes
 
 
+@triton.jit
+def _sum_kernel(X, OUT, per_program, BLOCK: tl.constexpr):
+    """Each program sums its `per_program` contiguous elements: a read of HBM with nothing else."""
+    base = X + tl.program_id(0).to(tl.int64) * per_program
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, per_program, BLOCK):
+        acc += tl.load(base + start + tl.arange(0, BLOCK)).to(tl.float32)
+    tl.store(OUT + tl.program_id(0), tl.sum(acc, 0))
+
+
 def read_ceiling_tb_s() -> float:
-    """HBM read bandwidth as a plain reduction reaches it: the best of three torch.sum over 4 GiB."""
+    """HBM read bandwidth as a plain reduction reaches it over 4 GiB: the best of three runs of
+    `torch.sum` and of `_sum_kernel` (2048 programs of 2 MiB each), whichever is faster."""
     import triton.testing
     buffer = torch.randn(2**31, device="cuda", dtype=torch.bfloat16)
-    times = [triton.testing.do_bench(lambda: buffer.sum(dtype=torch.float32), warmup=10, rep=50,
-                                     return_mode="median") for _ in range(3)]
+    programs = 2048
+    partial = torch.empty(programs, device="cuda", dtype=torch.float32)
+
+    def triton_sum():
+        _sum_kernel[(programs,)](buffer, partial, buffer.numel() // programs, BLOCK=4096, num_warps=8)
+    times = [triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+             for _ in range(3) for fn in (lambda: buffer.sum(dtype=torch.float32), triton_sum)]
     return buffer.numel() * 2 / min(times) / 1e9
 
 
@@ -118,69 +140,100 @@ def _calls(shape: DecodeShape, q, k, v, table) -> dict:
     return calls
 
 
-def _median_ms(calls: dict) -> dict[str, float]:
-    """Each call's median ms over ROUNDS interleaved rounds of do_bench; NaN for a backend that refuses the
-    shape (SDPA's "No available kernel")."""
+def _median_ms(calls: dict, graphs: bool = False) -> dict[str, float]:
+    """Each call's median ms over ROUNDS interleaved rounds of do_bench (or, with `graphs`,
+    do_bench_cudagraph); NaN for a backend that refuses the shape (SDPA's "No available kernel")."""
     import triton.testing
+    bench = triton.testing.do_bench_cudagraph if graphs else triton.testing.do_bench
+    options = dict(rep=30, return_mode="median") if graphs else dict(warmup=10, rep=50, return_mode="median")
     times: dict[str, list[float]] = {name: [] for name in calls}
     with torch.no_grad():
         for _ in range(ROUNDS):
             for name, call in calls.items():
                 try:
-                    times[name].append(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
-                except RuntimeError:
+                    times[name].append(bench(call, **options))
+                except Exception as error:  # noqa: BLE001  (the table shows "—", the log says why)
+                    print(f"{name}{' (CUDA graph)' if graphs else ''}: {type(error).__name__}: {str(error)[:200]}")
                     times[name].append(float("nan"))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def run_decode_suite(shapes: list[DecodeShape]) -> tuple[list[dict], float]:
+def run_decode_suite(shapes: list[DecodeShape], progress=None) -> tuple[list[dict], float]:
+    """The rows, and the read ceiling; `progress(rows, ceiling)` after each row (a run cut short keeps them)."""
     ceiling = read_ceiling_tb_s()
     rows = []
     for shape in shapes:
         q, k, v, table = _inputs(shape)
         calls = _calls(shape, q, k, v, table)
         ms = _median_ms(calls)
-        rows.append(dict(**asdict(shape), ms=ms, tb_s={n: shape.bytes_moved / t / 1e9 for n, t in ms.items()},
+        graph_ms = _median_ms({n: c for n, c in calls.items() if n != "sdpa_flash"}, graphs=True)
+        rows.append(dict(**asdict(shape), ms=ms, graph_ms=graph_ms,
+                         tb_s={n: shape.bytes_moved / t / 1e9 for n, t in ms.items()},
+                         graph_tb_s={n: shape.bytes_moved / t / 1e9 for n, t in graph_ms.items()},
                          tflop_s={n: shape.flops / t / 1e9 for n, t in ms.items()}))
-        print(shape, {n: round(t, 4) for n, t in ms.items()}, flush=True)
+        print(shape, {n: round(t, 4) for n, t in ms.items()}, "graphs", {n: round(t, 4) for n, t in graph_ms.items()},
+              flush=True)
         del q, k, v, table
+        if progress is not None:
+            progress(rows, ceiling)
     return rows, ceiling
 
 
 def prefill_row() -> dict:
     """Chunked prefill against the cache, and the dense forward at N = 4096 (flash_attention), causal."""
     from ..api import flash_attention
+    from ..kvcache import flash_attention_with_kvcache
     shape = DecodeShape(PREFILL["batch"], PREFILL["heads_q"], PREFILL["heads_kv"], PREFILL["seqlen_k"],
                         PREFILL["head_dim"], PREFILL["seqlen_q"], causal=True)
     q, k, v, _ = _inputs(shape)
     dense = DecodeShape(4, 32, 32, 4096, 128, 4096, causal=True)
     qd, kd, vd = (torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     calls = _calls(shape, q, k, v, None)
+    # One int length for every sequence, on a plain cache: the call takes the dense forward (kvcache.py).
+    calls["flashtriton, int length"] = lambda: flash_attention_with_kvcache(q, k, v, shape.seqlen_k, is_causal=True)
     calls["flashtriton dense N=4096"] = lambda: flash_attention(qd, kd, vd, is_causal=True)
     ms = _median_ms(calls)
     flops = {name: (dense if "dense" in name else shape).flops for name in ms}
     return dict(**asdict(shape), ms=ms, tflop_s={n: flops[n] / t / 1e9 for n, t in ms.items()})
 
 
-def _cell(row: dict, name: str) -> str:
-    t = row["ms"].get(name)
+def _cell(row: dict, name: str, timing: str = "ms") -> str:
+    t = row.get(timing, {}).get(name)
     if t is None or t != t:
         return "—"
-    return f"{t:.3f} ({row['tb_s'][name]:.2f})"
+    return f"{t:.3f} ({row['tb_s' if timing == 'ms' else 'graph_tb_s'][name]:.2f})"
+
+
+def _ratio(row: dict, timing: str) -> str:
+    ours, cudnn = row.get(timing, {}).get("flashtriton"), row.get(timing, {}).get("cudnn")
+    return f"{cudnn / ours:.2f}" if ours and cudnn is not None and cudnn == cudnn else "—"
+
+
+def _same_shape_contiguous(rows: list[dict]) -> dict:
+    """{shape without its layout: the contiguous row}, for the paged rows' ratios."""
+    return {tuple(v for k, v in r.items() if k in _SHAPE_KEYS): r for r in rows if r["layout"] == "contiguous"}
+
+
+_SHAPE_KEYS = ("batch", "heads_q", "heads_kv", "seqlen_k", "head_dim", "seqlen_q", "causal")
 
 
 def decode_table(rows: list[dict], ceiling: float) -> str:
     lines = ["| B | Hq/Hkv | Nk | D | Nq | cache | K+V MB | flashtriton ms (TB/s) | % of ceiling | cuDNN ms (TB/s) | "
-             "sdpa_flash ms (TB/s) | vs cuDNN |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "sdpa_flash ms (TB/s) | vs cuDNN | flashtriton graph ms (TB/s) | % of ceiling | cuDNN graph ms | "
+             "graph vs cuDNN | graph vs contiguous |", "|---" * 17 + "|"]
+    contiguous = _same_shape_contiguous(rows)
     for r in rows:
-        ours = r["ms"]["flashtriton"]
-        cudnn = r["ms"].get("cudnn")
-        ratio = f"{cudnn / ours:.2f}" if cudnn is not None and cudnn == cudnn else "—"
         kv_mb = 2 * r["batch"] * r["heads_kv"] * r["seqlen_k"] * r["head_dim"] * 2 / 1e6
+        graph = r.get("graph_tb_s", {}).get("flashtriton")
+        base = contiguous.get(tuple(v for k, v in r.items() if k in _SHAPE_KEYS))
+        versus = (f"{r['graph_ms']['flashtriton'] / base['graph_ms']['flashtriton']:.2f}"
+                  if r["layout"] != "contiguous" and base is not None and "graph_ms" in r else "—")
         lines.append(f"| {r['batch']} | {r['heads_q']}/{r['heads_kv']} | {r['seqlen_k']} | {r['head_dim']} | "
                      f"{r['seqlen_q']} | {r['layout']} | {kv_mb:.0f} | {_cell(r, 'flashtriton')} | "
                      f"{100 * r['tb_s']['flashtriton'] / ceiling:.0f}% | {_cell(r, 'cudnn')} | "
-                     f"{_cell(r, 'sdpa_flash')} | {ratio} |")
+                     f"{_cell(r, 'sdpa_flash')} | {_ratio(r, 'ms')} | {_cell(r, 'flashtriton', 'graph_ms')} | "
+                     f"{'—' if graph is None else f'{100 * graph / ceiling:.0f}%'} | "
+                     f"{_cell(r, 'cudnn', 'graph_ms')} | {_ratio(r, 'graph_ms')} | {versus} |")
     return "\n".join(lines)
 
 
@@ -191,7 +244,9 @@ def write_decode_results(out: Path, rows: list[dict], ceiling: float, prefill: d
     text = [f"# Decode on {meta.get('gpu')}", f"torch {meta.get('torch')}, triton {meta.get('triton')}, commit "
             f"{meta.get('commit')}, one run.", "",
             f"bf16, one query token (Nq = 1) unless said, every sequence Nk keys. Read ceiling measured in the same "
-            f"run: {ceiling:.2f} TB/s (`torch.sum` over 4 GiB). Bandwidth counts K and V once plus Q and O. cuDNN "
+            f"run: {ceiling:.2f} TB/s (the faster of `torch.sum` and a Triton reduction over 4 GiB). Bandwidth counts "
+            "K and V once plus Q and O. `ms`: eager calls (`do_bench`, the host path included where it outlasts the L2 "
+            "flush); `graph ms`: replayed from a CUDA graph (`do_bench_cudagraph`), the GPU time. cuDNN "
             "and sdpa_flash are PyTorch's SDPA backends on the contiguous cache with `enable_gqa`; they have no "
             "paged cache (—). vs cuDNN: cuDNN's ms / ours, above 1 means ours is faster. "
             "`python -m flashtriton bench --suite decode`.", "", decode_table(rows, ceiling)]
@@ -212,10 +267,10 @@ def bench_decode(out: Path | None, batches: set[int] | None = None, head_dims: s
     warm_up_gpu()
     shapes = [s for s in decode_suite() if (batches is None or s.batch in batches)
               and (head_dims is None or s.head_dim in head_dims)]
-    rows, ceiling = run_decode_suite(shapes)
     meta = environment()
-    if out is not None:  # written now and again with the prefill row, so that a failure there keeps the suite
-        write_decode_results(out, rows, ceiling, None, meta)
+    # written after every row and again with the prefill row, so that a run cut short keeps what it measured
+    rows, ceiling = run_decode_suite(shapes, None if out is None else
+                                     lambda rows, ceiling: write_decode_results(out, rows, ceiling, None, meta))
     prefill = None
     with contextlib.suppress(torch.OutOfMemoryError):
         prefill = prefill_row()

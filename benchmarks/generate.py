@@ -1,0 +1,87 @@
+"""Greedy `generate()` through transformers with attn_implementation="FlashTriton" (whose decoding steps
+take the KV-cache kernel) against "sdpa", on randomly initialised Llama models (nothing is downloaded),
+bf16: a tiny one and one of Llama 3.2 1B's shape. Reports wall time per new token, and checks that both
+produce the same tokens.
+
+Timing: each (model, batch, prompt) runs both implementations in ROUNDS interleaved rounds, one
+`generate()` of NEW_TOKENS tokens each (min_new_tokens = max_new_tokens: no early stop), after one warm-up
+generate; the median round is kept. Prefill is in the time; its share shrinks with NEW_TOKENS.
+
+    PYTHONPATH=src python benchmarks/generate.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from flashtriton.integrations.transformers import NAME
+
+ROUNDS = 3
+NEW_TOKENS = 64
+MODELS = {
+    "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=32000),
+    "1B-shape": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=64, vocab_size=128256),
+}
+CASES = [(1, 128), (8, 2048), (32, 4096)]  # (batch, prompt tokens)
+
+
+def _model(name: str, implementation: str):
+    config = transformers.LlamaConfig(max_position_embeddings=8192, **MODELS[name])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation,
+                                                          dtype=torch.bfloat16)
+    return model.to("cuda").eval()
+
+
+def _generate(model, ids):
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                          min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    rows = []
+    for name in args.models.split(","):
+        models = {impl: _model(name, impl) for impl in (NAME, "sdpa")}
+        models[NAME].load_state_dict(models["sdpa"].state_dict())
+        for batch, prompt in CASES:
+            ids = torch.randint(0, MODELS[name]["vocab_size"], (batch, prompt), device="cuda")
+            times = {impl: [] for impl in models}
+            tokens = {}
+            with torch.no_grad():
+                for impl, model in models.items():
+                    tokens[impl] = _generate(model, ids)  # warm-up: compiles, autotunes, records launches
+                for _ in range(ROUNDS):
+                    for impl, model in models.items():
+                        torch.cuda.synchronize()
+                        start = time.perf_counter()
+                        _generate(model, ids)
+                        torch.cuda.synchronize()
+                        times[impl].append((time.perf_counter() - start) * 1e3 / NEW_TOKENS)
+            same = (tokens[NAME] == tokens["sdpa"]).float().mean().item()
+            row = dict(model=name, batch=batch, prompt=prompt, new_tokens=NEW_TOKENS,
+                       ms_per_token={impl: statistics.median(t) for impl, t in times.items()},
+                       same_tokens=same)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del models
+        torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "generate.json").write_text(json.dumps(dict(rounds=ROUNDS, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
