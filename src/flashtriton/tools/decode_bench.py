@@ -62,7 +62,7 @@ def decode_suite() -> list[DecodeShape]:
     """B x Nk x heads x D with Nq = 1 on a contiguous cache; at D = 128 and GQA 32/8 also paged caches
     (block size 16 and 64) and Nq = 4; shapes whose K + V pass MAX_KV_BYTES are left out."""
     shapes = []
-    for head_dim in (64, 128):
+    for head_dim in (128, 64):  # the common head dim first, with the paged and Nq = 4 rows
         for heads_q, heads_kv in ((32, 32), (32, 8), (64, 8)):
             for batch in (1, 8, 64, 256):
                 for seqlen_k in (1024, 8192, 32768, 131072):
@@ -268,12 +268,11 @@ def bench_decode(out: Path | None, batches: set[int] | None = None, head_dims: s
     shapes = [s for s in decode_suite() if (batches is None or s.batch in batches)
               and (head_dims is None or s.head_dim in head_dims)]
     meta = environment()
-    # written after every row and again with the prefill row, so that a run cut short keeps what it measured
-    rows, ceiling = run_decode_suite(shapes, None if out is None else
-                                     lambda rows, ceiling: write_decode_results(out, rows, ceiling, None, meta))
-    prefill = None
+    prefill = None  # first, then the rows, each written as it comes: a run cut short keeps what it measured
     with contextlib.suppress(torch.OutOfMemoryError):
         prefill = prefill_row()
+    rows, ceiling = run_decode_suite(shapes, None if out is None else
+                                     lambda rows, ceiling: write_decode_results(out, rows, ceiling, prefill, meta))
     print(decode_table(rows, ceiling))
     if prefill is not None:
         print(json.dumps(prefill["tflop_s"]))
