@@ -232,12 +232,12 @@ def test_flash_attn_with_kvcache_signature():
 
 def test_split_heuristic():
     """Few programs and long sequences split; many programs, or short sequences, do not."""
-    splits = launch.decode.decode_splits  # on a 132-SM GPU
-    assert splits(programs=8, max_keys=131072, block_n=64, sms=132) == 128  # MAX_SPLITS
-    assert splits(programs=8, max_keys=131072, block_n=128, sms=132) == 64  # 16 key tiles each
-    assert splits(programs=64, max_keys=32768, block_n=128, sms=132) == 16
-    assert splits(programs=2048, max_keys=131072, block_n=64, sms=132) == 1
-    assert splits(programs=8, max_keys=500, block_n=64, sms=132) == 1
+    splits = launch.decode.decode_splits  # on a 132-SM GPU: 2 programs per SM, 2 key tiles per split at least
+    assert splits(programs=8, max_keys=1024, block_n=64, sms=132) == 8  # 16 tiles: 2 each
+    assert splits(programs=8, max_keys=131072, block_n=128, sms=132) == 33
+    assert splits(programs=64, max_keys=32768, block_n=128, sms=132) == 5
+    assert splits(programs=512, max_keys=131072, block_n=64, sms=132) == 1
+    assert splits(programs=8, max_keys=100, block_n=64, sms=132) == 1
     assert splits(programs=1, max_keys=10**7, block_n=64, sms=132) == launch.decode.MAX_SPLITS
 
 

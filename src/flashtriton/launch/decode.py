@@ -24,8 +24,8 @@ from .tiles import TileConfig, block_d
 # Split-KV heuristic (docs/performance.md, "Decoding"): enough programs for PROGRAMS_PER_SM on every SM,
 # but no split shorter than MIN_TILES_PER_SPLIT key tiles (its partial's write and merge would cost more
 # than its keys), and at most MAX_SPLITS.
-PROGRAMS_PER_SM = 8
-MIN_TILES_PER_SPLIT = 16
+PROGRAMS_PER_SM = 2
+MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
 
 
