@@ -47,13 +47,15 @@ def _parser() -> argparse.ArgumentParser:
                     "the peers (PyTorch's SDPA backends, FlexAttention) and print its table. Without a GPU: the "
                     "same check on small shapes through Triton's interpreter (timing needs a GPU).")
     bench.add_argument("--suite", default="article",
-                       choices=["article", "paper", "cs336", "memory", "variants", "decode"],
+                       choices=["article", "paper", "cs336", "memory", "variants", "decode", "cp"],
                        help="article: the article's table; paper: the FlashAttention-2 paper's sweep; "
                             "cs336: B=1, H=16, N=16384, D=64 causal; memory: peak memory of forward + "
                             "backward at N = 16k and 64k (add sdpa_math, plain attention, to --providers); "
                             "variants: GQA, a sliding window, softcap, ALiBi and a packed batch at D=128 "
                             "(fwd and bwd); decode: a few query tokens against a KV cache, contiguous and "
-                            "paged, in ms and TB/s against a measured read ceiling, cuDNN and sdpa_flash")
+                            "paged, in ms and TB/s against a measured read ceiling, cuDNN and sdpa_flash; "
+                            "cp: context-parallel ring and Ulysses attention, under torchrun (one rank per GPU; "
+                            "alone, G = 1)")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex", type=_comma_list(),
                        help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
     bench.add_argument("--modes", default=None, type=_comma_list(MODES),
@@ -258,6 +260,9 @@ def _bench_gpu(args: argparse.Namespace) -> int:
         write_results,
     )
 
+    if args.suite == "cp":  # its own process group, shapes and table (tools/cp_bench.py)
+        from .cp_bench import bench_cp
+        return bench_cp(args.out, seqlens=args.seqlens)
     if args.suite == "decode":  # its own shapes, providers and table (tools/decode_bench.py)
         from .decode_bench import bench_decode
         return bench_decode(args.out, head_dims=None if args.head_dims is None else set(args.head_dims))

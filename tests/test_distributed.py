@@ -1,0 +1,171 @@
+"""Context parallelism (flashtriton.distributed) on CPU: 2 and 3 gloo processes, the kernels through
+Triton's interpreter. Each rank takes its shard of the same whole inputs and compares its rows of O, L
+and of dQ, dK, dV with the float64 reference on the whole sequence, bounded by twice the error of
+single-process `flash_attention` on it. Also the layouts' round trips, and errors that must reach every
+rank (a bad shape on one rank) instead of leaving the others waiting."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import ON_GPU
+from flashtriton import flash_attention
+from flashtriton.distributed import (
+    contiguous_shard,
+    contiguous_unshard,
+    ring_attention,
+    ulysses_attention,
+    zigzag_ring_flash_attn_func,
+    zigzag_shard,
+    zigzag_unshard,
+)
+from flashtriton.reference import attention_ref
+from flashtriton.testing import bounded
+
+pytestmark = pytest.mark.skipif(ON_GPU, reason="the gloo tests run on CPU; the GPU runs the cp suite")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, worker, args):
+    os.environ["TRITON_INTERPRET"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        worker(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world, worker, *args):
+    mp.spawn(_entry, args=(world, _free_port(), worker, args), nprocs=world, join=True)
+
+
+def _whole(heads_q, heads_kv, seqlen, dtype, seed):
+    """The same whole q, k, v and dO on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    q, do = (torch.randn(1, heads_q, seqlen, 16, generator=generator).to(dtype) for _ in range(2))
+    k, v = (torch.randn(1, heads_kv, seqlen, 16, generator=generator).to(dtype) for _ in range(2))
+    return q, k, v, do
+
+
+def _check_rank(attend, shard, whole, reference_kwargs, kernel_kwargs):
+    """This rank's rows of O, L and gradients from `attend` on its shards, against float64 on the whole
+    sequence, allowed twice single-process flash_attention's error there."""
+    q, k, v, do = whole
+    leaves64 = [x.double().requires_grad_() for x in (q, k, v)]
+    o64, lse64 = attention_ref(*leaves64, **reference_kwargs)
+    o64.backward(do.double())
+    single = [x.clone().requires_grad_() for x in (q, k, v)]
+    o1, lse1 = flash_attention(*single, return_lse=True, **kernel_kwargs)
+    o1.backward(do)
+    mine = [shard(x).requires_grad_() for x in (q, k, v)]
+    o, lse = attend(*mine)
+    o.backward(shard(do))
+    checks = [bounded("O", o, shard(o64), shard(o1), q.dtype),
+              bounded("L", lse, shard(lse64[..., None])[..., 0], shard(lse1[..., None])[..., 0], torch.float32)]
+    for name, x, x64, x1 in zip(("dQ", "dK", "dV"), mine, leaves64, single, strict=True):
+        checks.append(bounded(name, x.grad, shard(x64.grad), shard(x1.grad), q.dtype))
+    failed = [str(c) for c in checks if not c.ok]
+    assert not failed, failed
+
+
+RING_CASES = [  # (layout, causal, heads_q, heads_kv, dtype, softcap)
+    ("zigzag", True, 4, 2, torch.bfloat16, 0.0),
+    ("zigzag", False, 2, 2, torch.float32, 5.0),
+    ("contiguous", True, 2, 1, torch.bfloat16, 0.0),
+]
+
+
+def _ring_worker(rank, world, cases, chunk):
+    for i, (layout, causal, heads_q, heads_kv, dtype, softcap) in enumerate(cases):
+        whole = _whole(heads_q, heads_kv, 2 * world * chunk, dtype, seed=i)
+        shard_fn = zigzag_shard if layout == "zigzag" else contiguous_shard
+
+        def shard(x, shard_fn=shard_fn):
+            return shard_fn(x, dim=2)
+        flags = dict(is_causal=causal, softcap=softcap)
+        _check_rank(lambda q, k, v, layout=layout, flags=flags: ring_attention(q, k, v, layout=layout, return_lse=True,
+                                                                               **flags),
+                    shard, whole, flags, flags)
+
+
+@pytest.mark.parametrize("world,chunk", [(2, 5), (3, 3)])
+def test_ring_attention_matches_the_whole_sequence(world, chunk):
+    _spawn(world, _ring_worker, RING_CASES if world == 2 else RING_CASES[:1], chunk)
+
+
+def _ulysses_worker(rank, world, heads_q, heads_kv):
+    slopes = torch.rand(heads_q, generator=torch.Generator().manual_seed(0))  # the same on every rank
+    for i, flags in enumerate([dict(is_causal=True), dict(is_causal=True, window_size=(3, 0), softcap=4.0),
+                               dict(alibi_slopes=slopes)]):
+        whole = _whole(heads_q, heads_kv, world * 7, torch.bfloat16 if i == 0 else torch.float32, seed=10 + i)
+        _check_rank(lambda q, k, v, flags=flags: ulysses_attention(q, k, v, return_lse=True, **flags),
+                    lambda x: contiguous_shard(x, dim=2), whole, flags, flags)
+
+
+@pytest.mark.parametrize("world,heads_q,heads_kv", [(2, 4, 2), (3, 6, 3)])
+def test_ulysses_attention_matches_the_whole_sequence(world, heads_q, heads_kv):
+    _spawn(world, _ulysses_worker, heads_q, heads_kv)
+
+
+def _layouts_and_interface_worker(rank, world):
+    x = torch.arange(2 * 4 * world * 2 * 3, dtype=torch.float32).view(2, 4, world * 2 * 3, 1)
+    assert torch.equal(zigzag_unshard(zigzag_shard(x), dim=2), x)
+    assert torch.equal(contiguous_unshard(contiguous_shard(x), dim=2), x)
+    chunks = x.chunk(2 * world, dim=2)
+    assert torch.equal(zigzag_shard(x), torch.cat([chunks[rank], chunks[2 * world - 1 - rank]], 2))
+    with pytest.raises(ValueError, match="pad the sequence"):
+        zigzag_shard(x[:, :, :-1])
+    # ring-flash-attn's function, (B, N, H, D), against ring_attention on the same shards
+    q, k, v, _ = _whole(2, 2, 4 * world, torch.float32, seed=3)
+    mine = [zigzag_shard(t) for t in (q, k, v)]
+    o = zigzag_ring_flash_attn_func(*(t.transpose(1, 2) for t in mine), causal=True)
+    assert torch.equal(o.transpose(1, 2), ring_attention(*mine, is_causal=True))
+
+
+def test_layouts_round_trip_and_the_ring_flash_attn_interface():
+    _spawn(2, _layouts_and_interface_worker)
+
+
+def _errors_worker(rank, world):
+    q, k, v, _ = _whole(2, 2, 8, torch.float32, seed=4)
+    bad = q[:, :, :6] if rank == 1 else q[:, :, :4]  # rank 1 alone passes another length
+    with pytest.raises(ValueError, match="rank 1"):
+        ring_attention(bad, k[:, :, :4], v[:, :, :4])
+    wrong_dtype = q.to(torch.float16) if rank == 0 else q  # rank 0's own check fails; rank 1's passes
+    with pytest.raises(TypeError, match="rank 0: .*dtype"):
+        ring_attention(wrong_dtype[:, :, :4], k[:, :, :4], v[:, :, :4])
+    with pytest.raises(NotImplementedError, match="sliding window"):
+        ring_attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], window_size=(2, 0))
+    with pytest.raises(ValueError, match="local length must be even"):
+        ring_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3])
+    with pytest.raises(ValueError, match="equal share of the heads"):
+        ulysses_attention(q[:, :1, :4], k[:, :1, :4], v[:, :1, :4])
+    with pytest.raises(ValueError, match="layout must be one of"):
+        ring_attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], layout="stripe")
+
+
+def test_a_bad_call_on_one_rank_raises_on_every_rank():
+    _spawn(2, _errors_worker)
+
+
+def _cp_suite_worker(rank, world):
+    from flashtriton.tools.cp_bench import cp_rows, cp_table
+    rows = cp_rows(seqlens=[8 * world], heads=2, head_dim=16, dtype=torch.float32, rounds=1, calls=1)
+    assert [r["world"] for r in rows] == [world]
+    assert all(t > 0 for t in rows[0]["ms"].values()) and set(rows[0]["efficiency"]) == {
+        f"{name} {mode}" for name in ("ring (zigzag)", "ulysses") for mode in ("fwd", "fwd_bwd")}
+    assert cp_table(rows).count("\n") == 3  # a header, its rule and a row per mode
+
+
+def test_cp_suite_runs_on_two_ranks():
+    """The suite's timing loop, one fixed call count on every rank (a smoke run: CPU times mean nothing)."""
+    _spawn(2, _cp_suite_worker)
