@@ -77,21 +77,25 @@ def _check_rank(attend, shard, whole, reference_kwargs, kernel_kwargs):
     assert not failed, failed
 
 
-RING_CASES = [  # (layout, causal, heads_q, heads_kv, dtype, softcap)
-    ("zigzag", True, 4, 2, torch.bfloat16, 0.0),
-    ("zigzag", False, 2, 2, torch.float32, 5.0),
-    ("contiguous", True, 2, 1, torch.bfloat16, 0.0),
+RING_CASES = [  # (layout, causal, heads_q, heads_kv, dtype, softcap, window)
+    ("zigzag", True, 4, 2, torch.bfloat16, 0.0, (-1, -1)),
+    ("zigzag", False, 2, 2, torch.float32, 5.0, (-1, -1)),
+    ("contiguous", True, 2, 1, torch.bfloat16, 0.0, (-1, -1)),
+    ("zigzag", True, 2, 1, torch.float32, 0.0, (7, 0)),  # across chunks and ranks
+    ("zigzag", False, 2, 2, torch.bfloat16, 0.0, (2, 6)),
+    ("contiguous", False, 2, 2, torch.float32, 3.0, (4, -1)),
+    ("contiguous", True, 2, 2, torch.float32, 0.0, (3, 2)),  # causal caps the right side at 0
 ]
 
 
 def _ring_worker(rank, world, cases, chunk):
-    for i, (layout, causal, heads_q, heads_kv, dtype, softcap) in enumerate(cases):
+    for i, (layout, causal, heads_q, heads_kv, dtype, softcap, window) in enumerate(cases):
         whole = _whole(heads_q, heads_kv, 2 * world * chunk, dtype, seed=i)
         shard_fn = zigzag_shard if layout == "zigzag" else contiguous_shard
 
         def shard(x, shard_fn=shard_fn):
             return shard_fn(x, dim=2)
-        flags = dict(is_causal=causal, softcap=softcap)
+        flags = dict(is_causal=causal, softcap=softcap, window_size=window)
         _check_rank(lambda q, k, v, layout=layout, flags=flags: ring_attention(q, k, v, layout=layout, return_lse=True,
                                                                                **flags),
                     shard, whole, flags, flags)
@@ -99,7 +103,7 @@ def _ring_worker(rank, world, cases, chunk):
 
 @pytest.mark.parametrize("world,chunk", [(2, 5), (3, 3)])
 def test_ring_attention_matches_the_whole_sequence(world, chunk):
-    _spawn(world, _ring_worker, RING_CASES if world == 2 else RING_CASES[:1], chunk)
+    _spawn(world, _ring_worker, RING_CASES if world == 2 else RING_CASES[:1] + RING_CASES[3:4], chunk)
 
 
 def _ulysses_worker(rank, world, heads_q, heads_kv):
@@ -143,8 +147,8 @@ def _errors_worker(rank, world):
     wrong_dtype = q.to(torch.float16) if rank == 0 else q  # rank 0's own check fails; rank 1's passes
     with pytest.raises(TypeError, match="rank 0: .*dtype"):
         ring_attention(wrong_dtype[:, :, :4], k[:, :, :4], v[:, :, :4])
-    with pytest.raises(NotImplementedError, match="sliding window"):
-        ring_attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], window_size=(2, 0))
+    with pytest.raises(NotImplementedError, match="ALiBi"):
+        ring_attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], alibi_slopes=torch.ones(2))
     with pytest.raises(ValueError, match="local length must be even"):
         ring_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3])
     with pytest.raises(ValueError, match="equal share of the heads"):

@@ -18,8 +18,9 @@ Which blocks a step computes, for this rank's queries against the keys that star
     contiguous, causal: src == rank causal, src < rank in full, src > rank nothing
     not causal: everything against everything, in full
 
-Softcap and GQA are flags of those calls; a sliding window, ALiBi and dropout need positions or masks
-across blocks that the kernels do not take yet, and raise NotImplementedError.
+Softcap and GQA are flags of those calls. A sliding window makes one call per pair of chunks that its
+band reaches, each with an ordinary window (`_band_calls`). ALiBi (a bias from global positions) and
+dropout (a mask independent of the sharding) need more of the kernels, and raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -48,6 +49,54 @@ def _blocks(rank: int, src: int, length: int, layout: str, is_causal: bool) -> l
     return [(_ALL, slice(0, half), False)] if src < rank else [(slice(half, None), _ALL, False)]
 
 
+def _chunks(rank: int, world: int, length: int, layout: str) -> list[tuple[int, int]]:
+    """(local start, global start) of each chunk a rank holds, every chunk `length // 2` long (zigzag)
+    or `length` (contiguous)."""
+    if layout == "contiguous":
+        return [(0, rank * length)]
+    half = length // 2
+    return [(0, rank * half), (half, (2 * world - 1 - rank) * half)]
+
+
+def _band_calls(rank: int, src: int, world: int, length: int, layout: str, is_causal: bool,
+                window: tuple[int, int]) -> list[tuple[slice, slice, tuple[int, int]]]:
+    """(query rows, key rows, window) of the calls one step makes under a sliding window: one per pair of
+    chunks that the band reaches. Query a of a chunk starting at global Q0 sees key b of one starting at
+    K0 iff lo <= b - a <= hi, lo = d - left, hi = d + right (causal: hi <= d), d = Q0 - K0. A band that
+    lies wholly above or below a pair's diagonal is shifted onto it by slicing the rows off that see
+    nothing, so that every call's window is an ordinary one (left, right >= 0, -1 unbounded)."""
+    left, right = window
+    calls = []
+    for q_local, q_global in _chunks(rank, world, length, layout):
+        for k_local, k_global in _chunks(src, world, length, layout):
+            size = length // 2 if layout == "zigzag" else length
+            d = q_global - k_global
+            lo = -size if left < 0 else d - left
+            hi = size if right < 0 else d + right
+            if is_causal:
+                hi = min(hi, d)
+            lo, hi = max(lo, -(size - 1)), min(hi, size - 1)
+            if lo > hi:
+                continue
+            q0, k0, rows = 0, 0, size
+            if lo > 0:  # keys [lo, size) for queries [0, size - lo): b' - a in [0, hi - lo]
+                k0, rows, lo, hi = lo, size - lo, 0, hi - lo
+            elif hi < 0:  # queries [-hi, size) against keys [0, size + hi): b - a' in [lo - hi, 0]
+                q0, rows, lo, hi = -hi, size + hi, lo - hi, 0
+            band = (-1 if -lo >= rows - 1 else -lo, -1 if hi >= rows - 1 else hi)
+            calls.append((slice(q_local + q0, q_local + q0 + rows), slice(k_local + k0, k_local + k0 + rows), band))
+    return calls
+
+
+def _calls(rank: int, src: int, world: int, length: int, layout: str, is_causal: bool,
+           window: tuple[int, int]) -> list[tuple[slice, slice, bool, tuple[int, int]]]:
+    """(query rows, key rows, causal, window) of one step's calls."""
+    if window == (-1, -1):
+        return [(rows, cols, causal, window) for rows, cols, causal in _blocks(rank, src, length, layout, is_causal)]
+    return [(rows, cols, False, band) for rows, cols, band in
+            _band_calls(rank, src, world, length, layout, is_causal, window)]
+
+
 def _rows(x: torch.Tensor, rows: slice) -> torch.Tensor:
     return x if rows == _ALL else x[:, :, rows].contiguous()
 
@@ -64,7 +113,7 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, rows: slice, o_block: torch.Ten
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, softcap, layout, group):
+    def forward(ctx, q, k, v, is_causal, scale, window, softcap, layout, group):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ring = Ring(group) if world > 1 else None
         out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
@@ -73,22 +122,22 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world):
             src = (rank - step) % world
             pending = ring.start(keys) if step + 1 < world else None  # the next block travels meanwhile
-            for rows, cols, causal in _blocks(rank, src, q.shape[2], layout, is_causal):
+            for rows, cols, causal, band in _calls(rank, src, world, q.shape[2], layout, is_causal, window):
                 o_block, lse_block = ops.attention(_rows(q, rows), keys[0][:, :, cols], keys[1][:, :, cols], None,
-                                                   None, 0, 0, causal, scale, -1, -1, softcap, None, 0.0, None)
+                                                   None, 0, 0, causal, scale, *band, softcap, None, 0.0, None)
                 _merge(out, lse, rows, o_block, lse_block)
             if pending is not None:
                 keys = pending.wait()
         o = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (is_causal, scale, softcap, layout, group)
+        ctx.options = (is_causal, scale, window, softcap, layout, group)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        is_causal, scale, softcap, layout, group = ctx.options
+        is_causal, scale, window, softcap, layout, group = ctx.options
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ring = Ring(group) if world > 1 else None
         do = do.contiguous()
@@ -98,10 +147,10 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world):
             src = (rank - step) % world
             pending = ring.start(keys) if step + 1 < world else None
-            for rows, cols, causal in _blocks(rank, src, q.shape[2], layout, is_causal):
+            for rows, cols, causal, band in _calls(rank, src, world, q.shape[2], layout, is_causal, window):
                 dq_block, dk_block, dv_block = ops.backward_impl(
                     _rows(do, rows), _rows(q, rows), keys[0][:, :, cols], keys[1][:, :, cols], _rows(o, rows),
-                    lse[:, :, rows].contiguous(), None, None, 0, 0, causal, scale, -1, -1, softcap, None, 0.0, None,
+                    lse[:, :, rows].contiguous(), None, None, 0, 0, causal, scale, *band, softcap, None, 0.0, None,
                     True, True)
                 dq[:, :, rows] += dq_block
                 grads[0][:, :, cols] += dk_block
@@ -111,7 +160,7 @@ class _RingAttention(torch.autograd.Function):
                 if pending is not None:
                     keys = pending.wait()
                 grads = moved.wait()
-        return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), None, None, None, None, None
+        return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), None, None, None, None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
@@ -125,11 +174,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
             `zigzag_shard` of the whole q on every rank; with "zigzag" n must be even).
         k, v: (B, Hkv, n, D), the same positions; Hq a multiple of Hkv.
         is_causal: causal over the global positions of the whole sequence.
-        scale, softcap: as in `flash_attention`.
+        scale, window_size, softcap: as in `flash_attention`, over the global positions.
         layout: "zigzag" (balanced causal work) or "contiguous".
         return_lse: also return this rank's rows of the logsumexp, (B, Hq, n) float32.
-        window_size, alibi_slopes, dropout_p: not supported yet (NotImplementedError); `ulysses_attention`
-            takes them.
+        alibi_slopes, dropout_p: not supported yet (NotImplementedError); `ulysses_attention` takes ALiBi.
 
     Returns:
         o (B, Hq, n, D) for this rank's positions; with `return_lse`, (o, lse). Differentiable in q, k, v.
@@ -144,17 +192,19 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
             raise ValueError(f"the zigzag layout holds two equal chunks per rank, so the local length must be even; "
                              f"got {q.shape[2]}: shard the whole sequence with zigzag_shard (its length a multiple "
                              "of 2 x world size)")
-        if tuple(window_size) != (-1, -1) or alibi_slopes is not None or dropout_p:
-            raise NotImplementedError("ring_attention does not take a sliding window, ALiBi or dropout yet (they need "
-                                      "global positions inside the kernels); use ulysses_attention, which takes "
-                                      "every flag, when the heads divide among the ranks")
-        scale, _, _, softcap, _, _, _ = op_options(q, scale, (-1, -1), softcap, None, 0.0)
-        signature = (tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype), bool(is_causal), scale, softcap,
-                     layout)
+        if alibi_slopes is not None or dropout_p:
+            raise NotImplementedError("ring_attention does not take ALiBi or dropout yet (ALiBi needs each block's "
+                                      "global offset inside the kernels, dropout a mask independent of the "
+                                      "sharding); use ulysses_attention for ALiBi, when the heads divide among "
+                                      "the ranks")
+        scale, window_left, window_right, softcap, _, _, _ = op_options(q, scale, window_size, softcap, None, 0.0)
+        window = (window_left, window_right)
+        signature = (tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype), bool(is_causal), scale, window,
+                     softcap, layout)
     except (ValueError, TypeError, NotImplementedError, RuntimeError) as caught:
         error = caught
     agree(group, "ring_attention", signature, error)
-    o, lse = _RingAttention.apply(q, k, v, bool(is_causal), scale, softcap, layout, group)
+    o, lse = _RingAttention.apply(q, k, v, bool(is_causal), scale, window, softcap, layout, group)
     return (o, lse) if return_lse else o
 
 
