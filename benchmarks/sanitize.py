@@ -1,7 +1,10 @@
 """What compute-sanitizer runs (benchmarks/h200.sh with SANITIZE=1): forward and backward of every kernel
 on odd shapes, on both data paths (block pointers and TMA), with the variants, each call checked to be
-finite; each backward runs twice, the second time replaying the first one's launches. Small on purpose:
-under memcheck every memory access is instrumented.
+finite; each backward runs twice, the second time replaying the first one's launches. Then the decode
+kernels: contiguous and paged caches, ragged lengths from 0 to full, forced tiles and split counts, the
+flags, a growing cache replaying one plan, and CUDA-graph captures followed by a call of a new shape (the
+sequence after which two H200 probes saw an illegal memory access, docs/performance.md entry 40). Small on
+purpose: under memcheck every memory access is instrumented.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py
 """
@@ -12,7 +15,7 @@ import sys
 
 import torch
 
-from flashtriton import flash_attention_varlen, launch
+from flashtriton import flash_attention_varlen, flash_attention_with_kvcache, launch
 from flashtriton.launch.tiles import backward_configs, forward_config
 
 
@@ -74,8 +77,62 @@ def main() -> None:
         o = flash_attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), is_causal=True)
         o.backward(torch.randn_like(o))
         calls += 1
+        calls += _decode_calls(device)
     torch.cuda.synchronize()
-    print(f"sanitize target: {calls} forward+backward calls ran")
+    print(f"sanitize target: {calls} forward+backward and decode calls ran")
+
+
+def _decode_calls(device) -> int:
+    """The decode launcher on every path it has, each output checked to be finite; returns the count."""
+    calls = 0
+    lengths = torch.tensor([0, 17, 300, 1, 257], dtype=torch.int32, device=device)
+    capacity = 320
+    tiles = [None, launch.TileConfig(16, 32, 4, 2), launch.TileConfig(16, 128, 4, 2), launch.TileConfig(32, 256, 8, 2)]
+    for head_dim, seqlen_q, page in itertools.product((64, 128), (1, 4), (None, 16, 64, 256)):
+        q = torch.randn(5, 8, seqlen_q, head_dim, device=device, dtype=torch.bfloat16)
+        k, v = (torch.randn(5, 2, capacity, head_dim, device=device, dtype=torch.bfloat16) for _ in range(2))
+        table = None
+        if page is not None:  # every sequence's blocks, scattered over a pool with spares
+            blocks = -(-capacity // page)
+            table = torch.randperm(5 * blocks + 3, device=device)[:5 * blocks].view(5, blocks).to(torch.int32)
+            k, v = (torch.randn(5 * blocks + 3, 2, page, head_dim, device=device, dtype=torch.bfloat16)
+                    for _ in range(2))
+        for tile, splits in itertools.product(tiles, (0, 1, 3, 32)):
+            if tile is not None and head_dim == 128 and tile.block_n == 256:
+                continue
+            o, lse = launch.attention_decode(q, k, v, lengths, head_dim ** -0.5, block_table=table, tiles=tile,
+                                             num_splits=splits, is_causal=seqlen_q > 1)
+            assert torch.isfinite(o).all()
+            calls += 1
+        o, lse = launch.attention_decode(q, k, v, lengths, 0.1, block_table=table, window=(40, 0), softcap=10.0,
+                                         alibi_slopes=torch.rand(8, device=device), is_causal=True)
+        assert torch.isfinite(o).all()
+        calls += 1
+    # a growing cache (a new, longer tensor every step) replays one plan with each step's lengths and strides
+    q = torch.randn(3, 8, 1, 128, device=device, dtype=torch.bfloat16)
+    for n in (100, 101, 102, 128, 129):
+        k, v = (torch.randn(3, 2, n, 128, device=device, dtype=torch.bfloat16) for _ in range(2))
+        with torch.no_grad():
+            assert torch.isfinite(flash_attention_with_kvcache(q, k, v, n)).all()
+        calls += 1
+    # CUDA-graph captures of forced splits, then a call of a new, larger shape
+    for batch, splits in ((1, 32), (1, 9), (64, 3)):
+        q = torch.randn(batch, 32, 1, 128, device=device, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, 8 if batch > 1 else 32, 2048, 128, device=device, dtype=torch.bfloat16)
+                for _ in range(2))
+        seqlens = torch.full((batch,), 2048, dtype=torch.int32, device=device)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            launch.attention_decode(q, k, v, seqlens, 0.1, num_splits=splits)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(3):
+                    o, _ = launch.attention_decode(q, k, v, seqlens, 0.1, num_splits=splits)
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(o).all()
+        calls += 4
+    return calls
 
 
 if __name__ == "__main__":
