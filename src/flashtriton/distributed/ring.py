@@ -116,8 +116,7 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, is_causal, scale, window, softcap, layout, group):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ring = Ring(group) if world > 1 else None
-        out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        lse = torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
+        out = lse = None  # the float32 running output and logsumexp, from the first block that covers every row
         keys = (k, v)
         for step in range(world):
             src = (rank - step) % world
@@ -125,9 +124,18 @@ class _RingAttention(torch.autograd.Function):
             for rows, cols, causal, band in _calls(rank, src, world, q.shape[2], layout, is_causal, window):
                 o_block, lse_block = ops.attention(_rows(q, rows), keys[0][:, :, cols], keys[1][:, :, cols], None,
                                                    None, 0, 0, causal, scale, *band, softcap, None, 0.0, None)
+                if out is None and rows == _ALL:
+                    out, lse = o_block.float(), lse_block
+                    continue
+                if out is None:
+                    out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                    lse = torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
                 _merge(out, lse, rows, o_block, lse_block)
             if pending is not None:
                 keys = pending.wait()
+        if out is None:  # no block at all (an empty shard)
+            out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+            lse = torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
         o = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.options = (is_causal, scale, window, softcap, layout, group)
