@@ -74,27 +74,15 @@ def heads_to_seq(y: torch.Tensor, group) -> torch.Tensor:
     return got.transpose(0, 1).reshape(batch, world * heads, length // world, dim)
 
 
-class SeqToHeads(torch.autograd.Function):
-    """seq_to_heads, whose gradient is heads_to_seq of the gradient."""
+class AllToAll(torch.autograd.Function):
+    """`AllToAll.apply(x, group, to_heads)`: seq_to_heads (to_heads True) or heads_to_seq, each the
+    other's gradient."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return seq_to_heads(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return heads_to_seq(grad.contiguous(), ctx.group), None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    """heads_to_seq, whose gradient is seq_to_heads of the gradient."""
-
-    @staticmethod
-    def forward(ctx, y, group):
-        ctx.group = group
-        return heads_to_seq(y, group)
+    def forward(ctx, x, group, to_heads):
+        ctx.group, ctx.to_heads = group, to_heads
+        return (seq_to_heads if to_heads else heads_to_seq)(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return seq_to_heads(grad.contiguous(), ctx.group), None
+        return (heads_to_seq if ctx.to_heads else seq_to_heads)(grad.contiguous(), ctx.group), None, None

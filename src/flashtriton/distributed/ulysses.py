@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ..api import flash_attention
 from ..validation import check_flags, check_inputs
-from .collectives import HeadsToSeq, SeqToHeads, agree
+from .collectives import AllToAll, agree
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
@@ -44,13 +44,13 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_c
     except (ValueError, TypeError, NotImplementedError, RuntimeError) as caught:
         error = caught
     agree(group, "ulysses_attention", signature, error)
-    q_heads, k_heads, v_heads = (SeqToHeads.apply(x, group) for x in (q, k, v))
+    q_heads, k_heads, v_heads = (AllToAll.apply(x, group, True) for x in (q, k, v))
     if alibi_slopes is not None:
         share = q.shape[1] // world
         alibi_slopes = alibi_slopes[..., rank * share:(rank + 1) * share]
     o, lse = flash_attention(q_heads, k_heads, v_heads, is_causal=is_causal, scale=scale, window_size=window_size,
                              softcap=softcap, alibi_slopes=alibi_slopes, return_lse=True)
-    o = HeadsToSeq.apply(o, group)
+    o = AllToAll.apply(o, group, False)
     if not return_lse:
         return o
-    return o, HeadsToSeq.apply(lse[..., None], group)[..., 0]
+    return o, AllToAll.apply(lse[..., None], group, False)[..., 0]
