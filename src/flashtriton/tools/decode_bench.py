@@ -152,7 +152,7 @@ def _median_ms(calls: dict, graphs: bool = False) -> dict[str, float]:
             for name, call in calls.items():
                 try:
                     times[name].append(bench(call, **options))
-                except Exception as error:  # noqa: BLE001  (the table shows "—", the log says why)
+                except Exception as error:  # the table shows "—", the log says why
                     print(f"{name}{' (CUDA graph)' if graphs else ''}: {type(error).__name__}: {str(error)[:200]}")
                     times[name].append(float("nan"))
     return {name: statistics.median(t) for name, t in times.items()}
