@@ -32,9 +32,9 @@ class Ring:
 
     def __init__(self, group):
         self.group = group
+        group = group or dist.group.WORLD  # P2POp takes global ranks; this maps the group's to them
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        self.next = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
-        self.prev = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
+        self.next, self.prev = (dist.get_global_rank(group, (rank + step) % world) for step in (1, -1))
 
     def start(self, tensors: tuple[torch.Tensor, ...]) -> _Pending:
         received = tuple(torch.empty_like(t) for t in tensors)
