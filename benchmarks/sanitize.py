@@ -6,7 +6,7 @@ flags, a growing cache replaying one plan, and CUDA-graph captures followed by a
 sequence after which two H200 probes saw an illegal memory access, docs/performance.md entry 40). Small on
 purpose: under memcheck every memory access is instrumented.
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py
+    compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py [--quick | --decode]
 """
 
 import dataclasses
@@ -41,6 +41,11 @@ def main() -> None:
     quick = "--quick" in sys.argv  # one shape and head dim, e.g. for racecheck, which is slower still
     torch.manual_seed(0)
     device = torch.device("cuda")
+    if "--decode" in sys.argv:  # the decode kernels alone
+        calls = _decode_calls(device)
+        torch.cuda.synchronize()
+        print(f"sanitize target: {calls} decode calls ran")
+        return
     calls = 0
 
     def qkv(seqlen_q, seqlen_k, head_dim):
