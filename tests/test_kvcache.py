@@ -188,6 +188,26 @@ def test_int_lengths_and_leftpad():
     _check(o, lse, q, k, v, lengths, leftpad=leftpad, is_causal=True)
 
 
+@pytest.mark.parametrize("lengths_as", ["tensor", "int"])
+def test_lengths_past_the_cache_read_only_the_cache(lengths_as):
+    """The kernel never reads past a contiguous cache, whatever the lengths say (the host checks them only
+    where it can read them: not under CUDA-graph capture, nor while another stream is still writing them).
+    The cache is a view into a longer buffer whose tail holds NaN, so a read past its end would show."""
+    capacity, head_dim = 40, 32
+    q = torch.randn(2, 4, 1, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    k_buffer, v_buffer = (torch.randn(2, 2, capacity + 24, head_dim, device=DEVICE, dtype=torch.bfloat16)
+                          for _ in range(2))
+    for x in (k_buffer, v_buffer):
+        x[:, :, capacity:] = float("nan")
+    k, v = k_buffer[:, :, :capacity], v_buffer[:, :, :capacity]
+    past = _seqlens(capacity + 20, 7) if lengths_as == "tensor" else capacity + 20
+    full = _seqlens(capacity, 7) if lengths_as == "tensor" else capacity
+    for splits in (1, 3):
+        o, lse = launch.attention_decode(q, k, v, past, 0.2, num_splits=splits)
+        expected, expected_lse = launch.attention_decode(q, k, v, full, 0.2, num_splits=splits)
+        assert torch.equal(o, expected) and torch.equal(lse, expected_lse)
+
+
 def test_empty_sequences_give_zero():
     q = torch.randn(2, 4, 2, 32, device=DEVICE, dtype=torch.float16)
     k, v = _cache(2, 2, 64, 32, torch.float16, [0, 0])
@@ -232,10 +252,12 @@ def test_flash_attn_with_kvcache_signature():
 
 def test_split_heuristic():
     """Few programs and long sequences split; many programs, or short sequences, do not."""
-    splits = launch.decode.decode_splits  # on a 132-SM GPU: 2 programs per SM, 2 key tiles per split at least
+    splits = launch.decode.decode_splits  # on a 132-SM GPU: 3 programs per SM, a power of two, 2 key tiles at least
     assert splits(programs=8, max_keys=1024, block_n=64, sms=132) == 8  # 16 tiles: 2 each
-    assert splits(programs=8, max_keys=131072, block_n=128, sms=132) == 33
-    assert splits(programs=64, max_keys=32768, block_n=128, sms=132) == 5
+    assert splits(programs=8, max_keys=131072, block_n=128, sms=132) == 64  # 50, rounded up
+    assert splits(programs=32, max_keys=131072, block_n=64, sms=132) == 16  # 13, rounded up
+    assert splits(programs=256, max_keys=8192, block_n=64, sms=132) == 2
+    assert splits(programs=64, max_keys=32768, block_n=128, sms=132) == 8
     assert splits(programs=512, max_keys=131072, block_n=64, sms=132) == 1
     assert splits(programs=8, max_keys=100, block_n=64, sms=132) == 1
     assert splits(programs=1, max_keys=10**7, block_n=64, sms=132) == launch.decode.MAX_SPLITS

@@ -15,7 +15,7 @@ Decoding does almost no arithmetic per byte, so its limit is HBM bandwidth, and 
 The cache is contiguous, (B_cache, Hkv, Nmax, D) in strides (any layout), with CACHE_BATCH_IDX mapping a
 sequence to its cache row; or PAGED, (num_blocks, Hkv, PAGE_SIZE, D), where BLOCK_TABLE[b, j] holds the
 block of sequence b's keys [j * PAGE_SIZE, (j + 1) * PAGE_SIZE). Sequence b has CACHE_SEQLENS[b] keys
-(or `cache_seqlen` for all), starting at CACHE_LEFTPAD[b] (left padding). Its Nq queries are its last Nq
+(or `cache_seqlen` for all; at most what the cache holds), starting at CACHE_LEFTPAD[b] (left padding). Its Nq queries are its last Nq
 positions: query i sits at position seqlen - Nq + i, and the causal mask and the window are aligned there
 (bottom-right, as everywhere in this library). Rows that see no key give O = 0 and L = -inf.
 """
@@ -61,7 +61,7 @@ def attn_decode_kernel(
     stride_btb,
     num_heads_q, seqlen_q,
     cache_seqlen,  # every sequence's key count when CACHE_SEQLENS is None
-    max_blocks,  # the block table's width (its entries cover max_blocks * PAGE_SIZE keys)
+    max_blocks,  # paged: the block table's width (it covers max_blocks * PAGE_SIZE keys); else the cache's Nmax
     window_left, window_right,
     qk_scale_log2, softcap_scale, softcap_log2, stride_alibi_b,
     num_splits,  # programs along the keys (grid axis 0)
@@ -95,8 +95,10 @@ def attn_decode_kernel(
     cache_row = b64
     if CACHE_BATCH_IDX is not None:
         cache_row = tl.load(CACHE_BATCH_IDX + off_b).to(tl.int64)
-    if PAGED:  # never read past the block table, whatever the lengths say
-        seqlen_k = tl.minimum(seqlen_k, max_blocks * PAGE_SIZE)
+    # Never read past the block table or the cache, whatever the lengths say: the host checks them only
+    # where it can read them (not under CUDA-graph capture), and a length still being written by another
+    # stream is garbage.
+    seqlen_k = tl.minimum(seqlen_k, max_blocks * PAGE_SIZE)
     position = seqlen_k - seqlen_q + token  # each query's own position among the keys
 
     # The keys this tile's rows may see, then this program's share of them, in whole key tiles.

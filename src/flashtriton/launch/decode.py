@@ -21,10 +21,11 @@ from .forward import empty_in_order
 from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, block_d
 
-# Split-KV heuristic (docs/performance.md, "Decoding"): enough programs for PROGRAMS_PER_SM on every SM,
-# but no split shorter than MIN_TILES_PER_SPLIT key tiles (its partial's write and merge would cost more
-# than its keys), and at most MAX_SPLITS.
-PROGRAMS_PER_SM = 2
+# Split-KV heuristic (docs/performance.md, entries 40 and 42): enough programs for PROGRAMS_PER_SM on every
+# SM (the default tiles' shared memory lets three run at once), the split count rounded up to a power of
+# two (the H200 A/B measured 3 splits slower than 2 and 4), but no split shorter than MIN_TILES_PER_SPLIT
+# key tiles (its partial's write and merge would cost more than its keys), and at most MAX_SPLITS.
+PROGRAMS_PER_SM = 3
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
 
@@ -44,7 +45,7 @@ def decode_tiles(rows: int, head_dim: int) -> TileConfig:
 def decode_splits(programs: int, max_keys: int, block_n: int, sms: int) -> int:
     """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles), the
     longest sequence's `max_keys` and the GPU's `sms` (see the constants above)."""
-    wanted = cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))
+    wanted = triton.next_power_of_2(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)))
     return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
 
@@ -107,7 +108,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     softcap_scale, softcap_log2, stride_alibi_b = score_mods(scale, softcap, alibi_slopes)
     scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
                0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
-               cache_seqlen, 0 if block_table is None else block_table.shape[1],
+               cache_seqlen, block_table.shape[1] if paged else capacity,
                window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
     grid = (splits, heads_kv * m_tiles, batch)
     block_s = triton.next_power_of_2(splits)
@@ -122,7 +123,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         # A decoding loop's cache grows (a longer cache tensor, or a larger int length, every step): its
         # length, strides and split count are kept out of the key as values, and in it as Triton
         # specialises them, so that each step replays the plan and passes its own (replay.int_specialization).
-        varying = (*k_cache.stride()[:3], *v_cache.stride()[:3], cache_seqlen, splits)
+        varying = (*k_cache.stride()[:3], *v_cache.stride()[:3], cache_seqlen, capacity, splits)
         cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
                         k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
         key = replay.plan_key(replay.current_device_and_stream()[0],
