@@ -15,9 +15,10 @@ Decoding does almost no arithmetic per byte, so its limit is HBM bandwidth, and 
 The cache is contiguous, (B_cache, Hkv, Nmax, D) in strides (any layout), with CACHE_BATCH_IDX mapping a
 sequence to its cache row; or PAGED, (num_blocks, Hkv, PAGE_SIZE, D), where BLOCK_TABLE[b, j] holds the
 block of sequence b's keys [j * PAGE_SIZE, (j + 1) * PAGE_SIZE). Sequence b has CACHE_SEQLENS[b] keys
-(or `cache_seqlen` for all; at most what the cache holds), starting at CACHE_LEFTPAD[b] (left padding). Its Nq queries are its last Nq
-positions: query i sits at position seqlen - Nq + i, and the causal mask and the window are aligned there
-(bottom-right, as everywhere in this library). Rows that see no key give O = 0 and L = -inf.
+(or `cache_seqlen` for all; at most what the cache holds), starting at CACHE_LEFTPAD[b] (left padding).
+Its Nq queries are its last Nq positions: query i sits at position seqlen - Nq + i, and the causal mask
+and the window are aligned there (bottom-right, as everywhere in this library). Rows that see no key
+give O = 0 and L = -inf.
 """
 
 import triton
