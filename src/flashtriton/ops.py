@@ -18,8 +18,12 @@ and max_seqlen_* are ignored. Otherwise it is a packed batch: q (total_q, Hq, D)
 Hkv, D), lse (Hq, total_q). The arguments are those the public API checked (api.py); the ops check
 nothing again.
 
-These are `torch.library.custom_op`s, not `triton_op`s with `wrap_triton`. A triton_op's body is traced
-so that Inductor can call the Triton kernels from its own generated code. Our launchers do things no
+The ops are defined through `torch.library.Library` with written schemas, not `torch.library.custom_op`.
+custom_op wraps each implementation in Python (an aliasing check of the outputs on every call), which
+cost a compiled forward + backward ~40 µs more per call in a CPU measurement (docs/performance.md entry
+43); the fake implementations and autograd are registered the same way either way. Nor are they
+`triton_op`s with `wrap_triton`. A triton_op's body is traced so that Inductor can call the Triton
+kernels from its own generated code. Our launchers do things no
 trace can hold: they replay recorded launch plans through the compiled kernels' own launchers, run
 Triton's autotuner with TMA descriptors whose boxes each candidate sets, and read cu_seqlens back
 once per tensor. Inductor cannot fuse its own code into a user's Triton kernel either way, so a
@@ -27,8 +31,8 @@ triton_op would only save the dispatcher's few microseconds per call, and `mode=
 (CUDA graphs) removes those too.
 
 Only traced calls need the ops. Eager calls (`attention`) run the same implementations directly, under a
-torch.autograd.Function with the same saved tensors and gradients: the custom op's own Python autograd
-layer cost the H200's host ~150 µs more per call (docs/performance.md, "torch.compile and the custom ops").
+torch.autograd.Function with the same saved tensors and gradients: the op's own Python autograd layer
+cost the H200's host ~150 µs more per call (docs/performance.md, "torch.compile and the custom ops").
 """
 
 from __future__ import annotations
@@ -48,6 +52,32 @@ from .launch import (
 )
 
 NAMESPACE = "flashtriton"
+# The registry of the ops below; registrations live as long as it does.
+_LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+_SCHEMAS = {
+    "forward": "(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
+               "SymInt max_seqlen_k, bool is_causal, float scale, SymInt window_left, SymInt window_right, "
+               "float softcap, Tensor? alibi_slopes, float dropout_p, Tensor? dropout_seed) -> (Tensor, Tensor)",
+    "backward": "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? cu_seqlens_q, "
+                "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float scale, "
+                "SymInt window_left, SymInt window_right, float softcap, Tensor? alibi_slopes, float dropout_p, "
+                "Tensor? dropout_seed, bool need_dq, bool need_dkdv) -> (Tensor, Tensor, Tensor)",
+    "dropout_mask": "(Tensor seed, SymInt batch, SymInt heads, SymInt seqlen_q, SymInt seqlen_k, "
+                    "float dropout_p) -> Tensor",
+    "decode": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, SymInt cache_seqlen, "
+              "Tensor? block_table, Tensor? cache_batch_idx, Tensor? cache_leftpad, bool is_causal, float scale, "
+              "SymInt window_left, SymInt window_right, float softcap, Tensor? alibi_slopes, "
+              "SymInt num_splits) -> (Tensor, Tensor)",
+}
+
+
+def _define(name: str, impl, fake):
+    """Define flashtriton::<name> with one implementation for every device (the launchers dispatch on
+    the tensors' device themselves) and its fake implementation; returns the op's overload."""
+    _LIBRARY.define(name + _SCHEMAS[name])
+    _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
 def _packed_as_4d(x: Tensor) -> Tensor:
@@ -80,16 +110,15 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, c
     return _unpacked(o4), lse4[0]
 
 
-forward = torch.library.custom_op(f"{NAMESPACE}::forward", forward_impl, mutates_args=())
-
-
-@forward.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, *_):
     # The launcher's own allocation, so that the strides are exactly those a real call returns.
     if cu_seqlens_q is None:
         return forward_outputs(q, packed=False)
     o4, lse4 = forward_outputs(_packed_as_4d(q), packed=True)
     return _unpacked(o4), lse4[0]
+
+
+forward = _define("forward", forward_impl, _forward_fake)
 
 
 def backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
@@ -109,16 +138,15 @@ def backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     return tuple(q.new_empty(0) if g is None else g for g in grads)
 
 
-backward = torch.library.custom_op(f"{NAMESPACE}::backward", backward_impl, mutates_args=())
-
-
-@backward.register_fake
 def _backward_fake(do, q, k, v, o, lse, cu_seqlens_q, *args):
     need_dq, need_dkdv = args[-2:]
     packed = cu_seqlens_q is not None
     grads = gradient_outputs(*((_packed_as_4d(x) for x in (q, k, v)) if packed else (q, k, v)))
     grads = tuple(_unpacked(g) for g in grads) if packed else grads
     return tuple(g if need else q.new_empty(0) for g, need in zip(grads, (need_dq, need_dkdv, need_dkdv), strict=True))
+
+
+backward = _define("backward", backward_impl, _backward_fake)
 
 
 def _setup_forward(ctx, inputs, output) -> None:
@@ -161,21 +189,22 @@ def _no_second_derivative(ctx, *_):
         "needed")
 
 
-torch.library.register_autograd(f"{NAMESPACE}::forward", _backward_of_forward, setup_context=_setup_forward)
-torch.library.register_autograd(f"{NAMESPACE}::backward", _no_second_derivative, setup_context=_setup_backward)
+torch.library.register_autograd(f"{NAMESPACE}::forward", _backward_of_forward, setup_context=_setup_forward,
+                                lib=_LIBRARY)
+torch.library.register_autograd(f"{NAMESPACE}::backward", _no_second_derivative, setup_context=_setup_backward,
+                                lib=_LIBRARY)
 
 
 def _dropout_keep(seed: Tensor, batch: int, heads: int, seqlen_q: int, seqlen_k: int, dropout_p: float) -> Tensor:
     return dropout_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p)
 
 
-# The boolean (batch, heads, seqlen_q, seqlen_k) mask of the probabilities a call kept (launch.dropout_mask).
-dropout_keep = torch.library.custom_op(f"{NAMESPACE}::dropout_mask", _dropout_keep, mutates_args=())
-
-
-@dropout_keep.register_fake
 def _dropout_keep_fake(seed, batch, heads, seqlen_q, seqlen_k, dropout_p):
     return seed.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.bool)
+
+
+# The boolean (batch, heads, seqlen_q, seqlen_k) mask of the probabilities a call kept (launch.dropout_mask).
+dropout_keep = _define("dropout_mask", _dropout_keep, _dropout_keep_fake)
 
 
 class _EagerAttention(torch.autograd.Function):
@@ -220,14 +249,13 @@ def _decode_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Ten
                             cache_leftpad=cache_leftpad, num_splits=num_splits)
 
 
-# Attention of q (B, Hq, Nq, D) against a KV cache (launch.attention_decode), forward only: (o, lse).
-# cache_seqlens None means every sequence has cache_seqlen keys.
-decode = torch.library.custom_op(f"{NAMESPACE}::decode", _decode_impl, mutates_args=())
-
-
-@decode.register_fake
 def _decode_fake(q, *_):
     return empty_in_order(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+# Attention of q (B, Hq, Nq, D) against a KV cache (launch.attention_decode), forward only: (o, lse).
+# cache_seqlens None means every sequence has cache_seqlen keys.
+decode = _define("decode", _decode_impl, _decode_fake)
 
 
 def kvcache_attention(*args) -> tuple[Tensor, Tensor]:
