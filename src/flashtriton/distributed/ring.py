@@ -111,6 +111,10 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, rows: slice, o_block: torch.Ten
     lse[:, :, rows] = new
 
 
+def _zeros(x: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(x.shape, device=x.device, dtype=torch.float32)
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale, window, softcap, layout, group):
@@ -128,13 +132,13 @@ class _RingAttention(torch.autograd.Function):
                     out, lse = o_block.float(), lse_block
                     continue
                 if out is None:
-                    out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                    out = _zeros(q)
                     lse = torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
                 _merge(out, lse, rows, o_block, lse_block)
             if pending is not None:
                 keys = pending.wait()
         if out is None:  # no block at all (an empty shard)
-            out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+            out = _zeros(q)
             lse = torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
         o = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, lse)
@@ -149,9 +153,8 @@ class _RingAttention(torch.autograd.Function):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ring = Ring(group) if world > 1 else None
         do = do.contiguous()
-        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         keys = (k, v)
-        grads = tuple(torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in keys)
+        dq = grads = None  # the float32 accumulators, from the first block that covers every row and key
         for step in range(world):
             src = (rank - step) % world
             pending = ring.start(keys) if step + 1 < world else None
@@ -160,9 +163,16 @@ class _RingAttention(torch.autograd.Function):
                     _rows(do, rows), _rows(q, rows), keys[0][:, :, cols], keys[1][:, :, cols], _rows(o, rows),
                     lse[:, :, rows].contiguous(), None, None, 0, 0, causal, scale, *band, softcap, None, 0.0, None,
                     True, True)
+                if dq is None and rows == _ALL and cols == _ALL:
+                    dq, grads = dq_block.float(), (dk_block.float(), dv_block.float())
+                    continue
+                if dq is None:
+                    dq, grads = _zeros(q), (_zeros(k), _zeros(v))
                 dq[:, :, rows] += dq_block
                 grads[0][:, :, cols] += dk_block
                 grads[1][:, :, cols] += dv_block
+            if dq is None:  # no block this step: the accumulators still travel
+                dq, grads = _zeros(q), (_zeros(k), _zeros(v))
             if ring is not None:  # the accumulators follow their keys to the next rank; after R steps, home
                 moved = ring.start(grads)
                 if pending is not None:
