@@ -18,7 +18,7 @@ and max_seqlen_* are ignored. Otherwise it is a packed batch: q (total_q, Hq, D)
 Hkv, D), lse (Hq, total_q). The arguments are those the public API checked (api.py); the ops check
 nothing again.
 
-The ops are defined through `torch.library.Library` with written schemas, not `torch.library.custom_op`.
+The ops are defined through `torch.library.Library`, not `torch.library.custom_op` (the same schemas).
 custom_op wraps each implementation in Python (an aliasing check of the outputs on every call), which
 cost a compiled forward + backward ~40 µs more per call in a CPU measurement (docs/performance.md entry
 43); the fake implementations and autograd are registered the same way either way. Nor are they
@@ -54,27 +54,13 @@ from .launch import (
 NAMESPACE = "flashtriton"
 # The registry of the ops below; registrations live as long as it does.
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
-_SCHEMAS = {
-    "forward": "(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
-               "SymInt max_seqlen_k, bool is_causal, float scale, SymInt window_left, SymInt window_right, "
-               "float softcap, Tensor? alibi_slopes, float dropout_p, Tensor? dropout_seed) -> (Tensor, Tensor)",
-    "backward": "(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor? cu_seqlens_q, "
-                "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float scale, "
-                "SymInt window_left, SymInt window_right, float softcap, Tensor? alibi_slopes, float dropout_p, "
-                "Tensor? dropout_seed, bool need_dq, bool need_dkdv) -> (Tensor, Tensor, Tensor)",
-    "dropout_mask": "(Tensor seed, SymInt batch, SymInt heads, SymInt seqlen_q, SymInt seqlen_k, "
-                    "float dropout_p) -> Tensor",
-    "decode": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, SymInt cache_seqlen, "
-              "Tensor? block_table, Tensor? cache_batch_idx, Tensor? cache_leftpad, bool is_causal, float scale, "
-              "SymInt window_left, SymInt window_right, float softcap, Tensor? alibi_slopes, "
-              "SymInt num_splits) -> (Tensor, Tensor)",
-}
 
 
 def _define(name: str, impl, fake):
-    """Define flashtriton::<name> with one implementation for every device (the launchers dispatch on
-    the tensors' device themselves) and its fake implementation; returns the op's overload."""
-    _LIBRARY.define(name + _SCHEMAS[name])
+    """Define flashtriton::<name>, its schema read from `impl`'s type hints as custom_op reads them, with
+    one implementation for every device (the launchers dispatch on the tensors' device themselves) and
+    its fake implementation; returns the op's overload."""
+    _LIBRARY.define(name + torch.library.infer_schema(impl, mutates_args=()))
     _LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
     return getattr(getattr(torch.ops, NAMESPACE), name).default
@@ -209,7 +195,7 @@ dropout_keep = _define("dropout_mask", _dropout_keep, _dropout_keep_fake)
 
 class _EagerAttention(torch.autograd.Function):
     """The forward op's autograd for eager calls, with the same context and gradients. Measured on the
-    H200's host (benchmarks/host_per_call.py), the custom op's Python autograd layer cost a small forward
+    H200's host (benchmarks/host_per_call.py), the op's Python autograd layer cost a small forward
     with gradients ~150 µs more than a torch.autograd.Function; only torch.compile needs the op.
     `_EagerAttention.apply(*the forward op's arguments) -> (o, lse)`."""
 
