@@ -48,7 +48,7 @@ def _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, key_in, stride_kb, 
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "cache_seqlen", "window_left", "window_right", "stride_alibi_b",
-                               "max_blocks"])
+                               "capacity"])
 def attn_decode_kernel(
     # Q (B, Hq, Nq, D); K, V the cache; O (B, Hq, Nq, D) and LSE (B, Hq, Nq) without SPLIT, else the
     # partials O_PART (B, Hq, Nq, num_splits, BLOCK_D) and LSE_PART (B, Hq, Nq, num_splits), fp32 and
@@ -62,7 +62,7 @@ def attn_decode_kernel(
     stride_btb,
     num_heads_q, seqlen_q,
     cache_seqlen,  # every sequence's key count when CACHE_SEQLENS is None
-    max_blocks,  # paged: the block table's width (it covers max_blocks * PAGE_SIZE keys); else the cache's Nmax
+    capacity,  # the keys a sequence's cache can hold: Nmax, or the block table's width x PAGE_SIZE
     window_left, window_right,
     qk_scale_log2, softcap_scale, softcap_log2, stride_alibi_b,
     num_splits,  # programs along the keys (grid axis 0)
@@ -99,7 +99,7 @@ def attn_decode_kernel(
     # Never read past the block table or the cache, whatever the lengths say: the host checks them only
     # where it can read them (not under CUDA-graph capture), and a length still being written by another
     # stream is garbage.
-    seqlen_k = tl.minimum(seqlen_k, max_blocks * PAGE_SIZE)
+    seqlen_k = tl.minimum(seqlen_k, capacity)
     position = seqlen_k - seqlen_q + token  # each query's own position among the keys
 
     # The keys this tile's rows may see, then this program's share of them, in whole key tiles.

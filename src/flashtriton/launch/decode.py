@@ -108,7 +108,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     softcap_scale, softcap_log2, stride_alibi_b = score_mods(scale, softcap, alibi_slopes)
     scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
                0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
-               cache_seqlen, block_table.shape[1] if paged else capacity,
+               cache_seqlen, capacity,
                window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
     grid = (splits, heads_kv * m_tiles, batch)
     block_s = triton.next_power_of_2(splits)
