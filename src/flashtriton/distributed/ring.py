@@ -115,6 +115,16 @@ def _zeros(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros(x.shape, device=x.device, dtype=torch.float32)
 
 
+def _no_rows_yet(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's running (out, lse) before any block: O = 0, L = -inf."""
+    return _zeros(q), torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
+
+
+def _no_gradients_yet(q, k, v) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The backward's accumulators (dq, (dk, dv)) before any block."""
+    return _zeros(q), (_zeros(k), _zeros(v))
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale, window, softcap, layout, group):
@@ -132,14 +142,12 @@ class _RingAttention(torch.autograd.Function):
                     out, lse = o_block.float(), lse_block
                     continue
                 if out is None:
-                    out = _zeros(q)
-                    lse = torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
+                    out, lse = _no_rows_yet(q)
                 _merge(out, lse, rows, o_block, lse_block)
             if pending is not None:
                 keys = pending.wait()
         if out is None:  # no block at all (an empty shard)
-            out = _zeros(q)
-            lse = torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
+            out, lse = _no_rows_yet(q)
         o = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.options = (is_causal, scale, window, softcap, layout, group)
@@ -167,12 +175,12 @@ class _RingAttention(torch.autograd.Function):
                     dq, grads = dq_block.float(), (dk_block.float(), dv_block.float())
                     continue
                 if dq is None:
-                    dq, grads = _zeros(q), (_zeros(k), _zeros(v))
+                    dq, grads = _no_gradients_yet(q, k, v)
                 dq[:, :, rows] += dq_block
                 grads[0][:, :, cols] += dk_block
                 grads[1][:, :, cols] += dv_block
             if dq is None:  # no block this step: the accumulators still travel
-                dq, grads = _zeros(q), (_zeros(k), _zeros(v))
+                dq, grads = _no_gradients_yet(q, k, v)
             if ring is not None:  # the accumulators follow their keys to the next rank; after R steps, home
                 moved = ring.start(grads)
                 if pending is not None:
