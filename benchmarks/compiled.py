@@ -1,5 +1,5 @@
 """Eager calls against torch.compile, default mode and mode="reduce-overhead" (CUDA graphs), on the
-article's shapes (B=4, H=8, D=64, bf16, N = 512..4096, causal and not), for flashtriton and for
+article's shapes (B=4, H=8, D=64, bf16, N = 512..4096, causal and not; --shape picks others), for flashtriton and for
 PyTorch's SDPA (cuDNN on the H200) compiled the same way; forward, and forward + backward (GPU only).
 
 Two timings of each (provider, way of calling): `do_bench`, triton.testing.do_bench's median, which
@@ -12,7 +12,7 @@ scalar loss as in training (CUDA graph trees replay a backward from a scalar los
 non-scalar output with a gradient they raised "accessing tensor output of CUDAGraphs that has been
 overwritten" for SDPA as well as ours).
 
-    PYTHONPATH=src python benchmarks/compiled.py [--out DIR] [--seqlens 512,1024]
+    PYTHONPATH=src python benchmarks/compiled.py [--out DIR] [--seqlens 512,1024] [--shape B,H,D] [--name STEM]
 """
 
 from __future__ import annotations
@@ -60,9 +60,12 @@ def _step(provider: str, way: str, mode: str, causal: bool, do: torch.Tensor):
     return step
 
 
-def _timers(provider: str, way: str, mode: str, seqlen: int, causal: bool):
-    """Two functions, each timing one call (ms) when called: do_bench's median, and the loop's."""
-    q, k, v = (torch.randn(4, 8, seqlen, 64, device="cuda", dtype=torch.bfloat16, requires_grad=mode != "fwd")
+def _timers(provider: str, way: str, mode: str, shape: tuple[int, int, int], seqlen: int, causal: bool):
+    """Two functions, each timing one call (ms) when called: do_bench's median, and the loop's. `shape`:
+    (B, H, D)."""
+    batch, heads, head_dim = shape
+    q, k, v = (torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=mode != "fwd")
                for _ in range(3))
     step = _step(provider, way, mode, causal, torch.randn_like(q))
 
@@ -92,12 +95,12 @@ def _timers(provider: str, way: str, mode: str, seqlen: int, causal: bool):
     return do_bench, loop, None if choice is None else f"{choice}{' (replayed)' if choice.replayed else ''}"
 
 
-def run(seqlens: list[int], modes: list[str]) -> list[dict]:
+def run(shape: tuple[int, int, int], seqlens: list[int], modes: list[str]) -> list[dict]:
     rows = []
     for mode in modes:
         for seqlen in seqlens:
             for causal in (False, True):
-                timers = {(p, w): _timers(p, w, mode, seqlen, causal) for p in PROVIDERS for w in WAYS}
+                timers = {(p, w): _timers(p, w, mode, shape, seqlen, causal) for p in PROVIDERS for w in WAYS}
                 times = {key: ([], []) for key in timers}
                 for _ in range(ROUNDS):
                     for key, (do_bench, loop, _) in timers.items():
@@ -134,19 +137,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
     parser.add_argument("--seqlens", default="512,1024,2048,4096")
     parser.add_argument("--modes", default="fwd,fwd_bwd")
+    parser.add_argument("--shape", default="4,8,64", help="B,H,D (default: the article's)")
+    parser.add_argument("--name", default="compiled", help="the results' file stem")
     args = parser.parse_args()
+    batch, heads, head_dim = (int(x) for x in args.shape.split(","))
     warm_up_gpu()
-    rows = run([int(n) for n in args.seqlens.split(",")], args.modes.split(","))
+    rows = run((batch, heads, head_dim), [int(n) for n in args.seqlens.split(",")], args.modes.split(","))
     meta = environment()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "compiled.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(dict(meta=meta, shape=[batch, heads, head_dim], rows=rows),
+                                                          indent=1))
     text = (f"# Eager and torch.compile on {meta.get('gpu')}\ntorch {meta.get('torch')}, triton {meta.get('triton')}, "
-            f"commit {meta.get('commit')}.\n\nB=4, H=8, D=64, bf16, milliseconds per call, median of {ROUNDS} "
+            f"commit {meta.get('commit')}.\n\nB={batch}, H={heads}, D={head_dim}, bf16, milliseconds per call, "
+            f"median of {ROUNDS} "
             "interleaved rounds; ratios of milliseconds, above 1 means ours takes longer. "
             "`benchmarks/compiled.py` (its docstring says how each is timed).\n\n"
             "## Back-to-back calls (`loop`)\n\n" + table(rows, "loop_ms") + "\n\n"
             "## `triton.testing.do_bench` (L2 flushed before each call)\n\n" + table(rows, "ms") + "\n")
-    (args.out / "compiled.md").write_text(text)
+    (args.out / f"{args.name}.md").write_text(text)
     print(text)
 
 

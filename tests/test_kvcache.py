@@ -261,6 +261,11 @@ def test_split_heuristic():
     assert splits(programs=512, max_keys=131072, block_n=64, sms=132) == 1
     assert splits(programs=8, max_keys=100, block_n=64, sms=132) == 1
     assert splits(programs=1, max_keys=10**7, block_n=64, sms=132) == launch.decode.MAX_SPLITS
+    # pages shorter than a key tile: twice the splits, under the same caps
+    assert splits(programs=512, max_keys=8192, block_n=64, sms=132, gathered=True) == 2
+    assert splits(programs=64, max_keys=131072, block_n=64, sms=132, gathered=True) == 16
+    assert splits(programs=512, max_keys=64, block_n=64, sms=132, gathered=True) == 1
+    assert splits(programs=1, max_keys=10**7, block_n=64, sms=132, gathered=True) == launch.decode.MAX_SPLITS
 
 
 def _errors_case():

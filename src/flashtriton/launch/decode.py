@@ -24,7 +24,10 @@ from .tiles import TileConfig, block_d
 # Split-KV heuristic (docs/performance.md, entries 40 and 42): enough programs for PROGRAMS_PER_SM on every
 # SM (the default tiles' shared memory lets three run at once), the split count rounded up to a power of
 # two (the H200 A/B measured 3 splits slower than 2 and 4), but no split shorter than MIN_TILES_PER_SPLIT
-# key tiles (its partial's write and merge would cost more than its keys), and at most MAX_SPLITS.
+# key tiles (its partial's write and merge would cost more than its keys), and at most MAX_SPLITS. A paged
+# cache whose blocks are shorter than a key tile takes twice the splits: each key row's address then
+# waits on its own block-table load, and the H200 A/B of entry 44 measured one split at 0.72x of the
+# contiguous cache's speed and two at 0.97x on 512-2048 programs.
 PROGRAMS_PER_SM = 3
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
@@ -42,10 +45,11 @@ def decode_tiles(rows: int, head_dim: int) -> TileConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def decode_splits(programs: int, max_keys: int, block_n: int, sms: int) -> int:
+def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered: bool = False) -> int:
     """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles), the
-    longest sequence's `max_keys` and the GPU's `sms` (see the constants above)."""
-    wanted = triton.next_power_of_2(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)))
+    longest sequence's `max_keys` and the GPU's `sms`; `gathered`: a paged cache's blocks are shorter
+    than a key tile (see the constants above)."""
+    wanted = triton.next_power_of_2(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))) * (2 if gathered else 1)
     return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
 
@@ -94,7 +98,8 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_m, block_n = tiles.block_m, tiles.block_n
     m_tiles = cdiv(group * seqlen_q, block_m)
     sms = cuda_properties(q.device.index).multi_processor_count if q.device.type == "cuda" else 132
-    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, block_n, sms)
+    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, block_n, sms,
+                                         gathered=paged and k_cache.shape[2] < block_n)
     bd = block_d(head_dim)
     if splits > 1:
         o_part = torch.empty((batch, heads_q, seqlen_q, splits, bd), device=q.device, dtype=torch.float32)
