@@ -7,7 +7,7 @@ Timing: each (model, batch, prompt) runs both implementations in ROUNDS interlea
 `generate()` of NEW_TOKENS tokens each (min_new_tokens = max_new_tokens: no early stop), after one warm-up
 generate; the median round is kept. Prefill is in the time; its share shrinks with NEW_TOKENS.
 
-    PYTHONPATH=src python benchmarks/generate.py [--out DIR]
+    PYTHONPATH=src python benchmarks/generate.py [--out DIR] [--models tiny] [--cases 0,3]
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ MODELS = {
     "1B-shape": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=64, vocab_size=128256),
 }
-CASES = [(1, 128), (8, 2048), (32, 4096)]  # (batch, prompt tokens)
+# (batch, prompt tokens, left-padded): a padded batch's rows start after 0 to prompt / 2 pad tokens
+CASES = [(1, 128, False), (8, 2048, False), (32, 4096, False), (8, 2048, True)]
 
 
 def _model(name: str, implementation: str):
@@ -42,8 +43,19 @@ def _model(name: str, implementation: str):
     return model.to("cuda").eval()
 
 
-def _generate(model, ids):
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+def _prompt(batch: int, prompt: int, padded: bool, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (B, prompt) and their attention mask, 0 on each row's left padding."""
+    ids = torch.randint(1, vocab, (batch, prompt), device="cuda")
+    mask = torch.ones_like(ids)
+    if padded:
+        pads = torch.randint(0, prompt // 2, (batch,), device="cuda")
+        mask = (torch.arange(prompt, device="cuda")[None, :] >= pads[:, None]).long()
+        ids = ids * mask  # pad token 0
+    return ids, mask
+
+
+def _generate(model, ids, mask):
+    return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
                           min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
 
 
@@ -51,36 +63,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--cases", default=",".join(map(str, range(len(CASES)))), help="indices into CASES")
     args = parser.parse_args()
     rows = []
     for name in args.models.split(","):
         models = {impl: _model(name, impl) for impl in (NAME, "sdpa")}
         models[NAME].load_state_dict(models["sdpa"].state_dict())
-        for batch, prompt in CASES:
-            ids = torch.randint(0, MODELS[name]["vocab_size"], (batch, prompt), device="cuda")
+        for batch, prompt, padded in (CASES[int(i)] for i in args.cases.split(",")):
+            torch.manual_seed(batch + prompt)
+            ids, mask = _prompt(batch, prompt, padded, MODELS[name]["vocab_size"])
             times = {impl: [] for impl in models}
             tokens = {}
             with torch.no_grad():
                 for impl, model in models.items():
-                    tokens[impl] = _generate(model, ids)  # warm-up: compiles, autotunes, records launches
+                    tokens[impl] = _generate(model, ids, mask)  # warm-up: compiles, autotunes, records launches
                 for _ in range(ROUNDS):
                     for impl, model in models.items():
                         torch.cuda.synchronize()
                         start = time.perf_counter()
-                        _generate(model, ids)
+                        _generate(model, ids, mask)
                         torch.cuda.synchronize()
                         times[impl].append((time.perf_counter() - start) * 1e3 / NEW_TOKENS)
             same = (tokens[NAME] == tokens["sdpa"]).float().mean().item()
-            row = dict(model=name, batch=batch, prompt=prompt, new_tokens=NEW_TOKENS,
+            row = dict(model=name, batch=batch, prompt=prompt, left_padded=padded, new_tokens=NEW_TOKENS,
                        ms_per_token={impl: statistics.median(t) for impl, t in times.items()},
                        same_tokens=same)
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if args.out is not None:  # after every row: a run cut short keeps what it finished
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / "generate.json").write_text(json.dumps(dict(rounds=ROUNDS, rows=rows), indent=1))
         del models
         torch.cuda.empty_cache()
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "generate.json").write_text(json.dumps(dict(rounds=ROUNDS, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

@@ -87,8 +87,11 @@ def test_generate_same_tokens(name, padded, monkeypatch):
     from flashtriton.integrations import transformers as backend
     decode_calls = []
 
+    pads = []
+
     def counted(*args, **kwargs):
         decode_calls.append(kwargs.get("cache_leftpad") is not None)
+        pads.append(kwargs.get("cache_leftpad"))
         return flash_attention_with_kvcache(*args, **kwargs)
     monkeypatch.setattr(backend, "flash_attention_with_kvcache", counted)
     make_config, reference = MODELS[name]
@@ -105,6 +108,23 @@ def test_generate_same_tokens(name, padded, monkeypatch):
     assert len(decode_calls) == 5 * layers  # 6 new tokens: the prompt's pass, then 5 decoding steps
     # Mistral's sliding-window cache keeps the last 6 keys, past the padding: transformers passes no mask.
     assert any(decode_calls) == (padded and name != "mistral")
+    if padded and name == "llama":
+        # The layers of a step share their mask's left padding (one tensor per step), so that it and its
+        # checks are read back to the host once per step, not once per layer.
+        assert len(pads) == 5 * layers and len({id(p) for p in pads}) == 5
+
+
+def test_left_padding_read_once_per_mask():
+    from flashtriton.integrations.transformers import _left_padding
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    first = _left_padding(mask, 1)
+    assert first.tolist() == [2, 0]
+    assert _left_padding(mask, 1) is first  # remembered for this very mask
+    mask[1, 0] = False  # modified in place: read again
+    again = _left_padding(mask, 1)
+    assert again is not first and again.tolist() == [2, 1]
+    mask[0, 3] = False  # a hole: not left padding
+    assert _left_padding(mask, 1) is None
 
 
 def test_packed_sequences():

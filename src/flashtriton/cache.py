@@ -7,6 +7,8 @@
   (validation.py).
 - `checked`: KV-cache index tensors (lengths, block tables) whose values passed the checks, while they
   live unmodified (validation.py).
+- `left_padding`: a padding mask's per-row left padding, while that very mask lives unmodified
+  (integrations/transformers.py: the layers of a decoding step share one mask).
 - `last`: the tiles the latest forward and backward ran, and whether they were replayed (for logs).
 - `replays`: set False to launch every kernel through Triton's own launch path (A/B timing, tests).
 
@@ -26,6 +28,7 @@ class Cache:
         self.autotuners: dict = {}
         self.host_values: dict = {}
         self.checked: dict = {}
+        self.left_padding: dict = {}
         self.last: dict = {}
         self.replays = True
 
@@ -42,6 +45,7 @@ class Cache:
             tuner.cache.clear()
         self.host_values.clear()
         self.checked.clear()
+        self.left_padding.clear()
         self.last.clear()
         self.replays = True
 

@@ -36,16 +36,19 @@ flash backends do.
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
 from ..api import flash_attention, flash_attention_varlen
+from ..cache import CACHE
 from ..kvcache import flash_attention_with_kvcache
 
 NAME = "FlashTriton"  # not "flashtriton": see the module docstring
 DECODE_QUERIES = 16  # calls with at most this many new tokens per sequence take the KV-cache kernel
+LEFT_PADDING_LIMIT = 64  # masks remembered at once (one or two per decoding step are live)
 
 __all__ = ["NAME", "attention_forward", "register"]
 
@@ -93,11 +96,25 @@ def _unpadded(query, key, value, mask, options):
 
 def _left_padding(mask: torch.Tensor, seqlen_q: int) -> torch.Tensor | None:
     """Each row's count of leading padded keys (int32 (B,)) when `mask` (B, Nk) pads on the left only and
-    keeps every query; else None. One read back to the host."""
-    mask = mask.bool()
-    first = mask.int().argmax(-1)  # the first kept key
-    left_only = (mask.sum(-1) == mask.shape[1] - first) & mask[:, -seqlen_q:].all(-1)
-    return first.to(torch.int32) if bool(left_only.all()) else None
+    keeps every query; else None. One read back to the host, per mask: every layer of a decoding step
+    gets the same mask tensor, and the answer is remembered for it while it lives unmodified
+    (CACHE.left_padding). The same lengths tensor then lets check_kvcache skip its read back in all
+    layers after the first; a read per layer would stop the host from running ahead of the GPU."""
+    remember = not torch.compiler.is_compiling()
+    key = (id(mask), seqlen_q)
+    if remember:
+        seen = CACHE.left_padding.get(key)
+        if seen is not None and seen[0]() is mask and seen[1] == mask._version:
+            return seen[2]
+    kept = mask.bool()
+    first = kept.int().argmax(-1)  # the first kept key
+    left_only = (kept.sum(-1) == kept.shape[1] - first) & kept[:, -seqlen_q:].all(-1)
+    padding = first.to(torch.int32) if bool(left_only.all()) else None
+    if remember:
+        if len(CACHE.left_padding) >= LEFT_PADDING_LIMIT:
+            CACHE.left_padding.clear()
+        CACHE.left_padding[key] = (weakref.ref(mask), mask._version, padding)
+    return padding
 
 
 def _decode(query, key, value, leftpad, options):
