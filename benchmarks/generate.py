@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from flashtriton.integrations.transformers import NAME
+from flashtriton.tools.bench import environment
 
 ROUNDS = 3
 NEW_TOKENS = 64
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--cases", default=",".join(map(str, range(len(CASES)))), help="indices into CASES")
     args = parser.parse_args()
-    rows = []
+    rows, meta = [], environment()
     for name in args.models.split(","):
         models = {impl: _model(name, impl) for impl in (NAME, "sdpa")}
         models[NAME].load_state_dict(models["sdpa"].state_dict())
@@ -92,7 +93,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             if args.out is not None:  # after every row: a run cut short keeps what it finished
                 args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / "generate.json").write_text(json.dumps(dict(rounds=ROUNDS, rows=rows), indent=1))
+                (args.out / "generate.json").write_text(json.dumps(dict(meta=meta, rounds=ROUNDS, rows=rows), indent=1))
         del models
         torch.cuda.empty_cache()
 
