@@ -114,6 +114,24 @@ def test_generate_same_tokens(name, padded, monkeypatch):
         assert len(pads) == 5 * layers and len({id(p) for p in pads}) == 5
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_generate_static_cache(name, padded):
+    """A static cache hands every layer its whole preallocated length, whose slots past the newest token
+    are not written yet: with a mask it covers only the tokens seen, without one the position ids count
+    them. Greedy generation still gives the reference's tokens (before, the empty slots were attended)."""
+    make_config, reference = MODELS[name]
+    ids, mask = _batch(seqlen=20)
+    if not padded:
+        mask = torch.ones_like(mask)
+    tokens = {}
+    for implementation in (reference, NAME):
+        model = _model(make_config(), implementation)
+        tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                pad_token_id=0, cache_implementation="static")
+    assert torch.equal(tokens[NAME], tokens[reference])
+
+
 def test_left_padding_read_once_per_mask():
     from flashtriton.integrations.transformers import _left_padding
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)

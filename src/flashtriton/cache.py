@@ -7,8 +7,9 @@
   (validation.py).
 - `checked`: KV-cache index tensors (lengths, block tables) whose values passed the checks, while they
   live unmodified (validation.py).
-- `left_padding`: a padding mask's per-row left padding, while that very mask lives unmodified
-  (integrations/transformers.py: the layers of a decoding step share one mask).
+- `per_step`: what the transformers backend reads from a decoding step's mask or position ids (left
+  padding, keys written), while that very tensor lives unmodified: the layers of a step share them
+  (integrations/transformers.py).
 - `last`: the tiles the latest forward and backward ran, and whether they were replayed (for logs).
 - `replays`: set False to launch every kernel through Triton's own launch path (A/B timing, tests).
 
@@ -28,7 +29,7 @@ class Cache:
         self.autotuners: dict = {}
         self.host_values: dict = {}
         self.checked: dict = {}
-        self.left_padding: dict = {}
+        self.per_step: dict = {}
         self.last: dict = {}
         self.replays = True
 
@@ -45,7 +46,7 @@ class Cache:
             tuner.cache.clear()
         self.host_values.clear()
         self.checked.clear()
-        self.left_padding.clear()
+        self.per_step.clear()
         self.last.clear()
         self.replays = True
 

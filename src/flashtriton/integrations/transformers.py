@@ -15,7 +15,10 @@ when nothing is padded. The backend then runs, per layer:
 
 - generation's decoding steps (at most DECODE_QUERIES new tokens, nothing to differentiate):
   `flash_attention_with_kvcache` (split-KV, GQA heads packed) against the keys transformers passes,
-  with left padding as `cache_leftpad` (a mask that pads elsewhere takes the packed path below);
+  with left padding as `cache_leftpad` (a mask that pads elsewhere takes the packed path below). A
+  static cache (`cache_implementation="static"`) passes its whole preallocated length: with a mask the
+  keys past it are sliced off, without one the newest position id + 1 counts each sequence's written
+  keys, on the GPU (a longer chunk against a cache, a static cache's prefill, takes the same call);
 - no padding: `flash_attention` on the (B, H, N, D) tensors, causal aligned to the bottom-right
   corner, which is what decoding against a KV cache needs;
 - a padding mask: the tokens kept are gathered into a packed batch (`flash_attention_varlen`) and the
@@ -48,7 +51,7 @@ from ..kvcache import flash_attention_with_kvcache
 
 NAME = "FlashTriton"  # not "flashtriton": see the module docstring
 DECODE_QUERIES = 16  # calls with at most this many new tokens per sequence take the KV-cache kernel
-LEFT_PADDING_LIMIT = 64  # masks remembered at once (one or two per decoding step are live)
+PER_STEP_LIMIT = 64  # tensors remembered at once by _per_step (a few per decoding step are live)
 
 __all__ = ["NAME", "attention_forward", "register"]
 
@@ -94,34 +97,54 @@ def _unpadded(query, key, value, mask, options):
     return full.view(batch, seqlen_q, *o.shape[1:])
 
 
+def _per_step(source: torch.Tensor, tag: str, compute):
+    """compute(), remembered for the tensor `source` (a mask, position ids) while it lives unmodified
+    (CACHE.per_step): every layer of a decoding step gets the same one, so a value that needs a read back
+    to the host is read once per step, and the tensor it gives is the same object in every layer, which
+    lets check_kvcache skip its own read back after the first. A read per layer would stop the host from
+    running ahead of the GPU. Nothing is remembered while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return compute()
+    key = (id(source), tag)
+    seen = CACHE.per_step.get(key)
+    if seen is not None and seen[0]() is source and seen[1] == source._version:
+        return seen[2]
+    value = compute()
+    if len(CACHE.per_step) >= PER_STEP_LIMIT:
+        CACHE.per_step.clear()
+    CACHE.per_step[key] = (weakref.ref(source), source._version, value)
+    return value
+
+
 def _left_padding(mask: torch.Tensor, seqlen_q: int) -> torch.Tensor | None:
     """Each row's count of leading padded keys (int32 (B,)) when `mask` (B, Nk) pads on the left only and
-    keeps every query; else None. One read back to the host, per mask: every layer of a decoding step
-    gets the same mask tensor, and the answer is remembered for it while it lives unmodified
-    (CACHE.left_padding). The same lengths tensor then lets check_kvcache skip its read back in all
-    layers after the first; a read per layer would stop the host from running ahead of the GPU."""
-    remember = not torch.compiler.is_compiling()
-    key = (id(mask), seqlen_q)
-    if remember:
-        seen = CACHE.left_padding.get(key)
-        if seen is not None and seen[0]() is mask and seen[1] == mask._version:
-            return seen[2]
-    kept = mask.bool()
-    first = kept.int().argmax(-1)  # the first kept key
-    left_only = (kept.sum(-1) == kept.shape[1] - first) & kept[:, -seqlen_q:].all(-1)
-    padding = first.to(torch.int32) if bool(left_only.all()) else None
-    if remember:
-        if len(CACHE.left_padding) >= LEFT_PADDING_LIMIT:
-            CACHE.left_padding.clear()
-        CACHE.left_padding[key] = (weakref.ref(mask), mask._version, padding)
-    return padding
+    keeps every query; else None. One read back to the host per mask (_per_step)."""
+    def compute():
+        kept = mask.bool()
+        first = kept.int().argmax(-1)  # the first kept key
+        left_only = (kept.sum(-1) == kept.shape[1] - first) & kept[:, -seqlen_q:].all(-1)
+        return first.to(torch.int32) if bool(left_only.all()) else None
+    return _per_step(mask, f"left padding, {seqlen_q} queries", compute)
 
 
-def _decode(query, key, value, leftpad, options):
-    """A decoding step on (B, H, N, D) tensors: the new tokens' queries against every key so far (the
-    cache transformers passes, new keys included), through the split-KV kernel; returns (B, Nq, H, D)."""
-    o = flash_attention_with_kvcache(query, key, value, key.shape[2], cache_leftpad=leftpad,
-                                     is_causal=options["is_causal"], scale=options["scale"],
+def _written_keys(position_ids: torch.Tensor | None, batch: int, seqlen_k: int) -> torch.Tensor | int:
+    """How many of the seqlen_k cached keys each sequence has written, without a padding mask: all of them
+    in a dynamic cache, but a static cache passes its whole preallocated length, whose slots past the
+    newest token are still empty. Without padding the position ids are the cache positions, so the
+    newest token's position + 1 counts the written keys (int32 (B,), on the GPU: no read back); seqlen_k
+    when there are no position ids."""
+    if position_ids is None:
+        return seqlen_k
+    return _per_step(position_ids, f"written keys, {batch} x {seqlen_k}", lambda: (
+        (position_ids[:, -1] + 1).clamp(max=seqlen_k).to(torch.int32).expand(batch).contiguous()))
+
+
+def _decode(query, key, value, options, leftpad=None, lengths=None):
+    """A decoding step on (B, H, N, D) tensors: the new tokens' queries against the keys so far (the cache
+    transformers passes, new keys included; `lengths` of them per sequence, all by default), through the
+    split-KV kernel; returns (B, Nq, H, D)."""
+    o = flash_attention_with_kvcache(query, key, value, key.shape[2] if lengths is None else lengths,
+                                     cache_leftpad=leftpad, is_causal=options["is_causal"], scale=options["scale"],
                                      window_size=options["window_size"], softcap=options["softcap"])
     return o.transpose(1, 2)
 
@@ -150,16 +173,27 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     options = dict(is_causal=bool(is_causal), scale=scaling, window_size=window, softcap=softcap or 0.0,
                    dropout_p=float(dropout))
     batch, seqlen_q = query.shape[0], query.shape[2]
+    if attention_mask is not None and key.shape[2] > attention_mask.shape[-1]:
+        # A static cache: the mask covers the tokens seen so far, and the slots past them are not written
+        # yet (transformers' flash path slices them off the same way).
+        key, value = (x[:, :, :attention_mask.shape[-1]] for x in (key, value))
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, N, H, D) views
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     packed = (None if cu_q is not None or attention_mask is not None
               else _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q))
-    decoding = (seqlen_q <= DECODE_QUERIES and not dropout and cu_q is None and packed is None
-                and key.stride(-1) == 1 and not (torch.is_grad_enabled() and query.requires_grad))
-    if decoding:
-        leftpad = None if attention_mask is None else _left_padding(attention_mask, seqlen_q)
-        if attention_mask is None or leftpad is not None:
-            return _decode(query, key, value, leftpad, options), None
+    inference = (not dropout and cu_q is None and packed is None and key.stride(-1) == 1
+                 and not (torch.is_grad_enabled() and query.requires_grad))
+    if inference and seqlen_q <= DECODE_QUERIES:
+        if attention_mask is None:
+            return _decode(query, key, value, options, lengths=_written_keys(kwargs.get("position_ids"), batch,
+                                                                             key.shape[2])), None
+        leftpad = _left_padding(attention_mask, seqlen_q)
+        if leftpad is not None:
+            return _decode(query, key, value, options, leftpad=leftpad), None
+    if inference and attention_mask is None and key.shape[2] > seqlen_q and kwargs.get("position_ids") is not None:
+        # A longer chunk against a cache (a static one's prefill): the same count of written keys
+        return _decode(query, key, value, options, lengths=_written_keys(kwargs["position_ids"], batch,
+                                                                         key.shape[2])), None
     if attention_mask is not None:
         return _unpadded(q, k, v, attention_mask, options), None
     if cu_q is not None and cu_k is not None:
