@@ -401,3 +401,25 @@ def test_a_growing_cache_replays_one_plan(monkeypatch, lengths_as):
     # Plans differ only where Triton specialises differently: 16 dividing the int length (48), the split count.
     plans = 3 if lengths_as == "int" else 2
     assert len(CACHE.plans) == plans and len(replays) == 2 * (len(steps) - plans)
+
+
+def test_lengths_marked_checked_skip_the_read_back(monkeypatch):
+    """Lengths a caller built in range (the transformers backend's, from position ids) and marked are not
+    read back to the host, which would wait for the GPU; any other lengths tensor is."""
+    from flashtriton.validation import mark_kvcache_checked
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 40, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    lengths = _seqlens(40, 17)
+    mark_kvcache_checked(lengths, k)
+
+    def read_back(self):
+        raise AssertionError("read back to the host")
+    monkeypatch.setattr(torch.Tensor, "tolist", read_back)
+    o = flash_attention_with_kvcache(q, k, v, lengths)
+    with pytest.raises(AssertionError, match="read back"):
+        flash_attention_with_kvcache(q, k, v, lengths.clone())
+    monkeypatch.undo()
+    for b, n in enumerate((40, 17)):
+        ref, _ = attention_ref(q[b:b + 1].double(), k[b:b + 1, :, :n].double(), v[b:b + 1, :, :n].double())
+        torch.testing.assert_close(o[b:b + 1].double(), ref, atol=2e-2, rtol=0)

@@ -243,6 +243,17 @@ def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bo
     return same, (key, (tuple(weakref.ref(t) for t in tensors), state))
 
 
+def mark_kvcache_checked(cache_seqlens: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """Record lengths (int32 (B,)) that their caller built in [0, k_cache's positions] for a contiguous
+    cache with one row per sequence, no appended keys and no other index tensors, as if check_kvcache
+    had read and passed them: a call with this very tensor, unmodified, skips the read back to the host
+    (a wait for the GPU) that its check would cost."""
+    _, (key, state) = _checked_before((cache_seqlens,), (0, k_cache.shape[2], k_cache.shape[0]))
+    if len(CACHE.checked) > 64:
+        CACHE.checked.clear()
+    CACHE.checked[key] = state
+
+
 def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: object, k: object, v: object,
                   block_table: object, cache_batch_idx: object, cache_leftpad: object, *, is_causal: object) -> None:
     """Validate a call against a KV cache, in flashtriton's layout: q (B, Hq, Nq, D); the caches

@@ -48,6 +48,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 from ..api import flash_attention, flash_attention_varlen
 from ..cache import CACHE
 from ..kvcache import flash_attention_with_kvcache
+from ..validation import mark_kvcache_checked
 
 NAME = "FlashTriton"  # not "flashtriton": see the module docstring
 DECODE_QUERIES = 16  # calls with at most this many new tokens per sequence take the KV-cache kernel
@@ -127,16 +128,22 @@ def _left_padding(mask: torch.Tensor, seqlen_q: int) -> torch.Tensor | None:
     return _per_step(mask, f"left padding, {seqlen_q} queries", compute)
 
 
-def _written_keys(position_ids: torch.Tensor | None, batch: int, seqlen_k: int) -> torch.Tensor | int:
-    """How many of the seqlen_k cached keys each sequence has written, without a padding mask: all of them
-    in a dynamic cache, but a static cache passes its whole preallocated length, whose slots past the
-    newest token are still empty. Without padding the position ids are the cache positions, so the
-    newest token's position + 1 counts the written keys (int32 (B,), on the GPU: no read back); seqlen_k
-    when there are no position ids."""
+def _written_keys(position_ids: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor | int:
+    """How many of the cached keys `key` (B, Hkv, Nk, D) each sequence has written, without a padding mask:
+    all Nk in a dynamic cache, but a static cache passes its whole preallocated length, whose slots past
+    the newest token are still empty. Without padding the position ids are the cache positions, so the
+    newest token's position + 1 counts the written keys: int32 (B,), computed on the GPU and in [0, Nk]
+    by construction, so marked as checked (no read back to the host). Nk when there are no position ids."""
+    batch, seqlen_k = key.shape[0], key.shape[2]
     if position_ids is None:
         return seqlen_k
-    return _per_step(position_ids, f"written keys, {batch} x {seqlen_k}", lambda: (
-        (position_ids[:, -1] + 1).clamp(max=seqlen_k).to(torch.int32).expand(batch).contiguous()))
+
+    def compute():
+        lengths = (position_ids[:, -1] + 1).clamp(0, seqlen_k).to(torch.int32).expand(batch).contiguous()
+        if not torch.compiler.is_compiling():
+            mark_kvcache_checked(lengths, key)
+        return lengths
+    return _per_step(position_ids, f"written keys, {batch} x {seqlen_k}", compute)
 
 
 def _decode(query, key, value, options, leftpad=None, lengths=None):
@@ -185,15 +192,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                  and not (torch.is_grad_enabled() and query.requires_grad))
     if inference and seqlen_q <= DECODE_QUERIES:
         if attention_mask is None:
-            return _decode(query, key, value, options, lengths=_written_keys(kwargs.get("position_ids"), batch,
-                                                                             key.shape[2])), None
+            return _decode(query, key, value, options, lengths=_written_keys(kwargs.get("position_ids"), key)), None
         leftpad = _left_padding(attention_mask, seqlen_q)
         if leftpad is not None:
             return _decode(query, key, value, options, leftpad=leftpad), None
     if inference and attention_mask is None and key.shape[2] > seqlen_q and kwargs.get("position_ids") is not None:
         # A longer chunk against a cache (a static one's prefill): the same count of written keys
-        return _decode(query, key, value, options, lengths=_written_keys(kwargs["position_ids"], batch,
-                                                                         key.shape[2])), None
+        return _decode(query, key, value, options, lengths=_written_keys(kwargs["position_ids"], key)), None
     if attention_mask is not None:
         return _unpadded(q, k, v, attention_mask, options), None
     if cu_q is not None and cu_k is not None:
