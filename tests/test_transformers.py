@@ -78,6 +78,21 @@ def test_logits_and_gradients_match(name):
         torch.testing.assert_close(g, r, atol=2e-5, rtol=2e-4)
 
 
+def _generated(name: str, padded: bool, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of a greedy generate() of 6 tokens after a 20-token prompt (left-padded or not), through
+    our backend and through the model's reference implementation, the same weights in both."""
+    make_config, reference = MODELS[name]
+    ids, mask = _batch(seqlen=20)
+    if not padded:
+        mask = torch.ones_like(mask)
+    tokens = {}
+    for implementation in (NAME, reference):
+        model = _model(make_config(), implementation)
+        tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                pad_token_id=0, **options)
+    return tokens[NAME], tokens[reference]
+
+
 @pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_generate_same_tokens(name, padded, monkeypatch):
@@ -85,26 +100,16 @@ def test_generate_same_tokens(name, padded, monkeypatch):
     through the KV-cache kernel, with the left padding as cache_leftpad while the padded keys are in the
     cache (a sliding-window layer's cache drops them). The prompt (20 tokens) takes the prefill path."""
     from flashtriton.integrations import transformers as backend
-    decode_calls = []
-
-    pads = []
+    decode_calls, pads = [], []
 
     def counted(*args, **kwargs):
         decode_calls.append(kwargs.get("cache_leftpad") is not None)
         pads.append(kwargs.get("cache_leftpad"))
         return flash_attention_with_kvcache(*args, **kwargs)
     monkeypatch.setattr(backend, "flash_attention_with_kvcache", counted)
-    make_config, reference = MODELS[name]
-    ids, mask = _batch(seqlen=20)
-    if not padded:
-        mask = torch.ones_like(mask)
-    tokens = {}
-    for implementation in (reference, NAME):
-        model = _model(make_config(), implementation)
-        tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                                pad_token_id=0)
-    assert torch.equal(tokens[NAME], tokens[reference])
-    layers = make_config().num_hidden_layers
+    ours, reference = _generated(name, padded)
+    assert torch.equal(ours, reference)
+    layers = MODELS[name][0]().num_hidden_layers
     assert len(decode_calls) == 5 * layers  # 6 new tokens: the prompt's pass, then 5 decoding steps
     # Mistral's sliding-window cache keeps the last 6 keys, past the padding: transformers passes no mask.
     assert any(decode_calls) == (padded and name != "mistral")
@@ -120,16 +125,8 @@ def test_generate_static_cache(name, padded):
     """A static cache hands every layer its whole preallocated length, whose slots past the newest token
     are not written yet: with a mask it covers only the tokens seen, without one the position ids count
     them. Greedy generation still gives the reference's tokens (before, the empty slots were attended)."""
-    make_config, reference = MODELS[name]
-    ids, mask = _batch(seqlen=20)
-    if not padded:
-        mask = torch.ones_like(mask)
-    tokens = {}
-    for implementation in (reference, NAME):
-        model = _model(make_config(), implementation)
-        tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                                pad_token_id=0, cache_implementation="static")
-    assert torch.equal(tokens[NAME], tokens[reference])
+    ours, reference = _generated(name, padded, cache_implementation="static")
+    assert torch.equal(ours, reference)
 
 
 def test_left_padding_read_once_per_mask():
