@@ -208,3 +208,16 @@ def test_bf16_and_a_compiled_training_step(name):
         losses.append(loss.item())
     torch._dynamo.reset()
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+def test_written_keys_from_position_ids():
+    """Without a padding mask the newest position id + 1 counts a sequence's written keys (a static cache's
+    later slots are empty), clamped to the cache; position ids of another shape (multimodal rotary
+    embeddings pass (3, B, N)) or none leave every key in."""
+    from flashtriton.integrations.transformers import _written_keys
+    key = torch.randn(2, 2, 12, 16, device=DEVICE)
+    positions = torch.arange(4, 7, device=DEVICE)[None]  # (1, Nq): one row for the whole batch
+    assert _written_keys(positions, key).tolist() == [7, 7]
+    assert _written_keys(torch.tensor([[20], [3]], device=DEVICE), key).tolist() == [12, 4]
+    assert _written_keys(torch.zeros(3, 2, 5, dtype=torch.long, device=DEVICE), key) == 12
+    assert _written_keys(None, key) == 12

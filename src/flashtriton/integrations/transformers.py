@@ -133,9 +133,10 @@ def _written_keys(position_ids: torch.Tensor | None, key: torch.Tensor) -> torch
     all Nk in a dynamic cache, but a static cache passes its whole preallocated length, whose slots past
     the newest token are still empty. Without padding the position ids are the cache positions, so the
     newest token's position + 1 counts the written keys: int32 (B,), computed on the GPU and in [0, Nk]
-    by construction, so marked as checked (no read back to the host). Nk when there are no position ids."""
+    by construction, so marked as checked (no read back to the host). Nk when there are no position ids,
+    or ones that are not one position per token ((B or 1, Nq); multimodal rotary embeddings pass more)."""
     batch, seqlen_k = key.shape[0], key.shape[2]
-    if position_ids is None:
+    if position_ids is None or position_ids.dim() != 2:
         return seqlen_k
 
     def compute():
@@ -196,9 +197,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         leftpad = _left_padding(attention_mask, seqlen_q)
         if leftpad is not None:
             return _decode(query, key, value, options, leftpad=leftpad), None
-    if inference and attention_mask is None and key.shape[2] > seqlen_q and kwargs.get("position_ids") is not None:
+    if inference and attention_mask is None and key.shape[2] > seqlen_q:
         # A longer chunk against a cache (a static one's prefill): the same count of written keys
-        return _decode(query, key, value, options, lengths=_written_keys(kwargs["position_ids"], key)), None
+        lengths = _written_keys(kwargs.get("position_ids"), key)
+        if isinstance(lengths, torch.Tensor):
+            return _decode(query, key, value, options, lengths=lengths), None
     if attention_mask is not None:
         return _unpadded(q, k, v, attention_mask, options), None
     if cu_q is not None and cu_k is not None:
