@@ -1,1 +1,1 @@
-"""The Triton kernels: only `@triton.jit` code, no torch and no allocation."""
+"""The kernels: only `@triton.jit` code (and `@gluon.jit` in gluon_forward.py), no torch and no allocation."""

@@ -4,6 +4,7 @@ outputs, builds its launches and runs them (runner.py: replayed, static or autot
     forward.py     attention_forward: O and L
     backward.py    attention_backward: the statistics, then dK/dV and dQ
     decode.py      attention_decode: a few queries against a KV cache (split-KV, paged), and the append
+    gluon_forward.py  the Gluon forward for sm_90 (imported on use; not selected by the API yet)
     dropout.py     dropout's Philox key, and the mask and probabilities a call used
     arguments.py   the kernels' scalar arguments (strides, band, score modifiers, grouping)
     descriptors.py TMA tensor descriptors

@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                             "cp: context-parallel ring and Ulysses attention, under torchrun (one rank per GPU; "
                             "alone, G = 1)")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex", type=_comma_list(),
-                       help="comma-separated providers to race (default: %(default)s; also sdpa_math)")
+                       help="comma-separated providers to race (default: %(default)s; also sdpa_math, and "
+                            "flashtriton_gluon: the Gluon forward, not yet selected by flash_attention)")
     bench.add_argument("--modes", default=None, type=_comma_list(MODES),
                        help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336; "
                             "fwd_bwd for memory; fwd and bwd for variants)")
@@ -125,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="the backward on each kernel's first autotuner candidate instead of its static tiles")
     inspect.add_argument("--variants", action="store_true",
                          help="compile each variant (window + softcap + ALiBi, dropout, varlen) instead")
+    inspect.add_argument("--gluon", action="store_true",
+                         help="the Gluon forward (FlashAttention-3 structure; D = 64 and 128, bf16 and fp16) instead")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     return parser
 
@@ -174,7 +177,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .inspect import inspect_defaults, inspect_variants, markdown
+    from .inspect import inspect_defaults, inspect_gluon, inspect_variants, markdown
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     reports = []
@@ -183,6 +186,9 @@ def _inspect(args: argparse.Namespace) -> int:
             for causal in (False, True):
                 if args.variants:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
+                    continue
+                if args.gluon:
+                    reports += inspect_gluon(head_dim, dtypes[name], causal)
                     continue
                 reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,
                                             qk_ahead=args.qk_ahead, backward_tma=args.backward_tma,

@@ -107,6 +107,7 @@ class KernelReport:
     hmma: int
     wgmma_waits: int
     wgmma_serialized: bool
+    register_reallocations: int  # USETMAXREG in the SASS: warp-specialised partitions trading registers
     sass_sha1: str  # of the SASS without the kernel's name: equal hashes, same machine code (--json only)
 
 
@@ -140,7 +141,7 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
                         compiled.metadata.shared, len(re.findall(r"\bHGMMA\.", sass)),
                         len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
-                        _wgmma_serialized(compiled.asm["ptx"]),
+                        _wgmma_serialized(compiled.asm["ptx"]), len(re.findall(r"\bUSETMAXREG\b", sass)),
                         hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12])
 
 
@@ -198,11 +199,28 @@ def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
     return reports
 
 
+def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
+                  target: GPUTarget = HOPPER) -> list[KernelReport]:
+    """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
+    would launch it."""
+    from ..launch import gluon_forward
+
+    q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
+    o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
+    kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, q, o, lse, causal, head_dim ** -0.5)
+    with _offline(target):
+        compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    config = (f"M{gluon_forward.BLOCK_M}x2-N{gluon_forward.BLOCK_N}-s{gluon_forward.NUM_STAGES}-"
+              f"r{gluon_forward.MAX_REGISTERS}/{gluon_forward.SOFTMAX_REGISTERS}")
+    return [_report(kernel.__name__, compiled, head_dim, dtype, causal, config)]
+
+
 def markdown(reports: list[KernelReport]) -> str:
     lines = ["| kernel | D | dtype | causal | tiles | regs | spill (stack+local B) | smem B | HGMMA | HMMA "
-             "| wgmma waits | serialised |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| wgmma waits | serialised | USETMAXREG |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.kernel} | {r.head_dim} | {r.dtype} | {r.causal} | {r.config} | {r.registers} | "
               f"{r.stack_bytes + r.local_bytes} | {r.shared_bytes} | {r.hgmma} | {r.hmma} | {r.wgmma_waits} | "
-              f"{'yes' if r.wgmma_serialized else 'no'} |" for r in reports]
+              f"{'yes' if r.wgmma_serialized else 'no'} | {r.register_reallocations} |" for r in reports]
     return "\n".join(lines)

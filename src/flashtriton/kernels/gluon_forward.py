@@ -1,0 +1,174 @@
+"""The forward in Gluon for Hopper (sm_90): FlashAttention-3's structure, written with the pieces Triton's
+tl.dot hides (issue 21; launch/gluon_forward.py launches it).
+
+The Triton forward (forward.py) leaves the softmax between its two matrix products exposed: the tensor
+cores idle while a warpgroup computes exp2 (docs/performance.md, entry 13). Hopper lets the work be split
+by role instead, each role a partition of warps with its own registers:
+
+- the load partition (4 warps, 24 registers each) issues TMA copies: Q once, then K and V block by
+  block into a ring of NUM_STAGES shared-memory stages, each stage guarded by mbarriers (k_ready and
+  v_ready: the bytes have landed; kv_empty: both softmax warpgroups are done with it);
+- two softmax partitions (4 warps each, 240 registers) own 64 query rows each of the program's 128: per
+  key block, S = Q K^T by an asynchronous wgmma from shared memory, the online softmax in registers,
+  then O += P V with P kept in registers as the wgmma's A operand (no trip through shared memory). One
+  warpgroup's softmax runs while the other's wgmma uses the tensor cores: the overlap comes from having
+  two of them, not from reordering one.
+
+Semantics are the Triton forward's: O, and L = logsumexp in natural-log units; causal masks align to the
+bottom-right corner (query i sees keys <= i + Nk - Nq); rows that see no key give O = 0 and L = -inf; Nq
+and Nk of any size (TMA zero-fills past each (batch, head)'s rows, and keys past Nk are masked); GQA.
+
+Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
+whose last dim is contiguous works, (B, N, H, D) included.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+                    off_b, off_h, off_hkv, first_row, n_blocks):
+    """Q's two 64-row halves once, then K and V of each key block into the ring's next stage, as soon as
+    both softmax partitions have released it."""
+    NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row, 0], q_ready, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + BLOCK_M, 0], q_ready, q_smem.index(1))
+    for j in range(n_blocks):
+        stage = j % NUM_STAGES
+        # A fresh mbarrier counts as having completed the phase before its first: the first pass through
+        # the ring does not wait.
+        mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, j * BLOCK_N, 0], k_ready.index(stage),
+                                        k_smem.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, j * BLOCK_N, 0], v_ready.index(stage),
+                                        v_smem.index(stage))
+
+
+@gluon.jit
+def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
+                       stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, half,
+                       IS_CAUSAL: gl.constexpr):
+    """One warpgroup's 64 query rows (`half` of the program's 128) against every key block, then O and L."""
+    NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    dtype: gl.constexpr = q_smem.dtype
+    # wgmma's accumulator layouts (one warpgroup, m64 instructions), and P as the A operand of P V.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    rows = first_row + half * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
+    last_key = rows + (seqlen_k - seqlen_q)  # the causal mask's diagonal
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_rows)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    no_scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    q = q_smem.index(half).reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_blocks):
+        stage = j % NUM_STAGES
+        phase = (j // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        qk = warpgroup_mma(q, k_t, no_scores, use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+
+        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = keys[None, :] < seqlen_k
+        if IS_CAUSAL:
+            visible = visible & (keys[None, :] <= last_key[:, None])
+        qk = gl.where(visible, qk * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
+        p = gl.exp2(qk - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+
+        mbarrier.wait(v_ready.index(stage), phase)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p_op, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(stage), count=1)
+
+    no_key = l_i == 0.0
+    l_safe = gl.where(no_key, 1.0, l_i)
+    o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+    rows_o = first_row + half * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(dtype),
+             mask=rows_o[:, None] < seqlen_q)
+    lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+    gl.store(LSE + lse_base + rows, lse, mask=rows < seqlen_q)
+
+
+@gluon.jit
+def attn_fwd_gluon_kernel(
+    # q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with a (1, 1, rows, D) box;
+    # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous.
+    q_desc, k_desc, v_desc, O, LSE,
+    stride_ob, stride_oh, stride_om,
+    num_heads, group, seqlen_q, seqlen_k,
+    qk_scale_log2,
+    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup; a program has two
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    dtype: gl.constexpr = q_desc.dtype
+    first_row = gl.program_id(0) * (2 * BLOCK_M)
+    bh = gl.program_id(1)
+    off_b = bh // num_heads
+    off_h = bh % num_heads
+    hi = seqlen_k
+    if IS_CAUSAL:
+        hi = gl.minimum(hi, first_row + 2 * BLOCK_M + seqlen_k - seqlen_q)
+    n_blocks = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+    o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+    lse_base = bh.to(gl.int64) * seqlen_q
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(stage), count=1)
+        mbarrier.init(v_ready.index(stage), count=1)
+        mbarrier.init(kv_empty.index(stage), count=2)  # released once both softmax partitions are done
+
+    # The default partition (the kernel's num_warps = 4) loads; the two workers compute. Gluon gives the
+    # loader what the softmax partitions' SOFTMAX_REGS leave of the register file.
+    gl.warp_specialize([
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+                           off_b, off_h, off_h // group, first_row, n_blocks)),
+        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
+                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 0, IS_CAUSAL)),
+        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
+                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 1, IS_CAUSAL)),
+    ], [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
+
+    mbarrier.invalidate(q_ready)
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_ready.index(stage))
+        mbarrier.invalidate(v_ready.index(stage))
+        mbarrier.invalidate(kv_empty.index(stage))

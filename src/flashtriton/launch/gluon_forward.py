@@ -1,0 +1,88 @@
+"""The Gluon forward's launcher (kernels/gluon_forward.py), and which calls it can take.
+
+Not selected by the public API yet: the kernel compiles for sm_90 and its SASS is checked on every CI run
+(tests/test_gluon.py, through `python -m flashtriton inspect --gluon`), but it has not yet run on a GPU.
+Once it matches the float64 reference and is timed on the H200, attention_forward takes it where
+`gluon_forward_supports` says yes (issue 21).
+
+Tiles: two softmax warpgroups of BLOCK_M = 64 query rows each (one program holds 128), key blocks of
+BLOCK_N = 128, NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB
+of the H200's 227 KB per block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .arguments import LOG2E, cdiv
+
+BLOCK_M = 64
+BLOCK_N = 128
+NUM_STAGES = 2
+HEAD_DIMS = (64, 128)
+# 12 warps (the loader's 4 and two softmax warpgroups) share the SM's 64K registers: 168 each at launch,
+# then 240 for each softmax thread and what is left (24) for the loader's.
+MAX_REGISTERS = 168
+SOFTMAX_REGISTERS = 240
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def gluon_available() -> bool:
+    """Whether this Triton has Gluon's Hopper pieces (Triton 3.6 does; later versions may move them)."""
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma  # noqa: F401
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the Gluon forward takes this (B, H, N, D) call with no variant flag: bf16 or fp16, D in
+    HEAD_DIMS, at least one key, every dim's stride but the last a multiple of 16 bytes and the last 1
+    (TMA), on an sm_90 GPU (any device when only compiled offline)."""
+    if q.dtype not in _DTYPES or q.dim() != 4 or q.shape[-1] not in HEAD_DIMS or k.shape[2] == 0:
+        return False
+    for x in (q, k, v):
+        if x.stride(-1) != 1 or x.data_ptr() % 16 or any(s * x.element_size() % 16 for s in x.stride()[:-1]):
+            return False
+    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    return gluon_available()
+
+
+def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                         is_causal: bool, scale: float) -> tuple:
+    """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
+    by attention_forward_gluon, compiled offline by tools/inspect.py."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ..kernels.gluon_forward import attn_fwd_gluon_kernel
+
+    batch, heads, seqlen_q, head_dim = q.shape
+    element = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+
+    def descriptor(x: torch.Tensor, rows: int):
+        box = [1, 1, rows, head_dim]
+        return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
+    args = (descriptor(q, BLOCK_M), descriptor(k, BLOCK_N), descriptor(v, BLOCK_N), o, lse,
+            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
+            scale * LOG2E, NUM_STAGES, is_causal, SOFTMAX_REGISTERS)
+    grid = (cdiv(seqlen_q, 2 * BLOCK_M), batch * heads)
+    return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=MAX_REGISTERS)
+
+
+def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
+    gluon_forward_supports."""
+    from .forward import empty_in_order
+
+    o = empty_in_order(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse
+    kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale)
+    kernel[grid](*args, **kwargs)
+    return o, lse

@@ -1,0 +1,111 @@
+"""The Gluon forward (kernels/gluon_forward.py): Gluon does not run under Triton's interpreter, so on CPU its
+kernels are compiled for sm_90 and their SASS checked; on an sm_90 GPU they run against the float64
+reference."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU
+from flashtriton.launch import gluon_forward
+from flashtriton.reference import attention_ref
+from flashtriton.testing import bounded, make_qkv
+
+pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(), reason="this Triton has no Gluon for Hopper")
+ON_HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    # inspect compiles real kernels, so it runs in its own process without TRITON_INTERPRET.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--gluon", "--head-dims", "64,128",
+                          "--dtypes", "bf16,fp16", "--json"], capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
+    """Every variant (D 64 and 128, bf16 and fp16, causal and not): matrix products on wgmma, issued
+    asynchronously (ptxas did not serialise them), no spilled registers, the partitions trading registers
+    (USETMAXREG), 12 warps x 168 registers within the SM's 64K, and the stages within 227 KB of shared
+    memory."""
+    assert len(reports) == 8
+    for r in reports:
+        assert r["hgmma"] > 0 and r["hmma"] == 0, r
+        assert not r["wgmma_serialized"], r
+        assert r["stack_bytes"] + r["local_bytes"] == 0, r
+        assert r["register_reallocations"] > 0, r
+        assert r["registers"] * 12 * 32 <= 65536, r
+        assert r["shared_bytes"] <= 227 * 1024, r
+
+
+def test_supports():
+    q, k, v = make_qkv(1, 4, 2, 40, 50, 64, torch.bfloat16, "cpu", requires_grad=False)
+    # (on CPU the device check does not apply: only compiled there)
+    assert gluon_forward.gluon_forward_supports(q, k, v)
+    assert gluon_forward.gluon_forward_supports(q.transpose(1, 2).contiguous().transpose(1, 2), k, v)  # (B, N, H, D)
+    assert not gluon_forward.gluon_forward_supports(q.float(), k.float(), v.float())
+    q96, k96, v96 = make_qkv(1, 4, 2, 40, 50, 96, torch.bfloat16, "cpu", requires_grad=False)
+    assert not gluon_forward.gluon_forward_supports(q96, k96, v96)
+    assert not gluon_forward.gluon_forward_supports(q, k[:, :, :0], v[:, :, :0])  # no key: TMA needs one
+    odd = torch.randn(1, 4, 40, 65, dtype=torch.bfloat16)[..., :64]  # rows 130 bytes apart: not TMA-aligned
+    assert not gluon_forward.gluon_forward_supports(odd, k, v)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("seqlens", [(1, 1), (17, 63), (97, 130), (130, 97), (300, 333), (1024, 1024)])
+def test_matches_float64_reference(head_dim, is_causal, seqlens):
+    """O and L against the float64 reference, bounded by twice plain bf16 attention's error; GQA 4/2; O's
+    memory NaN-filled before (the caching allocator hands the freed block to o); rows that see no key
+    (causal, Nq > Nk) give O = 0 and L = -inf."""
+    torch.manual_seed(sum(seqlens) + head_dim)
+    q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
+    scale = head_dim ** -0.5
+    torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale)
+    o64, lse64 = attention_ref(q.double(), k.double(), v.double(), is_causal=is_causal, scale=scale)
+    low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=scale, upcast=False)
+    finite = torch.isfinite(lse64)
+    for check in (bounded("O", o, o64, low_o, q.dtype), bounded("L", lse[finite], lse64[finite], low_lse[finite],
+                                                                q.dtype)):
+        assert check.ok, check
+    assert torch.equal(torch.isneginf(lse), ~finite)
+    assert not o[~finite].any()
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+def test_flash_attn_layout_and_fresh_outputs():
+    """(B, N, H, D) inputs seen as (B, H, N, D): 4-D descriptors take any strides, and o is laid out like
+    q, over memory NaN-filled before."""
+    torch.manual_seed(0)
+    q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in
+               make_qkv(2, 8, 8, 257, 257, 128, torch.bfloat16, DEVICE, requires_grad=False))
+    torch.full((2, 8, 257, 128), float("nan"), device=DEVICE, dtype=torch.bfloat16)  # recycled below
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, True, 128 ** -0.5)
+    o64, _ = attention_ref(q.double(), k.double(), v.double(), is_causal=True)
+    low_o, _ = attention_ref(q, k, v, is_causal=True, upcast=False)
+    check = bounded("O", o, o64, low_o, q.dtype)
+    assert check.ok, check
+
+
+def test_bench_provider_takes_plain_forwards_only():
+    """`bench --providers flashtriton_gluon` records what the kernel does not take as unavailable."""
+    from flashtriton.tools.bench import PROVIDERS, Shape
+    run = PROVIDERS["flashtriton_gluon"].run
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16, "cpu")
+    with pytest.raises(NotImplementedError, match="plain forward"):
+        run(q, k, v, Shape(1, 2, 2, 64, 64, 64, False))  # q requires grad, and grad is on: a backward
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="plain forward"):
+        run(q, k, v, Shape(1, 2, 2, 64, 64, 64, True, window=(16, 0)))
+    q96, k96, v96 = make_qkv(1, 2, 2, 64, 64, 96, torch.bfloat16, "cpu", requires_grad=False)
+    with pytest.raises(NotImplementedError, match="plain forward"):
+        run(q96, k96, v96, Shape(1, 2, 2, 64, 64, 96, False))
