@@ -15,7 +15,8 @@ from flashtriton.launch import gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded, make_qkv
 
-pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(), reason="this Triton has no Gluon for Hopper")
+pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(),
+                                reason="the Gluon kernel is written for Triton 3.6's Gluon (launch/gluon_forward.py)")
 ON_HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 
 

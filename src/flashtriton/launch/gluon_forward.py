@@ -27,8 +27,17 @@ SOFTMAX_REGISTERS = 240
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
+GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
+
+
 def gluon_available() -> bool:
-    """Whether this Triton has Gluon's Hopper pieces (Triton 3.6 does; later versions may move them)."""
+    """Whether this Triton has the Gluon the kernel is written for. Gluon is experimental and its API
+    moves between releases (warp_specialize's signature among others), so only Triton 3.6 counts until
+    another is compiled and run."""
+    import triton
+
+    if not triton.__version__.startswith(GLUON_TRITON):
+        return False
     try:
         from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma  # noqa: F401
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
