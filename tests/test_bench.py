@@ -262,3 +262,20 @@ def test_suite_times_the_providers_in_interleaved_rounds(monkeypatch):
     assert (by_key["b", "fwd"].ms, by_key["b", "fwd"].spread) == (2.0, 0.0)
     assert (by_key["b", "bwd"].ms, by_key["b", "bwd"].spread) == (8.0, 0.25)
     assert by_key["a", "fwd"].ms_graph == 1.0 and by_key["a", "bwd"].ms_graph is None
+
+
+def test_fa4_provider_is_unavailable_without_its_wheels(monkeypatch):
+    """Where flash-attn-4 does not import (this machine), the fa4 provider says so, and the bench records
+    it as unavailable (NotImplementedError) instead of failing the suite."""
+    import sys
+
+    import torch
+
+    from flashtriton.testing import make_qkv
+    from flashtriton.tools import bench
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # an import of it raises ImportError
+    monkeypatch.delenv("FLASHTRITON_FA4_SITE", raising=False)
+    run = bench._fa4().run
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 64, torch.bfloat16, "cpu")
+    with pytest.raises(NotImplementedError, match="flash-attn-4 is not importable"):
+        run(q, k, v, bench.Shape(1, 2, 2, 16, 16, 64, True))

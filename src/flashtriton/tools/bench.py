@@ -182,6 +182,40 @@ def _gluon(q, k, v, shape: Shape):
     return gluon_forward.attention_forward_gluon(q, k, v, shape.causal, shape.head_dim ** -0.5)[0]
 
 
+def _fa4() -> Provider:
+    """FlashAttention-4 (`flash-attn-4` on PyPI: CuTe DSL kernels with a Hopper path), the fastest peer on
+    the H200 (issue 21). It takes (B, N, H, D): the inputs are copied to that layout once per input tensor,
+    outside the timing, and the output returned as a (B, H, N, D) view. FLASHTRITON_FA4_SITE names a site
+    directory to add first (its wheels unpacked there: ../shared/probes/fa4/README.md)."""
+    state: dict = {}
+
+    def run(q, k, v, shape: Shape):
+        if "import" not in state:
+            site_dir = os.environ.get("FLASHTRITON_FA4_SITE")
+            if site_dir:
+                import site
+                site.addsitedir(site_dir)  # processes the cutlass wheels' .pth files, as an install would
+            try:
+                from flash_attn.cute import flash_attn_func
+                state["import"] = flash_attn_func
+            except ImportError as exc:
+                state["import"] = exc
+        if isinstance(state["import"], Exception):
+            raise NotImplementedError(f"flash-attn-4 is not importable: {state['import']}")
+        if shape.window != (-1, -1) or shape.softcap or shape.alibi or shape.varlen:
+            raise NotImplementedError("the fa4 provider times plain and causal attention only")
+        key = tuple((id(x), x.data_ptr(), x.shape, x._version) for x in (q, k, v))
+        if state.get("key") != key:
+            state["key"] = key
+            state["inputs"] = tuple(x.detach().transpose(1, 2).contiguous().requires_grad_(x.requires_grad)
+                                    for x in (q, k, v))
+        for x in state["inputs"]:
+            x.grad = None  # as the bench's grad_to_none does for the other providers' inputs
+        out = state["import"](*state["inputs"], causal=shape.causal)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    return Provider(run)
+
+
 @functools.cache
 def _cu_seqlens(shape: Shape, device) -> torch.Tensor:  # cached for graph capture, as alibi_slopes
     return torch.tensor([0, *itertools.accumulate(shape.varlen)], dtype=torch.int32, device=device)
@@ -265,6 +299,7 @@ def _flex_mods(shape: Shape, q: torch.Tensor, create_block_mask) -> tuple:
 PROVIDERS: dict[str, Provider] = {
     "flashtriton": Provider(_flashtriton),
     "flashtriton_gluon": Provider(_gluon),  # opt-in (--providers): the FlashAttention-3-style forward
+    "fa4": _fa4(),  # opt-in: FlashAttention-4, where its wheels are importable
     "sdpa": _sdpa(),  # whatever PyTorch dispatches to by default (cuDNN on Hopper with torch >= 2.5)
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),

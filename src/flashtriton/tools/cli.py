@@ -57,8 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                             "cp: context-parallel ring and Ulysses attention, under torchrun (one rank per GPU; "
                             "alone, G = 1)")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex", type=_comma_list(),
-                       help="comma-separated providers to race (default: %(default)s; also sdpa_math, and "
-                            "flashtriton_gluon: the Gluon forward, not yet selected by flash_attention)")
+                       help="comma-separated providers to race (default: %(default)s; also sdpa_math; "
+                            "flashtriton_gluon, the Gluon forward, not yet selected by flash_attention; and fa4, "
+                            "FlashAttention-4 where importable, FLASHTRITON_FA4_SITE naming a site directory)")
     bench.add_argument("--modes", default=None, type=_comma_list(MODES),
                        help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336; "
                             "fwd_bwd for memory; fwd and bwd for variants)")
