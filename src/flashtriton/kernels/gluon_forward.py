@@ -73,7 +73,8 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_emp
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     rows = first_row + half * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
-    last_key = rows + (seqlen_k - seqlen_q)  # the causal mask's diagonal
+    last_key = rows + (seqlen_k - seqlen_q)  # the causal mask's diagonal: row i's last visible key
+    first_visible_end = first_row + half * BLOCK_M + (seqlen_k - seqlen_q)  # the first row's
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
@@ -88,11 +89,19 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_emp
         qk = warpgroup_mma(q, k_t, no_scores, use_acc=False, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
 
-        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = keys[None, :] < seqlen_k
+        # Only the block past Nk and, causal, the blocks that cross the diagonal are masked: the others
+        # skip the comparisons in the softmax's critical path.
+        block_end = (j + 1) * BLOCK_N
+        partial = block_end > seqlen_k
         if IS_CAUSAL:
-            visible = visible & (keys[None, :] <= last_key[:, None])
-        qk = gl.where(visible, qk * qk_scale_log2, float("-inf"))
+            partial = partial | (block_end - 1 > first_visible_end)
+        qk = qk * qk_scale_log2
+        if partial:
+            keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = keys[None, :] < seqlen_k
+            if IS_CAUSAL:
+                visible = visible & (keys[None, :] <= last_key[:, None])
+            qk = gl.where(visible, qk, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, 1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
         p = gl.exp2(qk - m_safe[:, None])
