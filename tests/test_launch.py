@@ -223,3 +223,13 @@ def test_backward_ops_still_take_unhashable_options():
     grads = launch.attention_backward(do, q, k, v, o, lse, True, 0.2, tiles, window=[-1, -1])
     again = launch.attention_backward(do, q, k, v, o, lse, True, 0.2, tuple(tiles), window=(-1, -1))
     assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
+
+
+def test_host_next_power_of_2_is_tritons():
+    """The launchers' plain-Python next_power_of_2 (Triton's is a slower constexpr function) agrees with
+    Triton's for every n >= 1."""
+    import triton
+
+    from flashtriton.launch.arguments import next_power_of_2
+    for n in [*range(1, 1100), 2**20 - 1, 2**20, 2**20 + 1]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n

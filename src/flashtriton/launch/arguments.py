@@ -29,6 +29,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): triton.next_power_of_2 in plain Python, which the
+    host path of every decoding step calls; Triton's is a constexpr function, several µs a call."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def _fp32_matmul_uses_tf32() -> bool:
     """PyTorch's own setting for float32 matmuls. Read through `fp32_precision` where it exists: reading
     the legacy `allow_tf32` raises once a program has set the new API."""

@@ -11,12 +11,11 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from .. import _interpreter
 from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
 from . import replay
-from .arguments import LOG2E, band, cdiv, cuda_properties, input_precision, score_mods
+from .arguments import LOG2E, band, cdiv, cuda_properties, input_precision, next_power_of_2, score_mods
 from .forward import empty_in_order
 from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, block_d
@@ -38,7 +37,7 @@ def decode_tiles(rows: int, head_dim: int) -> TileConfig:
     """A row tile that holds the group's query heads times the query tokens (16 at least, tl.dot's
     minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
     H200 sweep of docs/performance.md, "Decoding": two stages, four warps)."""
-    block_m = max(16, min(triton.next_power_of_2(rows), 64))
+    block_m = max(16, min(next_power_of_2(rows), 64))
     if head_dim <= 128:
         return TileConfig(block_m, 128 if head_dim <= 64 else 64, num_warps=4, num_stages=2)
     return TileConfig(block_m, 32, num_warps=4, num_stages=3)
@@ -49,7 +48,7 @@ def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered
     """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles), the
     longest sequence's `max_keys` and the GPU's `sms`; `gathered`: a paged cache's blocks are shorter
     than a key tile (see the constants above)."""
-    wanted = triton.next_power_of_2(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))) * (2 if gathered else 1)
+    wanted = next_power_of_2(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))) * (2 if gathered else 1)
     return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
 
@@ -116,7 +115,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                cache_seqlen, capacity,
                window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
     grid = (splits, heads_kv * m_tiles, batch)
-    block_s = triton.next_power_of_2(splits)
+    block_s = next_power_of_2(splits)
     combine_scalars = (*o.stride()[:3], heads_q, seqlen_q, splits)
     tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
                            alibi_slopes), (), scalars, grid)}
