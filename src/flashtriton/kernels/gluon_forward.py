@@ -54,10 +54,38 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_r
 
 
 @gluon.jit
+def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
+                    IS_CAUSAL: gl.constexpr):
+    """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
+    running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
+    masked: the others skip the comparisons in the softmax's critical path."""
+    BLOCK_N: gl.constexpr = qk.type.shape[1]
+    block_end = (j + 1) * BLOCK_N
+    partial = block_end > seqlen_k
+    if IS_CAUSAL:
+        partial = partial | (block_end - 1 > first_visible_end)
+    qk = qk * qk_scale_log2
+    if partial:
+        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
+        visible = keys[None, :] < seqlen_k
+        if IS_CAUSAL:
+            visible = visible & (keys[None, :] <= last_key[:, None])
+        qk = gl.where(visible, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
+    p = gl.exp2(qk - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
 def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
                        stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, half,
-                       IS_CAUSAL: gl.constexpr):
-    """One warpgroup's 64 query rows (`half` of the program's 128) against every key block, then O and L."""
+                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+    """One warpgroup's 64 query rows (`half` of the program's 128) against every key block, then O and L.
+    With OVERLAP, block j's Q K^T is issued before block j-1's P V and the softmax of block j runs while
+    that P V is still on the tensor cores (FlashAttention-3's intra-warpgroup pipelining); without it,
+    each block's two products and softmax run in turn."""
     NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -81,40 +109,51 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_emp
     no_scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     q = q_smem.index(half).reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_ready, 0)
-    for j in range(n_blocks):
-        stage = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        qk = warpgroup_mma(q, k_t, no_scores, use_acc=False, is_async=True)
-        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-
-        # Only the block past Nk and, causal, the blocks that cross the diagonal are masked: the others
-        # skip the comparisons in the softmax's critical path.
-        block_end = (j + 1) * BLOCK_N
-        partial = block_end > seqlen_k
-        if IS_CAUSAL:
-            partial = partial | (block_end - 1 > first_visible_end)
-        qk = qk * qk_scale_log2
-        if partial:
-            keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            visible = keys[None, :] < seqlen_k
-            if IS_CAUSAL:
-                visible = visible & (keys[None, :] <= last_key[:, None])
-            qk = gl.where(visible, qk, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
-        p = gl.exp2(qk - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-
-        mbarrier.wait(v_ready.index(stage), phase)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc = warpgroup_mma(p_op, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(kv_empty.index(stage), count=1)
+    if OVERLAP:
+        if n_blocks > 0:
+            mbarrier.wait(k_ready.index(0), 0)
+            qk = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
+                               use_acc=False, is_async=True)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+            p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                 qk_scale_log2, IS_CAUSAL)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, n_blocks):
+                stage = j % NUM_STAGES
+                prev = (j - 1) % NUM_STAGES
+                mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
+                qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
+                                   use_acc=False, is_async=True)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+                acc = warpgroup_mma(p_op, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+                qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
+                p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                     qk_scale_log2, IS_CAUSAL)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(kv_empty.index(prev), count=1)
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            last = (n_blocks - 1) % NUM_STAGES
+            mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_empty.index(last), count=1)
+    else:
+        for j in range(n_blocks):
+            stage = j % NUM_STAGES
+            phase = (j // NUM_STAGES) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
+                               use_acc=False, is_async=True)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+            p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                 qk_scale_log2, IS_CAUSAL)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            mbarrier.wait(v_ready.index(stage), phase)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = warpgroup_mma(p_op, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_empty.index(stage), count=1)
 
     no_key = l_i == 0.0
     l_safe = gl.where(no_key, 1.0, l_i)
@@ -135,7 +174,7 @@ def attn_fwd_gluon_kernel(
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k,
     qk_scale_log2,
-    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup; a program has two
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -171,9 +210,11 @@ def attn_fwd_gluon_kernel(
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
                            off_b, off_h, off_h // group, first_row, n_blocks)),
         (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
-                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 0, IS_CAUSAL)),
+                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 0, IS_CAUSAL,
+                              OVERLAP)),
         (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
-                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 1, IS_CAUSAL)),
+                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 1, IS_CAUSAL,
+                              OVERLAP)),
     ], [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

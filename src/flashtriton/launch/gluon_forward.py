@@ -61,9 +61,10 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                         is_causal: bool, scale: float) -> tuple:
+                         is_causal: bool, scale: float, overlap: bool = False) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
-    by attention_forward_gluon, compiled offline by tools/inspect.py."""
+    by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
+    block's softmax under the previous block's P V (the kernel's OVERLAP; to be A/B-timed on the H200)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -77,13 +78,13 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
     args = (descriptor(q, BLOCK_M), descriptor(k, BLOCK_N), descriptor(v, BLOCK_N), o, lse,
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
-            scale * LOG2E, NUM_STAGES, is_causal, SOFTMAX_REGISTERS)
+            scale * LOG2E, NUM_STAGES, is_causal, overlap, SOFTMAX_REGISTERS)
     grid = (cdiv(seqlen_q, 2 * BLOCK_M), batch * heads)
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=MAX_REGISTERS)
 
 
-def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+                            overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports."""
     from .forward import empty_in_order
@@ -92,6 +93,6 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale)
+    kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap)
     kernel[grid](*args, **kwargs)
     return o, lse

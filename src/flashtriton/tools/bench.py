@@ -171,15 +171,17 @@ def _flashtriton(q, k, v, shape: Shape):
                            alibi_slopes=_slopes_for(shape, q))
 
 
-def _gluon(q, k, v, shape: Shape):
+def _gluon(overlap: bool) -> Provider:
     """The Gluon forward (launch/gluon_forward.py), not yet selected by flash_attention: plain forward
-    calls at D = 64 and 128 on sm_90."""
-    from ..launch import gluon_forward
-    backward = torch.is_grad_enabled() and q.requires_grad
-    variant = shape.window != (-1, -1) or shape.softcap or shape.alibi or shape.varlen
-    if backward or variant or not gluon_forward.gluon_forward_supports(q, k, v):
-        raise NotImplementedError("the Gluon forward takes plain forward calls at D = 64 and 128 on sm_90 only")
-    return gluon_forward.attention_forward_gluon(q, k, v, shape.causal, shape.head_dim ** -0.5)[0]
+    calls at D = 64 and 128 on sm_90; `overlap`, its softmax under the previous block's P V."""
+    def run(q, k, v, shape: Shape):
+        from ..launch import gluon_forward
+        backward = torch.is_grad_enabled() and q.requires_grad
+        variant = shape.window != (-1, -1) or shape.softcap or shape.alibi or shape.varlen
+        if backward or variant or not gluon_forward.gluon_forward_supports(q, k, v):
+            raise NotImplementedError("the Gluon forward takes plain forward calls at D = 64 and 128 on sm_90 only")
+        return gluon_forward.attention_forward_gluon(q, k, v, shape.causal, shape.head_dim ** -0.5, overlap)[0]
+    return Provider(run)
 
 
 def _fa4() -> Provider:
@@ -298,7 +300,8 @@ def _flex_mods(shape: Shape, q: torch.Tensor, create_block_mask) -> tuple:
 
 PROVIDERS: dict[str, Provider] = {
     "flashtriton": Provider(_flashtriton),
-    "flashtriton_gluon": Provider(_gluon),  # opt-in (--providers): the FlashAttention-3-style forward
+    "flashtriton_gluon": _gluon(overlap=False),  # opt-in (--providers): the FlashAttention-3-style forward
+    "flashtriton_gluon_overlap": _gluon(overlap=True),  # the same, softmax under the previous block's P V
     "fa4": _fa4(),  # opt-in: FlashAttention-4, where its wheels are importable
     "sdpa": _sdpa(),  # whatever PyTorch dispatches to by default (cuDNN on Hopper with torch >= 2.5)
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
