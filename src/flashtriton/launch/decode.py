@@ -25,8 +25,8 @@ from .tiles import TileConfig, block_d
 # two (the H200 A/B measured 3 splits slower than 2 and 4), but no split shorter than MIN_TILES_PER_SPLIT
 # key tiles (its partial's write and merge would cost more than its keys), and at most MAX_SPLITS. A paged
 # cache whose blocks are shorter than a key tile takes twice the splits: each key row's address then
-# waits on its own block-table load, and the H200 A/B of entry 44 measured one split at 0.72x of the
-# contiguous cache's speed and two at 0.97x on 512-2048 programs.
+# waits on its own block-table load, and the H200 A/B of entry 44 measured one split at 0.73-0.89x of the
+# contiguous cache's speed and two at 0.89-0.98x, on 512-2048 programs.
 PROGRAMS_PER_SM = 3
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128

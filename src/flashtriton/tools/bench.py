@@ -300,14 +300,16 @@ def _flex_mods(shape: Shape, q: torch.Tensor, create_block_mask) -> tuple:
 
 PROVIDERS: dict[str, Provider] = {
     "flashtriton": Provider(_flashtriton),
-    "flashtriton_gluon": _gluon(overlap=False),  # opt-in (--providers): the FlashAttention-3-style forward
-    "flashtriton_gluon_overlap": _gluon(overlap=True),  # the same, softmax under the previous block's P V
-    "fa4": _fa4(),  # opt-in: FlashAttention-4, where its wheels are importable
     "sdpa": _sdpa(),  # whatever PyTorch dispatches to by default (cuDNN on Hopper with torch >= 2.5)
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),  # Tri Dao's FlashAttention-2 CUDA kernels
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
     "flex": _flex(),  # PyTorch's own Triton-generated attention
     "sdpa_math": _sdpa("MATH"),  # plain attention: materialises the (N, N) scores
+    # opt-in (--providers): the FlashAttention-3-style Gluon forward, plain and with the softmax under the
+    # previous block's P V; FlashAttention-4, where its wheels are importable
+    "flashtriton_gluon": _gluon(overlap=False),
+    "flashtriton_gluon_overlap": _gluon(overlap=True),
+    "fa4": _fa4(),
 }
 
 
