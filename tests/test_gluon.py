@@ -26,18 +26,20 @@ def reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    # bf16 only: fp16 compiles the same code with another element type (`inspect --gluon --dtypes fp16`),
+    # and each compile costs the suite seconds.
     out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--gluon", "--head-dims", "64,128",
-                          "--dtypes", "bf16,fp16", "--json"], capture_output=True, text=True, env=env, timeout=900)
+                          "--dtypes", "bf16", "--json"], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
 
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
-    """Every variant (D 64 and 128, bf16 and fp16, causal and not, with and without the overlapped
-    softmax): matrix products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled
-    registers, the partitions trading registers (USETMAXREG), 12 warps x 168 registers within the SM's
-    64K, and the stages within 227 KB of shared memory."""
-    assert len(reports) == 16 and sum(r["config"].endswith("-overlap") for r in reports) == 8
+    """Every variant (D 64 and 128, causal and not, with and without the overlapped softmax): matrix
+    products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
+    partitions trading registers (USETMAXREG), 12 warps x 168 registers within the SM's 64K, and the
+    stages within 227 KB of shared memory."""
+    assert len(reports) == 8 and sum(r["config"].endswith("-overlap") for r in reports) == 4
     for r in reports:
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
