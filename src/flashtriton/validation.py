@@ -248,7 +248,11 @@ def mark_kvcache_checked(cache_seqlens: torch.Tensor, k_cache: torch.Tensor) -> 
     cache with one row per sequence, no appended keys and no other index tensors, as if check_kvcache
     had read and passed them: a call with this very tensor, unmodified, skips the read back to the host
     (a wait for the GPU) that its check would cost."""
-    _, (key, state) = _checked_before((cache_seqlens,), (0, k_cache.shape[2], k_cache.shape[0]))
+    _remember_checked(*_checked_before((cache_seqlens,), (0, k_cache.shape[2], k_cache.shape[0]))[1])
+
+
+def _remember_checked(key, state) -> None:
+    """Record index tensors that passed (the key and state _checked_before gave), at most 64 at once."""
     if len(CACHE.checked) > 64:
         CACHE.checked.clear()
     CACHE.checked[key] = state
@@ -362,6 +366,4 @@ def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: ob
         if low < 0 or high >= k_cache.shape[0]:
             raise ValueError(f"block_table's entries for the blocks in use must index k_cache's {k_cache.shape[0]} "
                              f"blocks, in [0, {k_cache.shape[0] - 1}], got values from {low} to {high}")
-    if len(CACHE.checked) > 64:
-        CACHE.checked.clear()
-    CACHE.checked[key] = state
+    _remember_checked(key, state)

@@ -22,6 +22,7 @@ from triton.runtime.jit import KernelInterface
 
 from .. import _interpreter
 from ..cache import CACHE
+from .arguments import next_power_of_2
 from .tiles import (
     TileConfig,
     backward_configs,
@@ -150,7 +151,7 @@ def triton_configs(tiles: list[TileConfig], with_tma: bool, forward: bool) -> li
 def seqlen_bucket(seqlen_q: int, seqlen_k: int) -> int:
     """The autotuner's sequence-length key: the longer length rounded up to a power of two, so that a
     new length retunes only when it crosses a power of two."""
-    return 1 << (max(seqlen_q, seqlen_k, 1) - 1).bit_length()
+    return next_power_of_2(max(seqlen_q, seqlen_k))
 
 
 def _time_config(kernel_call, quantiles):

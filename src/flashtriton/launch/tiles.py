@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .arguments import next_power_of_2
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -40,7 +42,7 @@ class TileConfig:
 
 def block_d(head_dim: int) -> int:
     """The head dim padded to a power of two, at least 16 (tl.dot's smallest reduction)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
+    return max(16, next_power_of_2(head_dim))
 
 
 def row_bytes(head_dim: int, dtype: torch.dtype) -> int:
