@@ -35,11 +35,12 @@ def reports():
 
 
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
-    """Every variant (D 64 and 128, causal and not, with and without the overlapped softmax): matrix
+    """Every variant (D 64 and 128, causal and not, each of the kernel's three forms): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), 12 warps x 168 registers within the SM's 64K, and the
     stages within 227 KB of shared memory."""
-    assert len(reports) == 8 and sum(r["config"].endswith("-overlap") for r in reports) == 4
+    assert len(reports) == 4 * len(gluon_forward.FORMS)
+    assert {r["config"].split("-", 4)[4] for r in reports} == set(gluon_forward.FORMS)
     for r in reports:
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
@@ -66,8 +67,8 @@ def test_supports():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(1, 1), (17, 63), (97, 130), (130, 97), (300, 333), (1024, 1024)])
-@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlap"])
-def test_matches_float64_reference(head_dim, is_causal, seqlens, overlap):
+@pytest.mark.parametrize("form", list(gluon_forward.FORMS))
+def test_matches_float64_reference(head_dim, is_causal, seqlens, form):
     """O and L against the float64 reference, bounded by twice plain bf16 attention's error; GQA 4/2; O's
     memory NaN-filled before (the caching allocator hands the freed block to o); rows that see no key
     (causal, Nq > Nk) give O = 0 and L = -inf."""
@@ -75,7 +76,7 @@ def test_matches_float64_reference(head_dim, is_causal, seqlens, overlap):
     q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
     scale = head_dim ** -0.5
     torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
-    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, overlap)
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form])
     o64, lse64 = attention_ref(q.double(), k.double(), v.double(), is_causal=is_causal, scale=scale)
     low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=scale, upcast=False)
     finite = torch.isfinite(lse64)

@@ -6,8 +6,10 @@ cores idle while a warpgroup computes exp2 (docs/performance.md, entry 13). Hopp
 by role instead, each role a partition of warps with its own registers:
 
 - the load partition (4 warps, 24 registers each) issues TMA copies: Q once, then K and V block by
-  block into a ring of NUM_STAGES shared-memory stages, each stage guarded by mbarriers (k_ready and
-  v_ready: the bytes have landed; kv_empty: both softmax warpgroups are done with it);
+  block into two rings of NUM_STAGES shared-memory stages, each stage guarded by mbarriers (k_ready,
+  v_ready: the bytes have landed; k_empty, v_empty: both softmax warpgroups are done with it). K and V
+  are released apart, K as soon as its Q K^T has run, and K of block j + 1 is loaded before V of block
+  j, which is needed later (FlashAttention-3's order): the loads run further ahead of the products;
 - two softmax partitions (4 warps each, 240 registers) own 64 query rows each of the program's 128: per
   key block, S = Q K^T by an asynchronous wgmma from shared memory, the online softmax in registers,
   then O += P V with P kept in registers as the wgmma's A operand (no trip through shared memory). One
@@ -30,27 +32,32 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, j):
+    """Key block j of K or V into its ring's stage j % NUM_STAGES, once both softmax partitions have
+    released that stage's previous block. A fresh mbarrier counts as having completed the phase before
+    its first, so the first pass through the ring does not wait."""
+    NUM_STAGES: gl.constexpr = smem.type.shape[0]
+    BLOCK_N: gl.constexpr = smem.type.shape[3]
+    stage = j % NUM_STAGES
+    mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [off_b, off_hkv, j * BLOCK_N, 0], ready.index(stage), smem.index(stage))
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
                     off_b, off_h, off_hkv, first_row, n_blocks):
-    """Q's two 64-row halves once, then K and V of each key block into the ring's next stage, as soon as
-    both softmax partitions have released it."""
-    NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
+    """Q's two 64-row halves once, then K of block j + 1 before V of block j."""
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row, 0], q_ready, q_smem.index(0))
     tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + BLOCK_M, 0], q_ready, q_smem.index(1))
+    if n_blocks > 0:
+        _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0)
     for j in range(n_blocks):
-        stage = j % NUM_STAGES
-        # A fresh mbarrier counts as having completed the phase before its first: the first pass through
-        # the ring does not wait.
-        mbarrier.wait(kv_empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, j * BLOCK_N, 0], k_ready.index(stage),
-                                        k_smem.index(stage))
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, j * BLOCK_N, 0], v_ready.index(stage),
-                                        v_smem.index(stage))
+        if j + 1 < n_blocks:
+            _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1)
+        _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j)
 
 
 @gluon.jit
@@ -64,28 +71,31 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     partial = block_end > seqlen_k
     if IS_CAUSAL:
         partial = partial | (block_end - 1 > first_visible_end)
-    qk = qk * qk_scale_log2
     if partial:
         keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
         visible = keys[None, :] < seqlen_k
         if IS_CAUSAL:
             visible = visible & (keys[None, :] <= last_key[:, None])
         qk = gl.where(visible, qk, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
+    m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale_log2)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
-    p = gl.exp2(qk - m_safe[:, None])
+    p = gl.exp2(qk * qk_scale_log2 - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
-def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
-                       stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, half,
-                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
+                       lse_base, stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, half,
+                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
     """One warpgroup's 64 query rows (`half` of the program's 128) against every key block, then O and L.
     With OVERLAP, block j's Q K^T is issued before block j-1's P V and the softmax of block j runs while
     that P V is still on the tensor cores (FlashAttention-3's intra-warpgroup pipelining); without it,
-    each block's two products and softmax run in turn."""
+    each block's two products and softmax run in turn. With PINGPONG (OVERLAP only), the two warpgroups
+    take turns to issue their products (`turns`: mbarrier i lets warpgroup i issue), so that one's
+    softmax runs while the other's products hold the tensor cores, instead of both computing exp2 at
+    once and then both waiting on wgmma (FlashAttention-3's inter-warpgroup ping-pong)."""
     NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -111,10 +121,17 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_emp
     mbarrier.wait(q_ready, 0)
     if OVERLAP:
         if n_blocks > 0:
+            # Turn t of this warpgroup waits for the other's turn t - 1 (warpgroup 0) or t (warpgroup 1).
+            # A fresh mbarrier passes a wait on phase 1, so warpgroup 0's turn 0 goes first.
             mbarrier.wait(k_ready.index(0), 0)
+            if PINGPONG:
+                mbarrier.wait(turns.index(half), 1 - half)
             qk = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                use_acc=False, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turns.index(1 - half), count=1)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+            mbarrier.arrive(k_empty.index(0), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -122,22 +139,31 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_emp
                 stage = j % NUM_STAGES
                 prev = (j - 1) % NUM_STAGES
                 mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+                if PINGPONG:
+                    mbarrier.wait(turns.index(half), (j & 1) ^ (1 - half))
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
                 acc = warpgroup_mma(p_op, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(turns.index(1 - half), count=1)
                 qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
+                mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                      qk_scale_log2, IS_CAUSAL)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(kv_empty.index(prev), count=1)
+                mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             last = (n_blocks - 1) % NUM_STAGES
             mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turns.index(half), (n_blocks & 1) ^ (1 - half))
             acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turns.index(1 - half), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(kv_empty.index(last), count=1)
+            mbarrier.arrive(v_empty.index(last), count=1)
     else:
         for j in range(n_blocks):
             stage = j % NUM_STAGES
@@ -146,6 +172,7 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_emp
             qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+            mbarrier.arrive(k_empty.index(stage), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
@@ -153,7 +180,7 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_emp
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             acc = warpgroup_mma(p_op, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(kv_empty.index(stage), count=1)
+            mbarrier.arrive(v_empty.index(stage), count=1)
 
     no_key = l_i == 0.0
     l_safe = gl.where(no_key, 1.0, l_i)
@@ -174,7 +201,8 @@ def attn_fwd_gluon_kernel(
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k,
     qk_scale_log2,
-    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    SOFTMAX_REGS: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup; a program has two
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -197,28 +225,36 @@ def attn_fwd_gluon_kernel(
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    for half in gl.static_range(2):
+        mbarrier.init(turns.index(half), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
-        mbarrier.init(kv_empty.index(stage), count=2)  # released once both softmax partitions are done
+        mbarrier.init(k_empty.index(stage), count=2)  # released once both softmax partitions are done
+        mbarrier.init(v_empty.index(stage), count=2)
 
     # The default partition (the kernel's num_warps = 4) loads; the two workers compute. Gluon gives the
     # loader what the softmax partitions' SOFTMAX_REGS leave of the register file.
     gl.warp_specialize([
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
-                           off_b, off_h, off_h // group, first_row, n_blocks)),
-        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
-                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 0, IS_CAUSAL,
-                              OVERLAP)),
-        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, O, LSE, o_base, lse_base,
-                              stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, 1, IS_CAUSAL,
-                              OVERLAP)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty,
+                           v_empty, off_b, off_h, off_h // group, first_row, n_blocks)),
+        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
+                              o_base, lse_base, stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2,
+                              0, IS_CAUSAL, OVERLAP, PINGPONG)),
+        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
+                              o_base, lse_base, stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2,
+                              1, IS_CAUSAL, OVERLAP, PINGPONG)),
     ], [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)
+    for half in gl.static_range(2):
+        mbarrier.invalidate(turns.index(half))
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(stage))
         mbarrier.invalidate(v_ready.index(stage))
-        mbarrier.invalidate(kv_empty.index(stage))
+        mbarrier.invalidate(k_empty.index(stage))
+        mbarrier.invalidate(v_empty.index(stage))

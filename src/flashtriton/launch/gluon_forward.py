@@ -25,6 +25,9 @@ HEAD_DIMS = (64, 128)
 MAX_REGISTERS = 168
 SOFTMAX_REGISTERS = 240
 _DTYPES = (torch.bfloat16, torch.float16)
+# The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; the softmax of
+# block j under block j-1's P V; and that with the two warpgroups taking turns on the tensor cores.
+FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -61,10 +64,13 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                         is_causal: bool, scale: float, overlap: bool = False) -> tuple:
+                         is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
+                         block_n: int = BLOCK_N, stages: int = NUM_STAGES) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
-    block's softmax under the previous block's P V (the kernel's OVERLAP; to be A/B-timed on the H200)."""
+    block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
+    two warpgroups take turns on the tensor cores (PINGPONG); `block_n` and `stages`: the key tile and the
+    ring's depth (A/B runs)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -76,15 +82,18 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     def descriptor(x: torch.Tensor, rows: int):
         box = [1, 1, rows, head_dim]
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
-    args = (descriptor(q, BLOCK_M), descriptor(k, BLOCK_N), descriptor(v, BLOCK_N), o, lse,
+    if pingpong and not overlap:
+        raise ValueError("pingpong=True needs overlap=True: the turns are taken around the overlapped products")
+    args = (descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), o, lse,
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
-            scale * LOG2E, NUM_STAGES, is_causal, overlap, SOFTMAX_REGISTERS)
+            scale * LOG2E, stages, is_causal, overlap, pingpong, SOFTMAX_REGISTERS)
     grid = (cdiv(seqlen_q, 2 * BLOCK_M), batch * heads)
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=MAX_REGISTERS)
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                            overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                            overlap: bool = False, pingpong: bool = False, block_n: int = BLOCK_N,
+                            stages: int = NUM_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports."""
     from .forward import empty_in_order
@@ -93,6 +102,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap)
+    kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
+                                                      stages)
     kernel[grid](*args, **kwargs)
     return o, lse
