@@ -102,15 +102,49 @@ def test_flash_attn_layout_and_fresh_outputs():
     assert check.ok, check
 
 
-def test_bench_provider_takes_plain_forwards_only():
-    """`bench --providers flashtriton_gluon` records what the kernel does not take as unavailable."""
-    from flashtriton.tools.bench import PROVIDERS, Shape
-    run = PROVIDERS["flashtriton_gluon"].run
-    q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16, "cpu")
-    with pytest.raises(NotImplementedError, match="plain forward"):
-        run(q, k, v, Shape(1, 2, 2, 64, 64, 64, False))  # q requires grad, and grad is on: a backward
-    with torch.no_grad(), pytest.raises(NotImplementedError, match="plain forward"):
-        run(q, k, v, Shape(1, 2, 2, 64, 64, 64, True, window=(16, 0)))
-    q96, k96, v96 = make_qkv(1, 2, 2, 64, 64, 96, torch.bfloat16, "cpu", requires_grad=False)
-    with pytest.raises(NotImplementedError, match="plain forward"):
-        run(q96, k96, v96, Shape(1, 2, 2, 64, 64, 96, False))
+def test_bench_providers_force_the_path(monkeypatch):
+    """`bench --providers flashtriton_triton,flashtriton_gluon` time flash_attention with FLASHTRITON_FORWARD
+    set while they run, and unset after."""
+    from flashtriton.tools.bench import PROVIDERS
+    monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)
+    for path in ("triton", "gluon"):
+        with PROVIDERS[f"flashtriton_{path}"].context():
+            assert gluon_forward.forward_path() == path
+    assert os.environ.get(gluon_forward.FORWARD_PATH_VARIABLE) is None
+
+
+def test_forward_path_variable(monkeypatch):
+    """FLASHTRITON_FORWARD: unset is auto; a value outside auto/triton/gluon raises, naming the variable;
+    on CPU the interpreter runs the Triton kernels whatever it says."""
+    monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)
+    assert gluon_forward.forward_path() == "auto"
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, " Gluon ")
+    assert gluon_forward.forward_path() == "gluon"
+    q, k, v = make_qkv(1, 2, 2, 64, 2048, 128, torch.bfloat16, "cpu", requires_grad=False)
+    assert not gluon_forward.gluon_forward_selected(q, k, v)
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "cudnn")
+    with pytest.raises(ValueError, match="FLASHTRITON_FORWARD='cudnn'.*auto"):
+        gluon_forward.forward_path()
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("path, head_dim, seqlen, variant, gluon", [
+    ("auto", 128, 1024, {}, True), ("auto", 128, 512, {}, False), ("auto", 64, 2048, {}, False),
+    ("gluon", 64, 300, {}, True), ("triton", 128, 2048, {}, False),
+    ("auto", 128, 1024, {"window_size": (64, 0)}, False), ("gluon", 128, 1024, {"softcap": 20.0}, False)])
+def test_api_selects_path(monkeypatch, path, head_dim, seqlen, variant, gluon):
+    """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so,
+    and the Triton kernels for every variant; either way O, L and the gradients (the Triton backward on the
+    Gluon forward's O and L) match the float64 reference."""
+    from flashtriton import flash_attention
+    from flashtriton.launch import last_choice
+    from flashtriton.testing import compare_with_reference
+
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
+    torch.manual_seed(seqlen + head_dim)
+    q, k, v = make_qkv(1, 4, 2, seqlen - 17, seqlen, head_dim, torch.bfloat16, DEVICE)
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=True, return_lse=True,
+                                                                    **variant),
+                                    q, k, v, True, **variant)
+    assert all(c.ok for c in checks), checks
+    assert str(last_choice("forward")).startswith("gluon") == gluon, last_choice("forward")

@@ -1,9 +1,11 @@
-"""The Gluon forward's launcher (kernels/gluon_forward.py), and which calls it can take.
+"""The Gluon forward's launcher (kernels/gluon_forward.py), and which calls it takes.
 
-Not selected by the public API yet: the kernel compiles for sm_90 and its SASS is checked on every CI run
-(tests/test_gluon.py, through `python -m flashtriton inspect --gluon`), but it has not yet run on a GPU.
-Once it matches the float64 reference and is timed on the H200, attention_forward takes it where
-`gluon_forward_supports` says yes (issue 21).
+attention_forward (launch/forward.py) takes this path for a plain forward (no window, softcap, ALiBi,
+dropout or packed batch) that `gluon_forward_selected` accepts: on an sm_90 GPU, where it is faster than
+the Triton kernel (the H200 A/B of docs/performance.md, "The Gluon forward"). The environment variable
+FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for every call it supports
+(D = 64 too, any length), "auto" (the default) decides by head dim and length. The Triton kernels stay the
+reference: interpreter-tested, portable, and what every variant runs.
 
 Tiles: two softmax warpgroups of BLOCK_M = 64 query rows each (one program holds 128), key blocks of
 BLOCK_N = 128, NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB
@@ -12,9 +14,12 @@ of the H200's 227 KB per block).
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
-from .arguments import LOG2E, cdiv
+from .arguments import LOG2E, cdiv, cuda_properties
 
 BLOCK_M = 64
 BLOCK_N = 128
@@ -25,6 +30,7 @@ HEAD_DIMS = (64, 128)
 MAX_REGISTERS = 168
 SOFTMAX_REGISTERS = 240
 _DTYPES = (torch.bfloat16, torch.float16)
+GLUON_TILES = f"M{BLOCK_M}x2-N{BLOCK_N}-s{NUM_STAGES}-overlap"  # what attention_forward_gluon runs, for logs
 # The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; the softmax of
 # block j under block j-1's P V; and that with the two warpgroups taking turns on the tensor cores.
 FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
@@ -33,6 +39,7 @@ FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True,
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
 
 
+@functools.cache
 def gluon_available() -> bool:
     """Whether this Triton has the Gluon the kernel is written for. Gluon is experimental and its API
     moves between releases (warp_specialize's signature among others), so only Triton 3.6 counts until
@@ -58,9 +65,40 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     for x in (q, k, v):
         if x.stride(-1) != 1 or x.data_ptr() % 16 or any(s * x.element_size() % 16 for s in x.stride()[:-1]):
             return False
-    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False
+    if q.device.type == "cuda":
+        properties = cuda_properties(q.device.index)
+        if (properties.major, properties.minor) != (9, 0):
+            return False
     return gluon_available()
+
+
+FORWARD_PATH_VARIABLE = "FLASHTRITON_FORWARD"
+FORWARD_PATHS = ("auto", "triton", "gluon")
+# "auto" takes the Gluon forward at D = 128 from this many keys: there it ran 1.1-1.3x the Triton kernel's
+# speed on the H200; at D = 64 it ran 0.95-1.01x, and on shorter calls the host time of building three TMA
+# descriptors per call outweighs the GPU time it saves.
+AUTO_HEAD_DIMS = (128,)
+AUTO_MIN_KEYS = 1024
+
+
+def forward_path() -> str:
+    """The path FLASHTRITON_FORWARD asks for: "auto" (unset), "triton" or "gluon"."""
+    path = os.environ.get(FORWARD_PATH_VARIABLE, "auto").strip().lower() or "auto"
+    if path not in FORWARD_PATHS:
+        raise ValueError(f"{FORWARD_PATH_VARIABLE}={path!r} is not a forward path; use one of {FORWARD_PATHS} "
+                         "(or leave it unset for auto)")
+    return path
+
+
+def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a plain forward of these (B, H, N, D) tensors runs the Gluon kernel (see the module
+    docstring). Only on a CUDA device: on CPU the interpreter runs the Triton kernels."""
+    if q.device.type != "cuda":
+        return False
+    path = forward_path()
+    if path == "triton" or not gluon_forward_supports(q, k, v):
+        return False
+    return path == "gluon" or (q.shape[-1] in AUTO_HEAD_DIMS and k.shape[2] >= AUTO_MIN_KEYS)
 
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -92,10 +130,11 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                            overlap: bool = False, pingpong: bool = False, block_n: int = BLOCK_N,
+                            overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
-    gluon_forward_supports."""
+    gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
+    on the H200 (docs/performance.md, "The Gluon forward")."""
     from .forward import empty_in_order
 
     o = empty_in_order(q)

@@ -61,6 +61,11 @@ def last_choice(entry: str) -> Choice | None:
     return CACHE.last.get(entry)
 
 
+def record_choice(entry: str, choice: Choice) -> None:
+    """Note what a call ran outside `run` (the Gluon forward), for last_choice."""
+    CACHE.last[entry] = choice
+
+
 def replay_recorded(entry: str, key, tensors: dict[str, tuple[tuple, tuple]]) -> bool:
     """Replay the plan recorded under `key` with this call's `tensors` ({launch name: (tensors, descriptor
     sources)}); False when there is none (or `key` is None: replays are off)."""
@@ -105,6 +110,8 @@ def run(entry: str, key, specs: list[LaunchSpec], picks: tuple[str, ...]) -> Non
 def _name(pick) -> str:
     if pick is None:
         return "not run"
+    if isinstance(pick, str):  # a kernel outside the tiled Triton set (the Gluon forward), by name
+        return pick
     if isinstance(pick, triton.Config):
         return tile_config_of(pick).name
     tiles, use_tma = pick  # a static TileConfig, with its TMA paths as far as the tensors allowed them

@@ -18,6 +18,7 @@ import platform
 import re
 import statistics
 import subprocess
+import unittest.mock
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -171,17 +172,12 @@ def _flashtriton(q, k, v, shape: Shape):
                            alibi_slopes=_slopes_for(shape, q))
 
 
-def _gluon(overlap: bool) -> Provider:
-    """The Gluon forward (launch/gluon_forward.py), not yet selected by flash_attention: plain forward
-    calls at D = 64 and 128 on sm_90; `overlap`, its softmax under the previous block's P V."""
-    def run(q, k, v, shape: Shape):
-        from ..launch import gluon_forward
-        backward = torch.is_grad_enabled() and q.requires_grad
-        variant = shape.window != (-1, -1) or shape.softcap or shape.alibi or shape.varlen
-        if backward or variant or not gluon_forward.gluon_forward_supports(q, k, v):
-            raise NotImplementedError("the Gluon forward takes plain forward calls at D = 64 and 128 on sm_90 only")
-        return gluon_forward.attention_forward_gluon(q, k, v, shape.causal, shape.head_dim ** -0.5, overlap)[0]
-    return Provider(run)
+def _forward_path(path: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """A provider context that forces flash_attention's forward path (launch/gluon_forward.py's
+    FLASHTRITON_FORWARD) while the provider runs: "triton" or "gluon" (which still runs the Triton kernels
+    for what the Gluon one does not take: the variants, D other than 64 and 128, GPUs other than sm_90)."""
+    from ..launch.gluon_forward import FORWARD_PATH_VARIABLE
+    return lambda: unittest.mock.patch.dict(os.environ, {FORWARD_PATH_VARIABLE: path})
 
 
 def _fa4() -> Provider:
@@ -305,10 +301,11 @@ PROVIDERS: dict[str, Provider] = {
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),
     "flex": _flex(),  # PyTorch's own Triton-generated attention
     "sdpa_math": _sdpa("MATH"),  # plain attention: materialises the (N, N) scores
-    # opt-in (--providers): the FlashAttention-3-style Gluon forward, plain and with the softmax under the
-    # previous block's P V; FlashAttention-4, where its wheels are importable
-    "flashtriton_gluon": _gluon(overlap=False),
-    "flashtriton_gluon_overlap": _gluon(overlap=True),
+    # opt-in (--providers): flash_attention with its forward path forced to the Triton kernels or to the
+    # FlashAttention-3-style Gluon kernel where it applies ("flashtriton" chooses); FlashAttention-4, where
+    # its wheels are importable
+    "flashtriton_triton": Provider(_flashtriton, _forward_path("triton")),
+    "flashtriton_gluon": Provider(_flashtriton, _forward_path("gluon")),
     "fa4": _fa4(),
 }
 

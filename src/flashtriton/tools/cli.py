@@ -58,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                             "alone, G = 1)")
     bench.add_argument("--providers", default="flashtriton,sdpa,sdpa_flash,sdpa_cudnn,flex", type=_comma_list(),
                        help="comma-separated providers to race (default: %(default)s; also sdpa_math; "
-                            "flashtriton_gluon and flashtriton_gluon_overlap, the Gluon forward, not yet selected by "
-                            "flash_attention; and fa4, "
+                            "flashtriton_triton and flashtriton_gluon, flash_attention with its forward path forced "
+                            "(FLASHTRITON_FORWARD); and fa4, "
                             "FlashAttention-4 where importable, FLASHTRITON_FA4_SITE naming a site directory)")
     bench.add_argument("--modes", default=None, type=_comma_list(MODES),
                        help="comma-separated: fwd, bwd, fwd_bwd (default: fwd; all three for cs336; "
