@@ -13,8 +13,10 @@ by role instead, each role a partition of warps with its own registers:
 - two softmax partitions (4 warps each, 240 registers) own 64 query rows each of the program's 128: per
   key block, S = Q K^T by an asynchronous wgmma from shared memory, the online softmax in registers,
   then O += P V with P kept in registers as the wgmma's A operand (no trip through shared memory). One
-  warpgroup's softmax runs while the other's wgmma uses the tensor cores: the overlap comes from having
-  two of them, not from reordering one.
+  warpgroup's softmax can run while the other's wgmma uses the tensor cores, and with OVERLAP (the form
+  the launcher runs) each also runs block j's softmax under its own block j-1's P V;
+- the grid is persistent: one program per SM loops over tiles of 128 query rows, so that a tile's last
+  products and its stores overlap the next tile's first loads (the barriers' phases run on across tiles).
 
 Semantics are the Triton forward's: O, and L = logsumexp in natural-log units; causal masks align to the
 bottom-right corner (query i sees keys <= i + Nk - Nq); rows that see no key give O = 0 and L = -inf; Nq
@@ -32,32 +34,63 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _load_block(desc, smem, ready, empty, off_b, off_hkv, j):
-    """Key block j of K or V into its ring's stage j % NUM_STAGES, once both softmax partitions have
-    released that stage's previous block. A fresh mbarrier counts as having completed the phase before
-    its first, so the first pass through the ring does not wait."""
-    NUM_STAGES: gl.constexpr = smem.type.shape[0]
-    BLOCK_N: gl.constexpr = smem.type.shape[3]
-    stage = j % NUM_STAGES
-    mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [off_b, off_hkv, j * BLOCK_N, 0], ready.index(stage), smem.index(stage))
+def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_N: gl.constexpr):
+    """Work item `tile` -> (batch, head, batch * heads + head, first query row, key blocks to visit).
+    Tiles go head by head, so that the programs running at once share their heads' K and V in L2; within a
+    head, causal tiles go longest first, so that the short ones fill the end of the run."""
+    bh = tile // num_m_blocks
+    m_block = tile % num_m_blocks
+    if IS_CAUSAL:
+        m_block = num_m_blocks - 1 - m_block
+    first_row = m_block * (2 * BLOCK_M)
+    hi = seqlen_k
+    if IS_CAUSAL:
+        hi = gl.minimum(hi, first_row + 2 * BLOCK_M + seqlen_k - seqlen_q)
+    return bh // num_heads, bh % num_heads, bh, first_row, gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty,
-                    off_b, off_h, off_hkv, first_row, n_blocks):
-    """Q's two 64-row halves once, then K of block j + 1 before V of block j."""
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count):
+    """Key block `block` of K or V into its ring's stage count % NUM_STAGES (`count`: the ring's fills so
+    far, over every tile of the program), once both softmax partitions have released that stage's previous
+    fill. A fresh mbarrier counts as having completed the phase before its first, so the first pass
+    through the ring does not wait."""
+    NUM_STAGES: gl.constexpr = smem.type.shape[0]
+    BLOCK_N: gl.constexpr = smem.type.shape[3]
+    stage = count % NUM_STAGES
+    mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [off_b, off_hkv, block * BLOCK_N, 0], ready.index(stage),
+                                    smem.index(stage))
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                    v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
+                    IS_CAUSAL: gl.constexpr):
+    """For each of the program's tiles: Q's two 64-row halves once both partitions are done with the
+    previous tile's, then K of block j + 1 before V of block j."""
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row, 0], q_ready, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + BLOCK_M, 0], q_ready, q_smem.index(1))
-    if n_blocks > 0:
-        _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0)
-    for j in range(n_blocks):
-        if j + 1 < n_blocks:
-            _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1)
-        _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j)
+    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    fills = 0  # blocks loaded into each ring so far
+    tiles_done = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_b, off_h, bh, first_row, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL,
+                                                      BLOCK_M, BLOCK_N)
+        off_hkv = off_h // group
+        if n_blocks > 0:  # the first K does not wait on Q's stage
+            _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills)
+        mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row, 0], q_ready, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + BLOCK_M, 0], q_ready, q_smem.index(1))
+        for j in range(n_blocks):
+            if j + 1 < n_blocks:
+                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1)
+            _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j)
+        fills += n_blocks
+        tiles_done += 1
 
 
 @gluon.jit
@@ -86,21 +119,21 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
 
 
 @gluon.jit
-def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
-                       lse_base, stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, half,
-                       IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warpgroup's 64 query rows (`half` of the program's 128) against every key block, then O and L.
-    With OVERLAP, block j's Q K^T is issued before block j-1's P V and the softmax of block j runs while
-    that P V is still on the tensor cores (FlashAttention-3's intra-warpgroup pipelining); without it,
-    each block's two products and softmax run in turn. With PINGPONG (OVERLAP only), the two warpgroups
-    take turns to issue their products (`turns`: mbarrier i lets warpgroup i issue), so that one's
-    softmax runs while the other's products hold the tensor cores, instead of both computing exp2 at
-    once and then both waiting on wgmma (FlashAttention-3's inter-warpgroup ping-pong)."""
+def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base, lse_base,
+            stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, half, fills, turn,
+            IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
+    blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
+    Q K^T is issued before block j-1's P V and the softmax of block j runs while that P V is still on the
+    tensor cores (FlashAttention-3's intra-warpgroup pipelining); without it, each block's two products
+    and softmax run in turn. With PINGPONG (OVERLAP only), the two warpgroups take turns to issue their
+    products (`turns`: mbarrier i lets warpgroup i issue), so that one's softmax runs while the other's
+    products hold the tensor cores (FlashAttention-3's inter-warpgroup ping-pong)."""
     NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-    HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+    BLOCK_M: gl.constexpr = q.type.shape[0]
+    HEAD_DIM: gl.constexpr = q.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
-    dtype: gl.constexpr = q_smem.dtype
+    dtype: gl.constexpr = q.dtype
     # wgmma's accumulator layouts (one warpgroup, m64 instructions), and P as the A operand of P V.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -110,38 +143,36 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    rows = first_row + half * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
+    rows = rows0 + gl.arange(0, BLOCK_M, layout=s_rows)
     last_key = rows + (seqlen_k - seqlen_q)  # the causal mask's diagonal: row i's last visible key
-    first_visible_end = first_row + half * BLOCK_M + (seqlen_k - seqlen_q)  # the first row's
+    first_visible_end = rows0 + (seqlen_k - seqlen_q)  # the first row's
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     no_scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    q = q_smem.index(half).reshape([BLOCK_M, HEAD_DIM])
-    mbarrier.wait(q_ready, 0)
     if OVERLAP:
         if n_blocks > 0:
             # Turn t of this warpgroup waits for the other's turn t - 1 (warpgroup 0) or t (warpgroup 1).
-            # A fresh mbarrier passes a wait on phase 1, so warpgroup 0's turn 0 goes first.
-            mbarrier.wait(k_ready.index(0), 0)
+            # A fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
+            mbarrier.wait(k_ready.index(fills % NUM_STAGES), (fills // NUM_STAGES) & 1)
             if PINGPONG:
-                mbarrier.wait(turns.index(half), 1 - half)
-            qk = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
-                               use_acc=False, is_async=True)
+                mbarrier.wait(turns.index(half), (turn & 1) ^ (1 - half))
+            qk = warpgroup_mma(q, k_smem.index(fills % NUM_STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+                               no_scores, use_acc=False, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turns.index(1 - half), count=1)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-            mbarrier.arrive(k_empty.index(0), count=1)
+            mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_blocks):
-                stage = j % NUM_STAGES
-                prev = (j - 1) % NUM_STAGES
-                mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+                stage = (fills + j) % NUM_STAGES
+                prev = (fills + j - 1) % NUM_STAGES
+                mbarrier.wait(k_ready.index(stage), ((fills + j) // NUM_STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((fills + j - 1) // NUM_STAGES) & 1)
                 if PINGPONG:
-                    mbarrier.wait(turns.index(half), (j & 1) ^ (1 - half))
+                    mbarrier.wait(turns.index(half), ((turn + j) & 1) ^ (1 - half))
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
                 acc = warpgroup_mma(p_op, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
@@ -155,19 +186,23 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-            last = (n_blocks - 1) % NUM_STAGES
-            mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // NUM_STAGES) & 1)
+            mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
+            last = (fills + n_blocks - 1) % NUM_STAGES
+            mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
             if PINGPONG:
-                mbarrier.wait(turns.index(half), (n_blocks & 1) ^ (1 - half))
+                mbarrier.wait(turns.index(half), ((turn + n_blocks) & 1) ^ (1 - half))
             acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turns.index(1 - half), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(last), count=1)
+            turn += n_blocks + 1
+        else:
+            mbarrier.arrive(q_empty, count=1)
     else:
         for j in range(n_blocks):
-            stage = j % NUM_STAGES
-            phase = (j // NUM_STAGES) & 1
+            stage = (fills + j) % NUM_STAGES
+            phase = ((fills + j) // NUM_STAGES) & 1
             mbarrier.wait(k_ready.index(stage), phase)
             qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                use_acc=False, is_async=True)
@@ -181,16 +216,42 @@ def _softmax_partition(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empt
             acc = warpgroup_mma(p_op, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(stage), count=1)
+        mbarrier.arrive(q_empty, count=1)
 
     no_key = l_i == 0.0
     l_safe = gl.where(no_key, 1.0, l_i)
     o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
-    rows_o = first_row + half * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
+    rows_o = rows0 + gl.arange(0, BLOCK_M, layout=o_rows)
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(dtype),
              mask=rows_o[:, None] < seqlen_q)
     lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(LSE + lse_base + rows, lse, mask=rows < seqlen_q)
+    return fills + n_blocks, turn
+
+
+@gluon.jit
+def _softmax_partition(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
+                       stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q, seqlen_k,
+                       qk_scale_log2, half, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                       PINGPONG: gl.constexpr):
+    """One softmax warpgroup: `half` of each of the program's tiles (64 of its 128 query rows)."""
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    q = q_smem.index(half).reshape([BLOCK_M, HEAD_DIM])
+    fills = 0
+    turn = 0
+    tiles_done = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_b, off_h, bh, first_row, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL,
+                                                      BLOCK_M, BLOCK_N)
+        o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+        mbarrier.wait(q_ready, tiles_done & 1)
+        fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
+                              bh.to(gl.int64) * seqlen_q, stride_om, first_row + half * BLOCK_M, seqlen_q, seqlen_k,
+                              n_blocks, qk_scale_log2, half, fills, turn, IS_CAUSAL, OVERLAP, PINGPONG)
+        tiles_done += 1
 
 
 @gluon.jit
@@ -199,58 +260,55 @@ def attn_fwd_gluon_kernel(
     # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous.
     q_desc, k_desc, v_desc, O, LSE,
     stride_ob, stride_oh, stride_om,
-    num_heads, group, seqlen_q, seqlen_k,
+    num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
     qk_scale_log2,
     NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
     SOFTMAX_REGS: gl.constexpr,
 ):
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup; a program has two
+    """A persistent grid: program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x
+    num_m_blocks (128 query rows each), so that one tile's last products and stores overlap the next
+    tile's first loads, and no wave of programs is left part-full."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup; a tile has two
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
-    first_row = gl.program_id(0) * (2 * BLOCK_M)
-    bh = gl.program_id(1)
-    off_b = bh // num_heads
-    off_h = bh % num_heads
-    hi = seqlen_k
-    if IS_CAUSAL:
-        hi = gl.minimum(hi, first_row + 2 * BLOCK_M + seqlen_k - seqlen_q)
-    n_blocks = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
-    o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-    lse_base = bh.to(gl.int64) * seqlen_q
 
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=2)  # released once both softmax partitions are done with it
     for half in gl.static_range(2):
         mbarrier.init(turns.index(half), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
-        mbarrier.init(k_empty.index(stage), count=2)  # released once both softmax partitions are done
+        mbarrier.init(k_empty.index(stage), count=2)
         mbarrier.init(v_empty.index(stage), count=2)
 
     # The default partition (the kernel's num_warps = 4) loads; the two workers compute. Gluon gives the
     # loader what the softmax partitions' SOFTMAX_REGS leave of the register file.
     gl.warp_specialize([
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty,
-                           v_empty, off_b, off_h, off_h // group, first_row, n_blocks)),
-        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
-                              o_base, lse_base, stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2,
-                              0, IS_CAUSAL, OVERLAP, PINGPONG)),
-        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
-                              o_base, lse_base, stride_om, first_row, seqlen_q, seqlen_k, n_blocks, qk_scale_log2,
-                              1, IS_CAUSAL, OVERLAP, PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                           k_empty, v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
+                           IS_CAUSAL)),
+        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O,
+                              LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q,
+                              seqlen_k, qk_scale_log2, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
+        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O,
+                              LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q,
+                              seqlen_k, qk_scale_log2, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
     ], [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)
+    mbarrier.invalidate(q_empty)
     for half in gl.static_range(2):
         mbarrier.invalidate(turns.index(half))
     for stage in gl.static_range(NUM_STAGES):

@@ -122,10 +122,14 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
     if pingpong and not overlap:
         raise ValueError("pingpong=True needs overlap=True: the turns are taken around the overlapped products")
+    num_m_blocks = cdiv(seqlen_q, 2 * BLOCK_M)
+    num_tiles = batch * heads * num_m_blocks
     args = (descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), o, lse,
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
-            scale * LOG2E, stages, is_causal, overlap, pingpong, SOFTMAX_REGISTERS)
-    grid = (cdiv(seqlen_q, 2 * BLOCK_M), batch * heads)
+            num_m_blocks, num_tiles, scale * LOG2E, stages, is_causal, overlap, pingpong, SOFTMAX_REGISTERS)
+    # Persistent: one program per SM (the stages' shared memory admits one), each looping over tiles.
+    sms = cuda_properties(q.device.index).multi_processor_count if q.device.type == "cuda" else 132
+    grid = (min(num_tiles, sms), )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=MAX_REGISTERS)
 
 
