@@ -88,6 +88,23 @@ def test_matches_float64_reference(head_dim, is_causal, seqlens, form):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("form", list(gluon_forward.FORMS))
+def test_persistent_programs_take_several_tiles(head_dim, form):
+    """More tiles than SMs without a causal mask (3 x 8 heads x 16 row tiles = 384): each persistent
+    program runs ~3 tiles of different heads and batches, its barriers' phases running on across them;
+    ragged Nq and Nk, GQA 8/2, against the float64 reference."""
+    torch.manual_seed(head_dim)
+    q, k, v = make_qkv(3, 8, 2, 2000, 2100, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
+    assert 3 * 8 * 16 > torch.cuda.get_device_properties(0).multi_processor_count
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, False, head_dim ** -0.5, *gluon_forward.FORMS[form])
+    o64, lse64 = attention_ref(q.double(), k.double(), v.double())
+    low_o, low_lse = attention_ref(q, k, v, upcast=False)
+    for check in (bounded("O", o, o64, low_o, q.dtype), bounded("L", lse, lse64, low_lse, q.dtype)):
+        assert check.ok, check
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 def test_flash_attn_layout_and_fresh_outputs():
     """(B, N, H, D) inputs seen as (B, H, N, D): 4-D descriptors take any strides, and o is laid out like
     q, over memory NaN-filled before."""

@@ -15,8 +15,10 @@ by role instead, each role a partition of warps with its own registers:
   then O += P V with P kept in registers as the wgmma's A operand (no trip through shared memory). One
   warpgroup's softmax can run while the other's wgmma uses the tensor cores, and with OVERLAP (the form
   the launcher runs) each also runs block j's softmax under its own block j-1's P V;
-- the grid is persistent: one program per SM loops over tiles of 128 query rows, so that a tile's last
-  products and its stores overlap the next tile's first loads (the barriers' phases run on across tiles).
+- a program loops over tiles of 128 query rows (program p takes p, p + P, ...): with one program per SM
+  (the launcher's choice without a causal mask) a tile's last products and its stores overlap the next
+  tile's first loads, the barriers' phases running on across tiles; with one program per tile (causal)
+  the loop runs once.
 
 Semantics are the Triton forward's: O, and L = logsumexp in natural-log units; causal masks align to the
 bottom-right corner (query i sees keys <= i + Nk - Nq); rows that see no key give O = 0 and L = -inf; Nq
@@ -265,9 +267,9 @@ def attn_fwd_gluon_kernel(
     NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
     SOFTMAX_REGS: gl.constexpr,
 ):
-    """A persistent grid: program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x
-    num_m_blocks (128 query rows each), so that one tile's last products and stores overlap the next
-    tile's first loads, and no wave of programs is left part-full."""
+    """Program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x num_m_blocks (128 query
+    rows each) for a grid of P programs: persistent when P is the SM count, one tile each when P =
+    num_tiles."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup; a tile has two
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]

@@ -127,9 +127,12 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     args = (descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), o, lse,
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
             num_m_blocks, num_tiles, scale * LOG2E, stages, is_causal, overlap, pingpong, SOFTMAX_REGISTERS)
-    # Persistent: one program per SM (the stages' shared memory admits one), each looping over tiles.
+    # Non-causal: persistent, one program per SM (the stages' shared memory admits one), each looping over
+    # tiles. Causal: one program per tile, longest first. A persistent causal grid let programs drift
+    # apart across heads, and at N = 16384 their K and V no longer fitted in L2: 0.74x of this
+    # (docs/performance.md, entry 47).
     sms = cuda_properties(q.device.index).multi_processor_count if q.device.type == "cuda" else 132
-    grid = (min(num_tiles, sms), )
+    grid = (num_tiles if is_causal else min(num_tiles, sms), )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=MAX_REGISTERS)
 
 
