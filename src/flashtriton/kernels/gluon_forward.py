@@ -10,7 +10,8 @@ by role instead, each role a partition of warps with its own registers:
   v_ready: the bytes have landed; k_empty, v_empty: both softmax warpgroups are done with it). K and V
   are released apart, K as soon as its Q K^T has run, and K of block j + 1 is loaded before V of block
   j, which is needed later (FlashAttention-3's order): the loads run further ahead of the products;
-- two softmax partitions (4 warps each, 240 registers) own 64 query rows each of the program's 128: per
+- WARPGROUPS softmax partitions (4 warps each: two with 240 registers, or three with 160, FA3's tile at
+  D = 64) own 64 query rows each of a tile's 128 or 192: per
   key block, S = Q K^T by an asynchronous wgmma from shared memory, the online softmax in registers,
   then O += P V with P kept in registers as the wgmma's A operand (no trip through shared memory). One
   warpgroup's softmax can run while the other's wgmma uses the tensor cores, and with OVERLAP (the form
@@ -36,7 +37,7 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr, TILE_M: gl.constexpr,
           BLOCK_N: gl.constexpr):
     """Work item `tile` -> (batch, head, batch * heads + head, first query row, key blocks to visit).
     Tiles go head by head, so that the programs running at once share their heads' K and V in L2; within a
@@ -45,10 +46,10 @@ def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL: gl.const
     m_block = tile % num_m_blocks
     if IS_CAUSAL:
         m_block = num_m_blocks - 1 - m_block
-    first_row = m_block * (2 * BLOCK_M)
+    first_row = m_block * TILE_M
     hi = seqlen_k
     if IS_CAUSAL:
-        hi = gl.minimum(hi, first_row + 2 * BLOCK_M + seqlen_k - seqlen_q)
+        hi = gl.minimum(hi, first_row + TILE_M + seqlen_k - seqlen_q)
     return bh // num_heads, bh % num_heads, bh, first_row, gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
 
 
@@ -71,22 +72,24 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count):
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                     v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
                     IS_CAUSAL: gl.constexpr):
-    """For each of the program's tiles: Q's two 64-row halves once both partitions are done with the
-    previous tile's, then K of block j + 1 before V of block j."""
+    """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
+    warpgroup is done with the previous tile's, then K of block j + 1 before V of block j."""
+    WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
     fills = 0  # blocks loaded into each ring so far
     tiles_done = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_b, off_h, bh, first_row, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL,
-                                                      BLOCK_M, BLOCK_N)
+                                                      WARPGROUPS * BLOCK_M, BLOCK_N)
         off_hkv = off_h // group
         if n_blocks > 0:  # the first K does not wait on Q's stage
             _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills)
         mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
-        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row, 0], q_ready, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + BLOCK_M, 0], q_ready, q_smem.index(1))
+        mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
+        for wg in gl.static_range(WARPGROUPS):
+            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready,
+                                            q_smem.index(wg))
         for j in range(n_blocks):
             if j + 1 < n_blocks:
                 _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1)
@@ -122,15 +125,20 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
 
 @gluon.jit
 def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base, lse_base,
-            stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, half, fills, turn,
-            IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+            stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, fills, turn, WG: gl.constexpr,
+            WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
     Q K^T is issued before block j-1's P V and the softmax of block j runs while that P V is still on the
     tensor cores (FlashAttention-3's intra-warpgroup pipelining); without it, each block's two products
-    and softmax run in turn. With PINGPONG (OVERLAP only), the two warpgroups take turns to issue their
-    products (`turns`: mbarrier i lets warpgroup i issue), so that one's softmax runs while the other's
-    products hold the tensor cores (FlashAttention-3's inter-warpgroup ping-pong)."""
+    and softmax run in turn. With PINGPONG (OVERLAP only), the warpgroups take turns, in a cycle, to issue
+    their products (`turns`: mbarrier i lets warpgroup i issue), so that one's softmax runs while another's
+    products hold the tensor cores (FlashAttention-3's inter-warpgroup ping-pong). WG is this warpgroup's
+    index of WARPGROUPS."""
+    # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
+    # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
+    FIRST: gl.constexpr = 1 if WG == 0 else 0
+    NEXT: gl.constexpr = (WG + 1) % WARPGROUPS
     NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q.type.shape[0]
     HEAD_DIM: gl.constexpr = q.type.shape[1]
@@ -154,15 +162,13 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     no_scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if OVERLAP:
         if n_blocks > 0:
-            # Turn t of this warpgroup waits for the other's turn t - 1 (warpgroup 0) or t (warpgroup 1).
-            # A fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
             mbarrier.wait(k_ready.index(fills % NUM_STAGES), (fills // NUM_STAGES) & 1)
             if PINGPONG:
-                mbarrier.wait(turns.index(half), (turn & 1) ^ (1 - half))
+                mbarrier.wait(turns.index(WG), (turn & 1) ^ FIRST)
             qk = warpgroup_mma(q, k_smem.index(fills % NUM_STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
                                no_scores, use_acc=False, is_async=True)
             if PINGPONG:
-                mbarrier.arrive(turns.index(1 - half), count=1)
+                mbarrier.arrive(turns.index(NEXT), count=1)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
@@ -174,12 +180,12 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                 mbarrier.wait(k_ready.index(stage), ((fills + j) // NUM_STAGES) & 1)
                 mbarrier.wait(v_ready.index(prev), ((fills + j - 1) // NUM_STAGES) & 1)
                 if PINGPONG:
-                    mbarrier.wait(turns.index(half), ((turn + j) & 1) ^ (1 - half))
+                    mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
                 acc = warpgroup_mma(p_op, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
                 if PINGPONG:
-                    mbarrier.arrive(turns.index(1 - half), count=1)
+                    mbarrier.arrive(turns.index(NEXT), count=1)
                 qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
                 mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
@@ -192,10 +198,10 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             last = (fills + n_blocks - 1) % NUM_STAGES
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
             if PINGPONG:
-                mbarrier.wait(turns.index(half), ((turn + n_blocks) & 1) ^ (1 - half))
+                mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
             acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             if PINGPONG:
-                mbarrier.arrive(turns.index(1 - half), count=1)
+                mbarrier.arrive(turns.index(NEXT), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(last), count=1)
             turn += n_blocks + 1
@@ -235,24 +241,25 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
 @gluon.jit
 def _softmax_partition(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
                        stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q, seqlen_k,
-                       qk_scale_log2, half, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                       qk_scale_log2, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr):
-    """One softmax warpgroup: `half` of each of the program's tiles (64 of its 128 query rows)."""
+    """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles."""
+    WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
-    q = q_smem.index(half).reshape([BLOCK_M, HEAD_DIM])
+    q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     fills = 0
     turn = 0
     tiles_done = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_b, off_h, bh, first_row, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL,
-                                                      BLOCK_M, BLOCK_N)
+                                                      WARPGROUPS * BLOCK_M, BLOCK_N)
         o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
         mbarrier.wait(q_ready, tiles_done & 1)
         fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
-                              bh.to(gl.int64) * seqlen_q, stride_om, first_row + half * BLOCK_M, seqlen_q, seqlen_k,
-                              n_blocks, qk_scale_log2, half, fills, turn, IS_CAUSAL, OVERLAP, PINGPONG)
+                              bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, seqlen_k,
+                              n_blocks, qk_scale_log2, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG)
         tiles_done += 1
 
 
@@ -264,18 +271,18 @@ def attn_fwd_gluon_kernel(
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
     qk_scale_log2,
-    NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-    SOFTMAX_REGS: gl.constexpr,
+    WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+    PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
 ):
-    """Program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x num_m_blocks (128 query
-    rows each) for a grid of P programs: persistent when P is the SM count, one tile each when P =
-    num_tiles."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup; a tile has two
+    """Program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x num_m_blocks (WARPGROUPS
+    x 64 query rows each) for a grid of P programs: persistent when P is the SM count, one tile each when
+    P = num_tiles. WARPGROUPS softmax warpgroups (2 or 3) share each key block."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -284,35 +291,51 @@ def attn_fwd_gluon_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [WARPGROUPS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=2)  # released once both softmax partitions are done with it
-    for half in gl.static_range(2):
-        mbarrier.init(turns.index(half), count=1)
+    mbarrier.init(q_empty, count=WARPGROUPS)  # released once every softmax partition is done with it
+    for wg in gl.static_range(WARPGROUPS):
+        mbarrier.init(turns.index(wg), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
-        mbarrier.init(k_empty.index(stage), count=2)
-        mbarrier.init(v_empty.index(stage), count=2)
+        mbarrier.init(k_empty.index(stage), count=WARPGROUPS)
+        mbarrier.init(v_empty.index(stage), count=WARPGROUPS)
 
-    # The default partition (the kernel's num_warps = 4) loads; the two workers compute. Gluon gives the
+    # The default partition (the kernel's num_warps = 4) loads; the workers compute. Gluon gives the
     # loader what the softmax partitions' SOFTMAX_REGS leave of the register file.
-    gl.warp_specialize([
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                           k_empty, v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-                           IS_CAUSAL)),
-        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O,
-                              LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q,
-                              seqlen_k, qk_scale_log2, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
-        (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O,
-                              LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q,
-                              seqlen_k, qk_scale_log2, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
-    ], [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
+    if WARPGROUPS == 3:
+        gl.warp_specialize([
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                               k_empty, v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
+                               IS_CAUSAL)),
+            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
+                                  seqlen_q, seqlen_k, qk_scale_log2, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
+            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
+                                  seqlen_q, seqlen_k, qk_scale_log2, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
+            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
+                                  seqlen_q, seqlen_k, qk_scale_log2, 2, IS_CAUSAL, OVERLAP, PINGPONG)),
+        ], [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
+    else:
+        gl.warp_specialize([
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                               k_empty, v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
+                               IS_CAUSAL)),
+            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
+                                  seqlen_q, seqlen_k, qk_scale_log2, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
+            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
+                                  seqlen_q, seqlen_k, qk_scale_log2, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
+        ], [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)
     mbarrier.invalidate(q_empty)
-    for half in gl.static_range(2):
-        mbarrier.invalidate(turns.index(half))
+    for wg in gl.static_range(WARPGROUPS):
+        mbarrier.invalidate(turns.index(wg))
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(stage))
         mbarrier.invalidate(v_ready.index(stage))

@@ -7,9 +7,9 @@ FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for
 (D = 64 too, any length), "auto" (the default) decides by head dim and length. The Triton kernels stay the
 reference: interpreter-tested, portable, and what every variant runs.
 
-Tiles: two softmax warpgroups of BLOCK_M = 64 query rows each (one program holds 128), key blocks of
-BLOCK_N = 128, NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB
-of the H200's 227 KB per block).
+Tiles: two (or, with warpgroups=3, three) softmax warpgroups of BLOCK_M = 64 query rows each (a tile holds
+128 or 192), key blocks of BLOCK_N = 128, NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at
+D = 128, with Q's 32 KB: 160 KB of the H200's 227 KB per block).
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ BLOCK_M = 64
 BLOCK_N = 128
 NUM_STAGES = 2
 HEAD_DIMS = (64, 128)
-# 12 warps (the loader's 4 and two softmax warpgroups) share the SM's 64K registers: 168 each at launch,
-# then 240 for each softmax thread and what is left (24) for the loader's.
-MAX_REGISTERS = 168
-SOFTMAX_REGISTERS = 240
+WARPGROUPS = 2
+# Registers per thread by softmax warpgroups: (at launch, each softmax thread's after setmaxnreg). The SM's
+# 64K are shared by the loader's 4 warps and the softmax warpgroups: with two (12 warps), 168 at launch,
+# then 240 per softmax thread and what is left (24) per loader thread; with three (16 warps), 128, then
+# 160 and 32, as FlashAttention-3 runs D = 64 (S is 64 x 128 fp32 and O 64 x 64: 96 registers).
+REGISTERS = {2: (168, 240), 3: (128, 160)}
 _DTYPES = (torch.bfloat16, torch.float16)
-GLUON_TILES = f"M{BLOCK_M}x2-N{BLOCK_N}-s{NUM_STAGES}-overlap"  # what attention_forward_gluon runs, for logs
+GLUON_TILES = f"M{BLOCK_M}x{WARPGROUPS}-N{BLOCK_N}-s{NUM_STAGES}-overlap"  # what attention_forward_gluon runs, for logs
 # The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; the softmax of
 # block j under block j-1's P V; and that with the two warpgroups taking turns on the tensor cores.
 FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
@@ -103,12 +105,12 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
-                         block_n: int = BLOCK_N, stages: int = NUM_STAGES) -> tuple:
+                         block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int = WARPGROUPS) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
-    two warpgroups take turns on the tensor cores (PINGPONG); `block_n` and `stages`: the key tile and the
-    ring's depth (A/B runs)."""
+    warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
+    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -122,23 +124,29 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
     if pingpong and not overlap:
         raise ValueError("pingpong=True needs overlap=True: the turns are taken around the overlapped products")
-    num_m_blocks = cdiv(seqlen_q, 2 * BLOCK_M)
+    if warpgroups not in REGISTERS:
+        raise ValueError(f"warpgroups must be one of {tuple(REGISTERS)} (softmax warpgroups per tile), "
+                         f"got {warpgroups}")
+    max_registers, softmax_registers = REGISTERS[warpgroups]
+    num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
     args = (descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), o, lse,
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
-            num_m_blocks, num_tiles, scale * LOG2E, stages, is_causal, overlap, pingpong, SOFTMAX_REGISTERS)
+            num_m_blocks, num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
+            softmax_registers)
     # Non-causal: persistent, one program per SM (the stages' shared memory admits one), each looping over
     # tiles. Causal: one program per tile, longest first. A persistent causal grid let programs drift
     # apart across heads, and at N = 16384 their K and V no longer fitted in L2: 0.74x of this
     # (docs/performance.md, entry 47).
     sms = cuda_properties(q.device.index).multi_processor_count if q.device.type == "cuda" else 132
     grid = (num_tiles if is_causal else min(num_tiles, sms), )
-    return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=MAX_REGISTERS)
+    return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
-                            stages: int = NUM_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
+                            stages: int = NUM_STAGES,
+                            warpgroups: int = WARPGROUPS) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
     on the H200 (docs/performance.md, "The Gluon forward")."""
@@ -149,6 +157,6 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if o.numel() == 0:
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
-                                                      stages)
+                                                      stages, warpgroups)
     kernel[grid](*args, **kwargs)
     return o, lse

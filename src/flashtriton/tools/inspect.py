@@ -202,20 +202,25 @@ def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
 def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                   target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
-    would launch it, in each of its FORMS (in turn, overlapped, ping-pong)."""
+    would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
+    D = 64 also overlapped with three (FlashAttention-3's tile there)."""
     from ..launch import gluon_forward
 
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
+    variants = [(form, flags, gluon_forward.WARPGROUPS) for form, flags in gluon_forward.FORMS.items()]
+    if head_dim == 64:
+        variants.append(("overlap", gluon_forward.FORMS["overlap"], 3))
     reports = []
-    for form, (overlap, pingpong) in gluon_forward.FORMS.items():
+    for form, (overlap, pingpong), warpgroups in variants:
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, q, o, lse, causal, head_dim ** -0.5,
-                                                                        overlap, pingpong)
+                                                                        overlap, pingpong, warpgroups=warpgroups)
         with _offline(target):
             compiled = kernel.warmup(*args, grid=grid, **kwargs)
         compiled = compiled.result() if hasattr(compiled, "result") else compiled
-        config = (f"M{gluon_forward.BLOCK_M}x2-N{gluon_forward.BLOCK_N}-s{gluon_forward.NUM_STAGES}-"
-                  f"r{gluon_forward.MAX_REGISTERS}/{gluon_forward.SOFTMAX_REGISTERS}-{form}")
+        launch_registers, softmax_registers = gluon_forward.REGISTERS[warpgroups]
+        config = (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{gluon_forward.BLOCK_N}-s{gluon_forward.NUM_STAGES}-"
+                  f"r{launch_registers}/{softmax_registers}-{form}")
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
     return reports
 
