@@ -303,7 +303,9 @@ def attn_fwd_gluon_kernel(
         mbarrier.init(v_empty.index(stage), count=WARPGROUPS)
 
     # The default partition (the kernel's num_warps = 4) loads; the workers compute. Gluon gives the
-    # loader what the softmax partitions' SOFTMAX_REGS leave of the register file.
+    # loader what the softmax partitions' SOFTMAX_REGS leave of the register file. The partitions are
+    # spelled out per count: Triton 3.6 takes them as a literal list (a tuple variable cannot hold the
+    # functions, and a comprehension over the warpgroup indices does not compile).
     if WARPGROUPS == 3:
         gl.warp_specialize([
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
