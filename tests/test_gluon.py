@@ -154,21 +154,22 @@ def test_forward_path_variable(monkeypatch):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("path, head_dim, seqlen, variant, gluon", [
-    ("auto", 128, 1024, {}, True), ("auto", 128, 512, {}, False), ("auto", 64, 2048, {}, False),
-    ("gluon", 64, 300, {}, True), ("triton", 128, 2048, {}, False),
-    ("auto", 128, 1024, {"window_size": (64, 0)}, False), ("gluon", 128, 1024, {"softcap": 20.0}, False)])
-def test_api_selects_path(monkeypatch, path, head_dim, seqlen, variant, gluon):
-    """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so,
-    and the Triton kernels for every variant; either way O, L and the gradients (the Triton backward on the
-    Gluon forward's O and L) match the float64 reference."""
+@pytest.mark.parametrize("path, batch, head_dim, seqlen, variant, gluon", [
+    ("auto", 16, 128, 1041, {}, True), ("auto", 1, 128, 1041, {}, False), ("auto", 32, 128, 529, {}, False),
+    ("auto", 8, 64, 2065, {}, False), ("gluon", 1, 64, 300, {}, True), ("triton", 8, 128, 2065, {}, False),
+    ("auto", 16, 128, 1041, {"window_size": (64, 0)}, False), ("gluon", 1, 128, 1041, {"softcap": 20.0}, False)])
+def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, gluon):
+    """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
+    (auto: D = 128, 1024 keys or more, and B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 is over
+    it, 1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
+    Triton backward on the Gluon forward's O and L) match the float64 reference."""
     from flashtriton import flash_attention
     from flashtriton.launch import last_choice
     from flashtriton.testing import compare_with_reference
 
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
     torch.manual_seed(seqlen + head_dim)
-    q, k, v = make_qkv(1, 4, 2, seqlen - 17, seqlen, head_dim, torch.bfloat16, DEVICE)
+    q, k, v = make_qkv(batch, 4, 2, seqlen - 17, seqlen, head_dim, torch.bfloat16, DEVICE)
     checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=True, return_lse=True,
                                                                     **variant),
                                     q, k, v, True, **variant)

@@ -4,7 +4,7 @@ attention_forward (launch/forward.py) takes this path for a plain forward (no wi
 dropout or packed batch) that `gluon_forward_selected` accepts: on an sm_90 GPU, where it is faster than
 the Triton kernel (the H200 A/B of docs/performance.md, "The Gluon forward"). The environment variable
 FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for every call it supports
-(D = 64 too, any length), "auto" (the default) decides by head dim and length. The Triton kernels stay the
+(D = 64 too, any length), "auto" (the default) decides by head dim, length and size. The Triton kernels stay the
 reference: interpreter-tested, portable, and what every variant runs.
 
 Tiles: two (or, with warpgroups=3, three) softmax warpgroups of BLOCK_M = 64 query rows each (a tile holds
@@ -77,10 +77,13 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 FORWARD_PATH_VARIABLE = "FLASHTRITON_FORWARD"
 FORWARD_PATHS = ("auto", "triton", "gluon")
 # "auto" takes the Gluon forward at D = 128 from this many keys: there it ran 1.1-1.3x the Triton kernel's
-# speed on the H200; at D = 64 it ran 0.95-1.01x, and on shorter calls the host time of building three TMA
-# descriptors per call outweighs the GPU time it saves.
+# speed on the H200; at D = 64 it ran 0.92-0.97x. And only for calls with at least AUTO_MIN_WORK =
+# B·Hq·Nq·Nk·D (about 75 µs of GPU time): the Gluon launch builds three TMA descriptors and binds its
+# arguments on every call, where the Triton path replays a recorded launch, so a call whose GPU time is
+# shorter than the host's keeps the Triton path.
 AUTO_HEAD_DIMS = (128,)
 AUTO_MIN_KEYS = 1024
+AUTO_MIN_WORK = 2 ** 33
 
 
 def forward_path() -> str:
@@ -100,7 +103,9 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     path = forward_path()
     if path == "triton" or not gluon_forward_supports(q, k, v):
         return False
-    return path == "gluon" or (q.shape[-1] in AUTO_HEAD_DIMS and k.shape[2] >= AUTO_MIN_KEYS)
+    batch, heads, seqlen_q, head_dim = q.shape
+    return path == "gluon" or (head_dim in AUTO_HEAD_DIMS and k.shape[2] >= AUTO_MIN_KEYS
+                               and batch * heads * seqlen_q * k.shape[2] * head_dim >= AUTO_MIN_WORK)
 
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
