@@ -4,8 +4,8 @@ attention_forward (launch/forward.py) takes this path for a plain forward (no wi
 dropout or packed batch) that `gluon_forward_selected` accepts: on an sm_90 GPU, where it is faster than
 the Triton kernel (the H200 A/B of docs/performance.md, "The Gluon forward"). The environment variable
 FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for every call it supports
-(D = 64 too, any length), "auto" (the default) decides by head dim, length and size. The Triton kernels stay the
-reference: interpreter-tested, portable, and what every variant runs.
+(D = 64 too, any length), "auto" (the default) decides by head dim, length and size. The Triton kernels
+stay the reference: interpreter-tested, portable, and what every variant runs.
 
 Tiles: two (or, with warpgroups=3, three) softmax warpgroups of BLOCK_M = 64 query rows each (a tile holds
 128 or 192), key blocks of BLOCK_N = 128, NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at
@@ -32,7 +32,8 @@ WARPGROUPS = 2
 # 160 and 32, as FlashAttention-3 runs D = 64 (S is 64 x 128 fp32 and O 64 x 64: 96 registers).
 REGISTERS = {2: (168, 240), 3: (128, 160)}
 _DTYPES = (torch.bfloat16, torch.float16)
-GLUON_TILES = f"M{BLOCK_M}x{WARPGROUPS}-N{BLOCK_N}-s{NUM_STAGES}-overlap"  # what attention_forward_gluon runs, for logs
+# what attention_forward_gluon runs, for logs
+GLUON_TILES = f"M{BLOCK_M}x{WARPGROUPS}-N{BLOCK_N}-s{NUM_STAGES}-overlap"
 # The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; the softmax of
 # block j under block j-1's P V; and that with the two warpgroups taking turns on the tensor cores.
 FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
