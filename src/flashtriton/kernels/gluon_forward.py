@@ -7,14 +7,14 @@ by role instead, each role a partition of warps with its own registers:
 
 - the load partition (4 warps, 24 registers each) issues TMA copies: Q once, then K and V block by
   block into two rings of NUM_STAGES shared-memory stages, each stage guarded by mbarriers (k_ready,
-  v_ready: the bytes have landed; k_empty, v_empty: both softmax warpgroups are done with it). K and V
+  v_ready: the bytes have landed; k_empty, v_empty: every softmax warpgroup is done with it). K and V
   are released apart, K as soon as its Q K^T has run, and K of block j + 1 is loaded before V of block
   j, which is needed later (FlashAttention-3's order): the loads run further ahead of the products;
 - WARPGROUPS softmax partitions (4 warps each: two with 240 registers, or three with 160, FA3's tile at
   D = 64) own 64 query rows each of a tile's 128 or 192: per
   key block, S = Q K^T by an asynchronous wgmma from shared memory, the online softmax in registers,
   then O += P V with P kept in registers as the wgmma's A operand (no trip through shared memory). One
-  warpgroup's softmax can run while the other's wgmma uses the tensor cores, and with OVERLAP (the form
+  warpgroup's softmax can run while another's wgmma uses the tensor cores, and with OVERLAP (the form
   the launcher runs) each also runs block j's softmax under its own block j-1's P V;
 - a program loops over tiles of 128 query rows (program p takes p, p + P, ...): with one program per SM
   (the launcher's choice without a causal mask) a tile's last products and its stores overlap the next
@@ -56,7 +56,7 @@ def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL: gl.const
 @gluon.jit
 def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count):
     """Key block `block` of K or V into its ring's stage count % NUM_STAGES (`count`: the ring's fills so
-    far, over every tile of the program), once both softmax partitions have released that stage's previous
+    far, over every tile of the program), once every softmax partition has released that stage's previous
     fill. A fresh mbarrier counts as having completed the phase before its first, so the first pass
     through the ring does not wait."""
     NUM_STAGES: gl.constexpr = smem.type.shape[0]
