@@ -102,11 +102,15 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     if q.device.type != "cuda":
         return False
     path = forward_path()
-    if path == "triton" or not gluon_forward_supports(q, k, v):
+    if path == "triton":
         return False
     batch, heads, seqlen_q, head_dim = q.shape
-    return path == "gluon" or (head_dim in AUTO_HEAD_DIMS and k.shape[2] >= AUTO_MIN_KEYS
-                               and batch * heads * seqlen_q * k.shape[2] * head_dim >= AUTO_MIN_WORK)
+    # auto's size bounds first: they cost a few multiplications, and most calls they turn away never pay
+    # for the stride checks below (this runs on every forward's host path)
+    if path == "auto" and not (head_dim in AUTO_HEAD_DIMS and k.shape[2] >= AUTO_MIN_KEYS
+                               and batch * heads * seqlen_q * k.shape[2] * head_dim >= AUTO_MIN_WORK):
+        return False
+    return gluon_forward_supports(q, k, v)
 
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
