@@ -319,9 +319,31 @@ ERRORS = {
 
 @pytest.mark.parametrize("case", list(ERRORS))
 def test_kvcache_errors(case):
+    """Each bad call raises, also right after good calls on the same tensors (whose checks are then
+    remembered by signature: validation.check_kvcache)."""
     fn, error, match = ERRORS[case]
+    q, k, v, pages, table = _errors_case()
+    flash_attention_with_kvcache(q, k, v, 3)
+    flash_attention_with_kvcache(q, pages, pages, _seqlens(3, 40), block_table=table)
     with pytest.raises(error, match=match):
-        fn(*_errors_case())
+        fn(q, k, v, pages, table)
+
+
+def test_layout_checks_run_once_per_signature(monkeypatch):
+    """A decoding loop's calls with one signature (shapes, dtypes, devices, options) run the layout checks
+    once; another shape, dtype or int length runs them again."""
+    import flashtriton.validation as validation
+    runs = []
+    checks = validation._check_kvcache_layout
+    monkeypatch.setattr(validation, "_check_kvcache_layout", lambda *a: runs.append(1) or checks(*a))
+    q, k, v, _, _ = _errors_case()
+    for _ in range(3):
+        flash_attention_with_kvcache(q, k, v, _seqlens(3, 40))
+    assert len(runs) == 1
+    flash_attention_with_kvcache(q, k[:, :, :50], v[:, :, :50], _seqlens(3, 40))
+    flash_attention_with_kvcache(q, k, v, 7)
+    flash_attention_with_kvcache(q, k, v, 7)
+    assert len(runs) == 3
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

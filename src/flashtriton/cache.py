@@ -5,6 +5,8 @@
 - `autotuners`: the Triton autotuners themselves, made on first use for each (kernel, TMA or not).
 - `host_values`: cu_seqlens read back to the host, while that very tensor lives unmodified
   (validation.py).
+- `layouts`: the signatures (shapes, dtypes, devices, options) of KV-cache calls whose arguments passed
+  the checks of everything but the index tensors' values (validation.py).
 - `checked`: KV-cache index tensors (lengths, block tables) whose values passed the checks, while they
   live unmodified (validation.py).
 - `per_step`: what the transformers backend reads from a decoding step's mask or position ids (left
@@ -28,6 +30,7 @@ class Cache:
         self.picks: dict = {}
         self.autotuners: dict = {}
         self.host_values: dict = {}
+        self.layouts: dict = {}
         self.checked: dict = {}
         self.per_step: dict = {}
         self.last: dict = {}
@@ -45,6 +48,7 @@ class Cache:
         for tuner in self.autotuners.values():
             tuner.cache.clear()
         self.host_values.clear()
+        self.layouts.clear()
         self.checked.clear()
         self.per_step.clear()
         self.last.clear()

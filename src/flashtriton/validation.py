@@ -232,15 +232,19 @@ def _check_index_tensor(name: str, x: object, dims: int, q: torch.Tensor, shape_
         raise ValueError(f"{name} has {x.shape[0]} rows but q has batch {q.shape[0]}; it needs one per sequence")
 
 
-def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bool, tuple]:
+def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bool, tuple, tuple]:
     """(whether check_kvcache passed these very tensors, unmodified since (their version counters), with
-    these sizes; the key and state to remember once they pass). A decode loop that keeps its block table
-    and advances its lengths in place then reads them back only when they change."""
+    these sizes; the key and state that _remember_checked records once they pass). A decode loop that
+    keeps its block table and advances its lengths in place then reads them back only when they change."""
     key = tuple(map(id, tensors))
-    state = (tuple(t._version for t in tensors), sizes)
+    state = (tuple([t._version for t in tensors]), sizes)
     seen = CACHE.checked.get(key)
     same = seen is not None and seen[1] == state and all(r() is t for r, t in zip(seen[0], tensors, strict=True))
-    return same, (key, (tuple(weakref.ref(t) for t in tensors), state))
+    return same, key, state
+
+
+def _remember_checked(tensors: tuple[torch.Tensor, ...], key: tuple, state: tuple) -> None:
+    _remember(CACHE.checked, key, (tuple(weakref.ref(t) for t in tensors), state))
 
 
 def mark_kvcache_checked(cache_seqlens: torch.Tensor, k_cache: torch.Tensor) -> None:
@@ -248,14 +252,30 @@ def mark_kvcache_checked(cache_seqlens: torch.Tensor, k_cache: torch.Tensor) -> 
     cache with one row per sequence, no appended keys and no other index tensors, as if check_kvcache
     had read and passed them: a call with this very tensor, unmodified, skips the read back to the host
     (a wait for the GPU) that its check would cost."""
-    _remember_checked(*_checked_before((cache_seqlens,), (0, k_cache.shape[2], k_cache.shape[0]))[1])
+    tensors = (cache_seqlens,)
+    _remember_checked(tensors, *_checked_before(tensors, (0, k_cache.shape[2], k_cache.shape[0]))[1:])
 
 
-def _remember_checked(key, state) -> None:
-    """Record index tensors that passed (the key and state _checked_before gave), at most 64 at once."""
-    if len(CACHE.checked) > 64:
-        CACHE.checked.clear()
-    CACHE.checked[key] = state
+def _signature(arguments: tuple) -> tuple | None:
+    """What the layout checks of a call see: each tensor's shape, dtype and device, each other argument's
+    type and value; None when an argument is neither a tensor nor an int, bool or None (the checks then
+    run, and name it)."""
+    signature = []
+    for x in arguments:
+        if isinstance(x, torch.Tensor):
+            signature.append((x.shape, x.dtype, x.device))
+        elif x is None or type(x) in (int, bool):
+            signature.append((type(x), x))
+        else:
+            return None
+    return tuple(signature)
+
+
+def _remember(table: dict, key, value) -> None:
+    """table[key] = value, in a table of at most 64 entries (cleared when full)."""
+    if len(table) > 64:
+        table.clear()
+    table[key] = value
 
 
 def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: object, k: object, v: object,
@@ -266,7 +286,66 @@ def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: ob
     `cache_batch_idx` and `cache_leftpad` int32 (B,) or None. The values (lengths that fit the cache with
     the appended keys, block and cache indices in range, left padding within the length) are read back
     to the host once per call (a copy that waits for the GPU), except while a CUDA graph is captured or
-    torch.compile traces: there they are the caller's responsibility."""
+    torch.compile traces: there they are the caller's responsibility. The rest is checked once per
+    signature (the tensors' shapes, dtypes and devices, the other arguments' values; CACHE.layouts): a
+    decoding loop calls with the same one in every layer, and the checks cost more than the launch."""
+    arguments = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad, is_causal)
+    signature = None if torch.compiler.is_compiling() else _signature(arguments)
+    if signature is None or signature not in CACHE.layouts:
+        _check_kvcache_layout(*arguments)
+        if signature is not None:
+            _remember(CACHE.layouts, signature, True)
+    batch, new = q.shape[0], 0 if k is None else k.shape[2]
+    capacity = k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
+    capturing = torch.compiler.is_compiling() or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    index_tensors = tuple(x for x in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
+                          if isinstance(x, torch.Tensor))
+    if capturing or not index_tensors:
+        return
+    same, key, state = _checked_before(index_tensors, (new, capacity, k_cache.shape[0]))
+    if same:
+        return
+    # One copy to the host for every value check.
+    lengths = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor)
+               else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
+    checks = [lengths.min(), lengths.max()]
+    if cache_leftpad is not None:
+        checks += [cache_leftpad.min(), (cache_leftpad - lengths - new).max()]
+    if cache_batch_idx is not None:
+        checks += [cache_batch_idx.min(), cache_batch_idx.max()]
+    if block_table is not None:
+        used = (torch.arange(block_table.shape[1], device=q.device)[None, :] * k_cache.shape[2]
+                < (lengths + new)[:, None])
+        checks += [torch.where(used, block_table, 0).min(), torch.where(used, block_table, 0).max()]
+    values = torch.stack([c.to(torch.int64) for c in checks]).tolist()
+    if values[0] < 0 or values[1] > capacity - new:
+        raise ValueError(f"cache_seqlens must be in [0, {capacity - new}] (the cache's {capacity} positions less the "
+                         f"{new} appended), got values from {values[0]} to {values[1]}")
+    rest = iter(values[2:])
+    if cache_leftpad is not None:
+        low, over = next(rest), next(rest)
+        if low < 0 or over > 0:
+            where = "below 0" if low < 0 else "past its length"
+            raise ValueError("cache_leftpad must be in [0, cache_seqlens + new tokens] for every sequence (the "
+                             f"first cached key each one uses), got a value {where}")
+    if cache_batch_idx is not None:
+        low, high = next(rest), next(rest)
+        if low < 0 or high >= k_cache.shape[0]:
+            raise ValueError(f"cache_batch_idx must index rows of k_cache, in [0, {k_cache.shape[0] - 1}], got values "
+                             f"from {low} to {high}")
+    if block_table is not None:
+        low, high = next(rest), next(rest)
+        if low < 0 or high >= k_cache.shape[0]:
+            raise ValueError(f"block_table's entries for the blocks in use must index k_cache's {k_cache.shape[0]} "
+                             f"blocks, in [0, {k_cache.shape[0] - 1}], got values from {low} to {high}")
+    _remember_checked(index_tensors, key, state)
+
+
+def _check_kvcache_layout(q: object, k_cache: object, v_cache: object, cache_seqlens: object, k: object, v: object,
+                          block_table: object, cache_batch_idx: object, cache_leftpad: object,
+                          is_causal: object) -> None:
+    """check_kvcache's checks of types, shapes, dtypes and devices, and of an int cache_seqlens against
+    the cache: everything but the index tensors' values."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -324,46 +403,3 @@ def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: ob
     elif not 0 <= cache_seqlens <= capacity - new:
         raise ValueError(f"cache_seqlens {cache_seqlens} plus {new} appended tokens does not fit the cache's "
                          f"{capacity} positions; it must be in [0, {capacity - new}]")
-
-    capturing = torch.compiler.is_compiling() or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-    index_tensors = tuple(x for x in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
-                          if isinstance(x, torch.Tensor))
-    if capturing or not index_tensors:
-        return
-    same, (key, state) = _checked_before(index_tensors, (new, capacity, k_cache.shape[0]))
-    if same:
-        return
-    # One copy to the host for every value check.
-    lengths = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor)
-               else torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device))
-    checks = [lengths.min(), lengths.max()]
-    if cache_leftpad is not None:
-        checks += [cache_leftpad.min(), (cache_leftpad - lengths - new).max()]
-    if cache_batch_idx is not None:
-        checks += [cache_batch_idx.min(), cache_batch_idx.max()]
-    if block_table is not None:
-        used = (torch.arange(block_table.shape[1], device=q.device)[None, :] * k_cache.shape[2]
-                < (lengths + new)[:, None])
-        checks += [torch.where(used, block_table, 0).min(), torch.where(used, block_table, 0).max()]
-    values = torch.stack([c.to(torch.int64) for c in checks]).tolist()
-    if values[0] < 0 or values[1] > capacity - new:
-        raise ValueError(f"cache_seqlens must be in [0, {capacity - new}] (the cache's {capacity} positions less the "
-                         f"{new} appended), got values from {values[0]} to {values[1]}")
-    rest = iter(values[2:])
-    if cache_leftpad is not None:
-        low, over = next(rest), next(rest)
-        if low < 0 or over > 0:
-            where = "below 0" if low < 0 else "past its length"
-            raise ValueError("cache_leftpad must be in [0, cache_seqlens + new tokens] for every sequence (the "
-                             f"first cached key each one uses), got a value {where}")
-    if cache_batch_idx is not None:
-        low, high = next(rest), next(rest)
-        if low < 0 or high >= k_cache.shape[0]:
-            raise ValueError(f"cache_batch_idx must index rows of k_cache, in [0, {k_cache.shape[0] - 1}], got values "
-                             f"from {low} to {high}")
-    if block_table is not None:
-        low, high = next(rest), next(rest)
-        if low < 0 or high >= k_cache.shape[0]:
-            raise ValueError(f"block_table's entries for the blocks in use must index k_cache's {k_cache.shape[0]} "
-                             f"blocks, in [0, {k_cache.shape[0] - 1}], got values from {low} to {high}")
-    _remember_checked(key, state)

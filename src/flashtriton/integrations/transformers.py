@@ -98,7 +98,7 @@ def _unpadded(query, key, value, mask, options):
     return full.view(batch, seqlen_q, *o.shape[1:])
 
 
-def _per_step(source: torch.Tensor, tag: str, compute):
+def _per_step(source: torch.Tensor, tag: tuple, compute):
     """compute(), remembered for the tensor `source` (a mask, position ids) while it lives unmodified
     (CACHE.per_step): every layer of a decoding step gets the same one, so a value that needs a read back
     to the host is read once per step, and the tensor it gives is the same object in every layer, which
@@ -125,7 +125,7 @@ def _left_padding(mask: torch.Tensor, seqlen_q: int) -> torch.Tensor | None:
         first = kept.int().argmax(-1)  # the first kept key
         left_only = (kept.sum(-1) == kept.shape[1] - first) & kept[:, -seqlen_q:].all(-1)
         return first.to(torch.int32) if bool(left_only.all()) else None
-    return _per_step(mask, f"left padding, {seqlen_q} queries", compute)
+    return _per_step(mask, ("left padding", seqlen_q), compute)
 
 
 def _written_keys(position_ids: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor | int:
@@ -140,11 +140,11 @@ def _written_keys(position_ids: torch.Tensor | None, key: torch.Tensor) -> torch
         return seqlen_k
 
     def compute():
-        lengths = (position_ids[:, -1] + 1).clamp(0, seqlen_k).to(torch.int32).expand(batch).contiguous()
+        lengths = position_ids[:, -1].clamp(-1, seqlen_k - 1).to(torch.int32).add_(1).expand(batch).contiguous()
         if not torch.compiler.is_compiling():
             mark_kvcache_checked(lengths, key)
         return lengths
-    return _per_step(position_ids, f"written keys, {batch} x {seqlen_k}", compute)
+    return _per_step(position_ids, ("written keys", batch, seqlen_k), compute)
 
 
 def _decode(query, key, value, options, leftpad=None, lengths=None):
@@ -185,7 +185,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         # A static cache: the mask covers the tokens seen so far, and the slots past them are not written
         # yet (transformers' flash path slices them off the same way).
         key, value = (x[:, :, :attention_mask.shape[-1]] for x in (key, value))
-    q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, N, H, D) views
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     packed = (None if cu_q is not None or attention_mask is not None
               else _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q))
@@ -202,6 +201,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         lengths = _written_keys(kwargs.get("position_ids"), key)
         if isinstance(lengths, torch.Tensor):
             return _decode(query, key, value, options, lengths=lengths), None
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, N, H, D) views
     if attention_mask is not None:
         return _unpadded(q, k, v, attention_mask, options), None
     if cu_q is not None and cu_k is not None:

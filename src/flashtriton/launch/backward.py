@@ -95,10 +95,11 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     key = None
     if replay.replayable(q.device):
-        key = replay.plan_key(replay.current_device_and_stream()[0], (q, k, v, do, o, lse, *optional), kernels,
+        device, stream = replay.current_device_and_stream()
+        key = replay.plan_key(device, (q, k, v, do, o, lse, *optional), kernels,
                               is_causal, scale, None if configs is None else tuple(configs), autotune, tuple(window),
                               softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs))
-        if replay_recorded("backward", key, tensors):
+        if replay_recorded("backward", key, tensors, stream):
             return _wanted((dq, dk, dv), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS

@@ -87,7 +87,7 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     heads_kv = k_cache.shape[1]
     group = heads_q // heads_kv
     o = empty_in_order(q)
-    lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
     paged = block_table is not None
@@ -96,9 +96,9 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     tiles = tiles or decode_tiles(group * seqlen_q, head_dim)
     block_m, block_n = tiles.block_m, tiles.block_n
     m_tiles = cdiv(group * seqlen_q, block_m)
-    sms = cuda_properties(q.device.index).multi_processor_count if q.device.type == "cuda" else 132
+    sms = cuda_properties(q.get_device()).multi_processor_count if q.is_cuda else 132
     splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, block_n, sms,
-                                         gathered=paged and k_cache.shape[2] < block_n)
+                                         paged and k_cache.shape[2] < block_n)
     bd = block_d(head_dim)
     if splits > 1:
         o_part = torch.empty((batch, heads_q, seqlen_q, splits, bd), device=q.device, dtype=torch.float32)
@@ -130,11 +130,12 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         varying = (*k_cache.stride()[:3], *v_cache.stride()[:3], cache_seqlen, capacity, splits)
         cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
                         k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
-        key = replay.plan_key(replay.current_device_and_stream()[0],
+        device, stream = replay.current_device_and_stream()
+        key = replay.plan_key(device,
                               (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
                               "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
                               is_causal, scale, tuple(window), softcap, tiles)
-        if replay_recorded("decode", key, tensors):
+        if replay_recorded("decode", key, tensors, stream):
             return o, lse
     _interpreter.prepare(q.device)
     meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n,

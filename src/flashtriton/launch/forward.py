@@ -61,10 +61,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
 
     key = None
     if replay.replayable(q.device):
-        key = replay.plan_key(replay.current_device_and_stream()[0], (q, k, v, *optional), kernels, is_causal,
+        device, stream = replay.current_device_and_stream()
+        key = replay.plan_key(device, (q, k, v, *optional), kernels, is_causal,
                               scale, config, autotune, tuple(window), softcap,
                               None if varlen is None else varlen[2:], dropout_p)
-        if replay_recorded("forward", key, tensors):
+        if replay_recorded("forward", key, tensors, stream):
             return o, lse
     _interpreter.prepare(q.device)
     spec = _forward_launch(tensors["fwd"], q, k, (batch, grid_q, grid_k), is_causal, scale, config, autotune, window,

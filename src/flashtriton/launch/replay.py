@@ -124,7 +124,7 @@ def plan_key(device: int, tensors: tuple, *options) -> tuple:
     options (the outputs are allocated from these). Two calls with equal keys bind every kernel argument
     to the same scalars and Triton specialises them the same way, so the second may replay the first's
     launches."""
-    layout = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
+    layout = tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
     return (device, layout, input_precision(tensors[0].dtype), *options)
 
 
@@ -133,4 +133,4 @@ def int_specialization(values: tuple[int, ...]) -> tuple:
     divides it): integer arguments that are equal here compile to the same kernel, so a plan key may
     hold this instead of their values, and the replay pass the values (the decode launcher's lengths and
     strides, which a growing cache changes on every step)."""
-    return tuple((-2**31 <= v < 2**31, v == 1, v % 16 == 0) for v in values)
+    return tuple([(-2**31 <= v < 2**31, v == 1, v % 16 == 0) for v in values])

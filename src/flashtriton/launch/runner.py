@@ -19,7 +19,6 @@ from typing import NamedTuple
 import triton
 
 from ..cache import CACHE
-from . import replay
 from .autotune import run_autotuned, tile_config_of
 from .replay import Plan, RecordedLaunch
 
@@ -66,13 +65,14 @@ def record_choice(entry: str, choice: Choice) -> None:
     CACHE.last[entry] = choice
 
 
-def replay_recorded(entry: str, key, tensors: dict[str, tuple[tuple, tuple]]) -> bool:
-    """Replay the plan recorded under `key` with this call's `tensors` ({launch name: (tensors, descriptor
-    sources)}); False when there is none (or `key` is None: replays are off)."""
+def replay_recorded(entry: str, key, tensors: dict[str, tuple[tuple, tuple]], stream: int) -> bool:
+    """Replay the plan recorded under `key` on `stream` (a raw CUDA stream handle) with this call's
+    `tensors` ({launch name: (tensors, descriptor sources)}); False when there is none (or `key` is None:
+    replays are off)."""
     plan = CACHE.plans.get(key) if key is not None else None
     if plan is None:
         return False
-    plan.replay(tensors, replay.current_device_and_stream()[1])
+    plan.replay(tensors, stream)
     CACHE.last[entry] = plan.choice
     return True
 

@@ -40,6 +40,7 @@ class TileConfig:
                 f"{'-qka' if self.qk_ahead else ''}{f'-r{self.max_registers}' if self.max_registers else ''}")
 
 
+@functools.cache
 def block_d(head_dim: int) -> int:
     """The head dim padded to a power of two, at least 16 (tl.dot's smallest reduction)."""
     return max(16, next_power_of_2(head_dim))
