@@ -147,7 +147,7 @@ def test_forward_path_variable(monkeypatch):
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, " Gluon ")
     assert gluon_forward.forward_path() == "gluon"
     q, k, v = make_qkv(1, 2, 2, 64, 2048, 128, torch.bfloat16, "cpu", requires_grad=False)
-    assert not gluon_forward.gluon_forward_selected(q, k, v)
+    assert not gluon_forward.gluon_forward_selected(q, k, v, False)
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "cudnn")
     with pytest.raises(ValueError, match="FLASHTRITON_FORWARD='cudnn'.*auto"):
         gluon_forward.forward_path()
@@ -156,23 +156,28 @@ def test_forward_path_variable(monkeypatch):
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("path, batch, head_dim, seqlen, variant, gluon", [
     ("auto", 16, 128, 1041, {}, True), ("auto", 1, 128, 1041, {}, False), ("auto", 32, 128, 529, {}, False),
-    ("auto", 8, 64, 2065, {}, False), ("gluon", 1, 64, 300, {}, True), ("triton", 8, 128, 2065, {}, False),
-    ("auto", 16, 128, 1041, {"window_size": (64, 0)}, False), ("gluon", 1, 128, 1041, {"softcap": 20.0}, False)])
+    ("auto", 8, 64, 4113, {}, False), ("auto", 8, 64, 4113, {"is_causal": False}, True),
+    ("auto", 8, 64, 2065, {"is_causal": False}, False), ("gluon", 1, 64, 300, {}, True),
+    ("triton", 8, 128, 2065, {}, False), ("auto", 16, 128, 1041, {"window_size": (64, 0)}, False),
+    ("gluon", 1, 128, 1041, {"softcap": 20.0}, False)])
 def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, gluon):
     """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
-    (auto: D = 128, 1024 keys or more, and B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 is over
-    it, 1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
-    Triton backward on the Gluon forward's O and L) match the float64 reference."""
+    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, D = 64 without a mask from 4096; and B·Hq·Nq·Nk·D >=
+    AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 is over it, 1 x 4 x ... under), and the Triton kernels for
+    every variant; either way O, L and the gradients (the Triton backward on the Gluon forward's O and L)
+    match the float64 reference. Causal unless the variant says otherwise."""
     from flashtriton import flash_attention
     from flashtriton.launch import last_choice
     from flashtriton.testing import compare_with_reference
 
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
     torch.manual_seed(seqlen + head_dim)
+    variant = dict(variant)
+    is_causal = variant.pop("is_causal", True)
     q, k, v = make_qkv(batch, 4, 2, seqlen - 17, seqlen, head_dim, torch.bfloat16, DEVICE)
-    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=True, return_lse=True,
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True,
                                                                     **variant),
-                                    q, k, v, True, **variant)
+                                    q, k, v, is_causal, **variant)
     assert all(c.ok for c in checks), checks
     assert str(last_choice("forward")).startswith("gluon") == gluon, last_choice("forward")
 

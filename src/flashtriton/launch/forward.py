@@ -22,12 +22,10 @@ from .arguments import (
 from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candidate_tile
 from .descriptors import attention_descriptors, tma_strides
 from .dropout import new_dropout_seed
-from .gluon_forward import GLUON_TILES, attention_forward_gluon, gluon_forward_selected
+from .gluon_forward import attention_forward_gluon, gluon_forward_selected, gluon_tiles
 from .kernel_set import DEFAULT_KERNELS, Kernels
 from .runner import Choice, LaunchSpec, record_choice, replay_recorded, run
 from .tiles import TileConfig, block_d, forward_config
-
-GLUON_CHOICE = Choice((f"gluon-{GLUON_TILES}",))
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -43,8 +41,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     packed batch (Varlen); `dropout_p` > 0 drops probabilities with the Philox key in `dropout_seed` (one
     int64 on q's device; the backward must get the same one); `kernels` replaces the kernels launched."""
     if (config is None and kernels is None and varlen is None and dropout_p == 0 and softcap == 0
-            and alibi_slopes is None and tuple(window) == (-1, -1) and gluon_forward_selected(q, k, v)):
-        record_choice("forward", GLUON_CHOICE)
+            and alibi_slopes is None and tuple(window) == (-1, -1) and gluon_forward_selected(q, k, v, is_causal)):
+        record_choice("forward", Choice((f"gluon-{gluon_tiles(q.shape[-1])}",)))
         return attention_forward_gluon(q, k, v, is_causal, scale)
     heads_q, seqlen_q, head_dim = q.shape[1:]
     o, lse = forward_outputs(q, packed=varlen is not None)

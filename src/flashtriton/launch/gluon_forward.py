@@ -25,15 +25,13 @@ BLOCK_M = 64
 BLOCK_N = 128
 NUM_STAGES = 2
 HEAD_DIMS = (64, 128)
-WARPGROUPS = 2
+WARPGROUPS = {64: 3, 128: 2}  # softmax warpgroups per tile, by head dim (the faster on the H200: entry 49)
 # Registers per thread by softmax warpgroups: (at launch, each softmax thread's after setmaxnreg). The SM's
 # 64K are shared by the loader's 4 warps and the softmax warpgroups: with two (12 warps), 168 at launch,
 # then 240 per softmax thread and what is left (24) per loader thread; with three (16 warps), 128, then
 # 160 and 32, as FlashAttention-3 runs D = 64 (S is 64 x 128 fp32 and O 64 x 64: 96 registers).
 REGISTERS = {2: (168, 240), 3: (128, 160)}
 _DTYPES = (torch.bfloat16, torch.float16)
-# what attention_forward_gluon runs, for logs
-GLUON_TILES = f"M{BLOCK_M}x{WARPGROUPS}-N{BLOCK_N}-s{NUM_STAGES}-overlap"
 # The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; the softmax of
 # block j under block j-1's P V; and that with the two warpgroups taking turns on the tensor cores.
 FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
@@ -77,13 +75,14 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 
 FORWARD_PATH_VARIABLE = "FLASHTRITON_FORWARD"
 FORWARD_PATHS = ("auto", "triton", "gluon")
-# "auto" takes the Gluon forward at D = 128 from this many keys: there it ran 1.1-1.3x the Triton kernel's
-# speed on the H200; at D = 64 it ran 0.92-0.97x. And only for calls with at least AUTO_MIN_WORK =
-# B·Hq·Nq·Nk·D (about 75 µs of GPU time): the Gluon launch builds three TMA descriptors and binds its
-# arguments on every call, where the Triton path replays a recorded launch, so a call whose GPU time is
-# shorter than the host's keeps the Triton path.
-AUTO_HEAD_DIMS = (128,)
-AUTO_MIN_KEYS = 1024
+# "auto" takes the Gluon forward where it ran faster than the Triton kernel on the H200: AUTO_MIN_KEYS
+# maps (head dim, causal) to the fewest keys. At D = 128, 1.1-1.3x from 1024 keys, causal or not. At
+# D = 64 with three warpgroups, 1.08x without a mask at 4096 keys but 0.93x at 1024, and 0.89x with the
+# causal mask at 4096 (docs/performance.md, entries 46 and 49). And only for calls with at least
+# AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time): the Gluon launch builds three TMA descriptors
+# and binds its arguments on every call, where the Triton path replays a recorded launch, so a call whose
+# GPU time is shorter than the host's keeps the Triton path.
+AUTO_MIN_KEYS = {(128, False): 1024, (128, True): 1024, (64, False): 4096}
 AUTO_MIN_WORK = 2 ** 33
 
 
@@ -96,7 +95,12 @@ def forward_path() -> str:
     return path
 
 
-def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def gluon_tiles(head_dim: int) -> str:
+    """What attention_forward_gluon runs at this head dim, for logs."""
+    return f"M{BLOCK_M}x{WARPGROUPS[head_dim]}-N{BLOCK_N}-s{NUM_STAGES}-overlap"
+
+
+def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
     """Whether a plain forward of these (B, H, N, D) tensors runs the Gluon kernel (see the module
     docstring). Only on a CUDA device: on CPU the interpreter runs the Triton kernels."""
     if q.device.type != "cuda":
@@ -107,7 +111,7 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     batch, heads, seqlen_q, head_dim = q.shape
     # auto's size bounds first: they cost a few multiplications, and most calls they turn away never pay
     # for the stride checks below (this runs on every forward's host path)
-    if path == "auto" and not (head_dim in AUTO_HEAD_DIMS and k.shape[2] >= AUTO_MIN_KEYS
+    if path == "auto" and not (k.shape[2] >= AUTO_MIN_KEYS.get((head_dim, is_causal), float("inf"))
                                and batch * heads * seqlen_q * k.shape[2] * head_dim >= AUTO_MIN_WORK):
         return False
     return gluon_forward_supports(q, k, v)
@@ -115,18 +119,19 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
-                         block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int = WARPGROUPS) -> tuple:
+                         block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
-    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs)."""
+    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D])."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ..kernels.gluon_forward import attn_fwd_gluon_kernel
 
     batch, heads, seqlen_q, head_dim = q.shape
+    warpgroups = warpgroups or WARPGROUPS[head_dim]
     element = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
 
     def descriptor(x: torch.Tensor, rows: int):
@@ -156,7 +161,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES,
-                            warpgroups: int = WARPGROUPS) -> tuple[torch.Tensor, torch.Tensor]:
+                            warpgroups: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
     on the H200 (docs/performance.md, "The Gluon forward")."""

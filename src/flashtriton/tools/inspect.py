@@ -203,12 +203,12 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                   target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
     would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
-    D = 64 also overlapped with three (FlashAttention-3's tile there)."""
+    D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs)."""
     from ..launch import gluon_forward
 
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
-    variants = [(form, flags, gluon_forward.WARPGROUPS) for form, flags in gluon_forward.FORMS.items()]
+    variants = [(form, flags, 2) for form, flags in gluon_forward.FORMS.items()]
     if head_dim == 64:
         variants.append(("overlap", gluon_forward.FORMS["overlap"], 3))
     reports = []
