@@ -28,19 +28,24 @@ from .common import LN2, LOG2E, modified_scores, softmax_update
 
 
 @triton.jit
-def _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, key_in, stride_kb, stride_kn, stride_vb, stride_vn,
+def _row_pages(BLOCK_TABLE, block_row, start_n, end, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The block of each key row [start_n, start_n + BLOCK_N) of a paged cache whose blocks are shorter
+    than a key tile; 0 for rows past `end`, whose entries (maybe past the table) are not read."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    return tl.load(BLOCK_TABLE + block_row + offs_n // PAGE_SIZE, mask=offs_n < end, other=0).to(tl.int64)
+
+
+@triton.jit
+def _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_kb, stride_kn, stride_vb, stride_vn,
                  BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """64-bit element offsets of the tile's key rows [start_n, start_n + BLOCK_N) in K and V: one block
-    table entry per tile when a tile lies within a block (PAGE_SIZE a multiple of BLOCK_N), one per row
-    otherwise; in a contiguous cache, rows of the sequence's cache row."""
+    table entry per tile when a tile lies within a block (PAGE_SIZE a multiple of BLOCK_N), else
+    `row_pages` (_row_pages, loaded a tile ahead); in a contiguous cache, rows of the sequence's cache row."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if PAGED:
+        page = row_pages
         if PAGE_SIZE % BLOCK_N == 0:
             page = tl.load(BLOCK_TABLE + block_row + start_n // PAGE_SIZE).to(tl.int64)
-            rows = (offs_n % PAGE_SIZE).to(tl.int64)
-            return page * stride_kb + rows * stride_kn, page * stride_vb + rows * stride_vn
-        # A row outside the keys (key_in) is masked in the loads: its entry, maybe past the table, is not read.
-        page = tl.load(BLOCK_TABLE + block_row + offs_n // PAGE_SIZE, mask=key_in, other=0).to(tl.int64)
         rows = (offs_n % PAGE_SIZE).to(tl.int64)
         return page * stride_kb + rows * stride_kn, page * stride_vb + rows * stride_vn
     rows = offs_n.to(tl.int64)
@@ -128,11 +133,20 @@ def attn_decode_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Blocks shorter than a key tile: each row's address waits on its block-table entry, so the entries
+    # of the next tile are loaded while this one streams (docs/performance.md, entry 49).
+    GATHERED: tl.constexpr = PAGED and PAGE_SIZE % BLOCK_N != 0
+    next_pages = tl.zeros([BLOCK_N], dtype=tl.int64)
+    if GATHERED:
+        next_pages = _row_pages(BLOCK_TABLE, block_row, start, end, BLOCK_N, PAGE_SIZE)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_in = (offs_n < end) & (offs_n >= first_key)
-        k_offsets, v_offsets = _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, key_in, stride_kb, stride_kn,
-                                            stride_vb, stride_vn, BLOCK_N, PAGED, PAGE_SIZE)
+        row_pages = next_pages
+        if GATHERED:
+            next_pages = _row_pages(BLOCK_TABLE, block_row, start_n + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
+        k_offsets, v_offsets = _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_kb,
+                                            stride_kn, stride_vb, stride_vn, BLOCK_N, PAGED, PAGE_SIZE)
         kv_mask = key_in[:, None] & d_in[None, :]
         k = tl.load(k_base + k_offsets[:, None], mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
