@@ -9,6 +9,7 @@ transpose away).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -52,6 +53,33 @@ def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered
     return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
 
+class DecodeGeometry(NamedTuple):
+    """A decode call's tiles, row tiles per KV head, split count, padded head dim, grid and the merge's
+    split block (a power of two >= splits)."""
+    tiles: TileConfig
+    m_tiles: int
+    splits: int
+    block_d: int
+    grid: tuple[int, int, int]
+    block_s: int
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head_dim: int, max_keys: int,
+                    page_size: int, sms: int, num_splits: int = 0, tiles: TileConfig | None = None) -> DecodeGeometry:
+    """The launch's shape for a call with these sizes (`max_keys`: the longest sequence's keys, or the
+    cache's capacity; `page_size` 0 for a contiguous cache) on a GPU of `sms` SMs; `num_splits` and `tiles`
+    force what they name (0, None: decode_splits, decode_tiles). Memoised: a decoding loop asks for the
+    same one in every layer."""
+    group = heads_q // heads_kv
+    tiles = tiles or decode_tiles(group * seqlen_q, head_dim)
+    m_tiles = cdiv(group * seqlen_q, tiles.block_m)
+    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
+                                         0 < page_size < tiles.block_n)
+    return DecodeGeometry(tiles, m_tiles, splits, block_d(head_dim), (splits, heads_kv * m_tiles, batch),
+                          next_power_of_2(splits))
+
+
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cache_seqlens: torch.Tensor | int, block_table: torch.Tensor | None,
                     cache_batch_idx: torch.Tensor | None) -> None:
@@ -84,22 +112,17 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits;
     `tiles` forces (BLOCK_M, BLOCK_N, warps, stages), None takes decode_tiles (sweeps and tests)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
-    heads_kv = k_cache.shape[1]
-    group = heads_q // heads_kv
     o = empty_in_order(q)
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
     paged = block_table is not None
-    capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+    page_size = k_cache.shape[2] if paged else 0
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
-    tiles = tiles or decode_tiles(group * seqlen_q, head_dim)
-    block_m, block_n = tiles.block_m, tiles.block_n
-    m_tiles = cdiv(group * seqlen_q, block_m)
     sms = cuda_properties(q.get_device()).multi_processor_count if q.is_cuda else 132
-    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, block_n, sms,
-                                         paged and k_cache.shape[2] < block_n)
-    bd = block_d(head_dim)
+    tiles, _, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
+                                                          max_keys, page_size, sms, num_splits, tiles)
     if splits > 1:
         o_part = torch.empty((batch, heads_q, seqlen_q, splits, bd), device=q.device, dtype=torch.float32)
         lse_part = torch.empty((batch, heads_q, seqlen_q, splits), device=q.device, dtype=torch.float32)
@@ -114,8 +137,6 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
                cache_seqlen, capacity,
                window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
-    grid = (splits, heads_kv * m_tiles, batch)
-    block_s = next_power_of_2(splits)
     combine_scalars = (*o.stride()[:3], heads_q, seqlen_q, splits)
     tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
                            alibi_slopes), (), scalars, grid)}
@@ -138,7 +159,8 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if replay_recorded("decode", key, tensors, stream):
             return o, lse
     _interpreter.prepare(q.device)
-    meta = dict(GROUP_SIZE=group, HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n,
+    meta = dict(GROUP_SIZE=heads_q // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=tiles.block_m,
+                BLOCK_N=tiles.block_n,
                 SPLIT=splits > 1, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
                 INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                 SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
