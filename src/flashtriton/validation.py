@@ -239,7 +239,10 @@ def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bo
     key = tuple(map(id, tensors))
     state = (tuple([t._version for t in tensors]), sizes)
     seen = CACHE.checked.get(key)
-    same = seen is not None and seen[1] == state and all(r() is t for r, t in zip(seen[0], tensors, strict=True))
+    same = seen is not None and seen[1] == state
+    if same:
+        for ref, tensor in zip(seen[0], tensors, strict=True):
+            same = same and ref() is tensor
     return same, key, state
 
 
@@ -262,10 +265,13 @@ def _signature(arguments: tuple) -> tuple | None:
     run, and name it)."""
     signature = []
     for x in arguments:
-        if isinstance(x, torch.Tensor):
+        kind = type(x)
+        if kind is torch.Tensor or isinstance(x, torch.Tensor):
             signature.append((x.shape, x.dtype, x.device))
-        elif x is None or type(x) in (int, bool):
-            signature.append((type(x), x))
+        elif x is None:
+            signature.append(None)
+        elif kind is int or kind is bool:
+            signature.append((kind, x))
         else:
             return None
     return tuple(signature)
@@ -298,8 +304,8 @@ def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: ob
     batch, new = q.shape[0], 0 if k is None else k.shape[2]
     capacity = k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
     capturing = torch.compiler.is_compiling() or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-    index_tensors = tuple(x for x in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
-                          if isinstance(x, torch.Tensor))
+    index_tensors = tuple([x for x in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
+                           if isinstance(x, torch.Tensor)])
     if capturing or not index_tensors:
         return
     same, key, state = _checked_before(index_tensors, (new, capacity, k_cache.shape[0]))
