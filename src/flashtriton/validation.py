@@ -232,6 +232,31 @@ def _check_index_tensor(name: str, x: object, dims: int, q: torch.Tensor, shape_
         raise ValueError(f"{name} has {x.shape[0]} rows but q has batch {q.shape[0]}; it needs one per sequence")
 
 
+def _signature(arguments: tuple) -> tuple | None:
+    """What the layout checks of a call see: each tensor's shape, dtype and device, each other argument's
+    type and value; None when an argument is neither a tensor nor an int, bool or None (the checks then
+    run, and name it)."""
+    signature = []
+    for x in arguments:
+        kind = type(x)
+        if kind is torch.Tensor or isinstance(x, torch.Tensor):
+            signature.append((x.shape, x.dtype, x.device))
+        elif x is None:
+            signature.append(None)
+        elif kind is int or kind is bool:
+            signature.append((kind, x))
+        else:
+            return None
+    return tuple(signature)
+
+
+def _remember(table: dict, key, value) -> None:
+    """table[key] = value, in a table of at most 64 entries (cleared when full)."""
+    if len(table) > 64:
+        table.clear()
+    table[key] = value
+
+
 def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bool, tuple, tuple]:
     """(whether check_kvcache passed these very tensors, unmodified since (their version counters), with
     these sizes; the key and state that _remember_checked records once they pass). A decode loop that
@@ -257,31 +282,6 @@ def mark_kvcache_checked(cache_seqlens: torch.Tensor, k_cache: torch.Tensor) -> 
     (a wait for the GPU) that its check would cost."""
     tensors = (cache_seqlens,)
     _remember_checked(tensors, *_checked_before(tensors, (0, k_cache.shape[2], k_cache.shape[0]))[1:])
-
-
-def _signature(arguments: tuple) -> tuple | None:
-    """What the layout checks of a call see: each tensor's shape, dtype and device, each other argument's
-    type and value; None when an argument is neither a tensor nor an int, bool or None (the checks then
-    run, and name it)."""
-    signature = []
-    for x in arguments:
-        kind = type(x)
-        if kind is torch.Tensor or isinstance(x, torch.Tensor):
-            signature.append((x.shape, x.dtype, x.device))
-        elif x is None:
-            signature.append(None)
-        elif kind is int or kind is bool:
-            signature.append((kind, x))
-        else:
-            return None
-    return tuple(signature)
-
-
-def _remember(table: dict, key, value) -> None:
-    """table[key] = value, in a table of at most 64 entries (cleared when full)."""
-    if len(table) > 64:
-        table.clear()
-    table[key] = value
 
 
 def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: object, k: object, v: object,
