@@ -239,11 +239,12 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
 
 
 @gluon.jit
-def _softmax_partition(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
-                       stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q, seqlen_k,
-                       qk_scale_log2, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr):
-    """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles."""
+    """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
+    arguments every softmax warpgroup takes (the kernel's)."""
+    (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
+     stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q, seqlen_k, qk_scale_log2) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -303,36 +304,24 @@ def attn_fwd_gluon_kernel(
         mbarrier.init(v_empty.index(stage), count=WARPGROUPS)
 
     # The default partition (the kernel's num_warps = 4) loads; the workers compute. Gluon gives the
-    # loader what the softmax partitions' SOFTMAX_REGS leave of the register file. The partitions are
-    # spelled out per count: Triton 3.6 takes them as a literal list (a tuple variable cannot hold the
-    # functions, and a comprehension over the warpgroup indices does not compile).
+    # loader what the softmax partitions' SOFTMAX_REGS leave of the register file. Triton 3.6 takes the
+    # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
+    # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
+    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
+    shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
+              stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q, seqlen_k, qk_scale_log2)
     if WARPGROUPS == 3:
-        gl.warp_specialize([
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                               k_empty, v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-                               IS_CAUSAL)),
-            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
-                                  seqlen_q, seqlen_k, qk_scale_log2, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
-            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
-                                  seqlen_q, seqlen_k, qk_scale_log2, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
-            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
-                                  seqlen_q, seqlen_k, qk_scale_log2, 2, IS_CAUSAL, OVERLAP, PINGPONG)),
-        ], [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
+        gl.warp_specialize([(_load_partition, loads),
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
+                            (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG))],
+                           [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
-        gl.warp_specialize([
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                               k_empty, v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-                               IS_CAUSAL)),
-            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
-                                  seqlen_q, seqlen_k, qk_scale_log2, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
-            (_softmax_partition, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                                  turns, O, LSE, stride_ob, stride_oh, stride_om, num_tiles, num_m_blocks, num_heads,
-                                  seqlen_q, seqlen_k, qk_scale_log2, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
-        ], [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
+        gl.warp_specialize([(_load_partition, loads),
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG))],
+                           [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)
     mbarrier.invalidate(q_empty)
