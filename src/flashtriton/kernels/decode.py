@@ -43,9 +43,10 @@ def _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_k
     `row_pages` (_row_pages, loaded a tile ahead); in a contiguous cache, rows of the sequence's cache row."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if PAGED:
-        page = row_pages
         if PAGE_SIZE % BLOCK_N == 0:
             page = tl.load(BLOCK_TABLE + block_row + start_n // PAGE_SIZE).to(tl.int64)
+        else:
+            page = row_pages
         rows = (offs_n % PAGE_SIZE).to(tl.int64)
         return page * stride_kb + rows * stride_kn, page * stride_vb + rows * stride_vn
     rows = offs_n.to(tl.int64)

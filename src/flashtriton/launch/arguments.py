@@ -59,6 +59,12 @@ def cuda_properties(index: int):
     return torch.cuda.get_device_properties(index)
 
 
+def sm_count(x: torch.Tensor) -> int:
+    """The SMs of x's GPU; an H200's 132 off the GPU (the interpreter, offline compiles), where the grids
+    are sized as there."""
+    return cuda_properties(x.get_device()).multi_processor_count if x.is_cuda else 132
+
+
 def band(is_causal: bool, window: tuple[int, int]) -> tuple[bool, bool, int, int]:
     """(MASK_LEFT, MASK_RIGHT, window_left, window_right) for the kernels. Query i sees key j iff
     i + d - left <= j <= i + d + right with d = Nk - Nq, a side with -1 being unbounded; causal caps the

@@ -16,7 +16,7 @@ import torch
 from .. import _interpreter
 from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
 from . import replay
-from .arguments import LOG2E, band, cdiv, cuda_properties, input_precision, next_power_of_2, score_mods
+from .arguments import LOG2E, band, cdiv, input_precision, next_power_of_2, score_mods, sm_count
 from .forward import empty_in_order
 from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, block_d
@@ -33,7 +33,6 @@ MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
 
 
-@functools.lru_cache(maxsize=256)
 def decode_tiles(rows: int, head_dim: int) -> TileConfig:
     """A row tile that holds the group's query heads times the query tokens (16 at least, tl.dot's
     minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
@@ -44,7 +43,6 @@ def decode_tiles(rows: int, head_dim: int) -> TileConfig:
     return TileConfig(block_m, 32, num_warps=4, num_stages=3)
 
 
-@functools.lru_cache(maxsize=4096)
 def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered: bool = False) -> int:
     """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles), the
     longest sequence's `max_keys` and the GPU's `sms`; `gathered`: a paged cache's blocks are shorter
@@ -54,10 +52,9 @@ def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered
 
 
 class DecodeGeometry(NamedTuple):
-    """A decode call's tiles, row tiles per KV head, split count, padded head dim, grid and the merge's
-    split block (a power of two >= splits)."""
+    """A decode call's tiles, split count, padded head dim, grid and the merge's split block (a power of
+    two >= splits)."""
     tiles: TileConfig
-    m_tiles: int
     splits: int
     block_d: int
     grid: tuple[int, int, int]
@@ -76,7 +73,7 @@ def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head
     m_tiles = cdiv(group * seqlen_q, tiles.block_m)
     splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
                                          0 < page_size < tiles.block_n)
-    return DecodeGeometry(tiles, m_tiles, splits, block_d(head_dim), (splits, heads_kv * m_tiles, batch),
+    return DecodeGeometry(tiles, splits, block_d(head_dim), (splits, heads_kv * m_tiles, batch),
                           next_power_of_2(splits))
 
 
@@ -120,9 +117,8 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     page_size = k_cache.shape[2] if paged else 0
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
-    sms = cuda_properties(q.get_device()).multi_processor_count if q.is_cuda else 132
-    tiles, _, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
-                                                          max_keys, page_size, sms, num_splits, tiles)
+    tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
+                                                       max_keys, page_size, sm_count(q), num_splits, tiles)
     if splits > 1:
         o_part = torch.empty((batch, heads_q, seqlen_q, splits, bd), device=q.device, dtype=torch.float32)
         lse_part = torch.empty((batch, heads_q, seqlen_q, splits), device=q.device, dtype=torch.float32)

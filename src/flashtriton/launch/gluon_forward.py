@@ -7,7 +7,7 @@ FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for
 (D = 64 too, any length), "auto" (the default) decides by head dim, length and size. The Triton kernels
 stay the reference: interpreter-tested, portable, and what every variant runs.
 
-Tiles: two (or, with warpgroups=3, three) softmax warpgroups of BLOCK_M = 64 query rows each (a tile holds
+Tiles: WARPGROUPS softmax warpgroups (two at D = 128, three at D = 64) of BLOCK_M = 64 query rows each (a tile holds
 128 or 192), key blocks of BLOCK_N = 128, NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at
 D = 128, with Q's 32 KB: 160 KB of the H200's 227 KB per block).
 """
@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from .arguments import LOG2E, cdiv, cuda_properties
+from .arguments import LOG2E, cdiv, cuda_properties, sm_count
 
 BLOCK_M = 64
 BLOCK_N = 128
@@ -153,8 +153,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     # tiles. Causal: one program per tile, longest first. A persistent causal grid let programs drift
     # apart across heads, and at N = 16384 their K and V no longer fitted in L2: 0.74x of this
     # (docs/performance.md, entry 47).
-    sms = cuda_properties(q.device.index).multi_processor_count if q.device.type == "cuda" else 132
-    grid = (num_tiles if is_causal else min(num_tiles, sms), )
+    grid = (num_tiles if is_causal else min(num_tiles, sm_count(q)), )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
 
