@@ -296,14 +296,15 @@ def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: ob
     signature (the tensors' shapes, dtypes and devices, the other arguments' values; CACHE.layouts): a
     decoding loop calls with the same one in every layer, and the checks cost more than the launch."""
     arguments = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad, is_causal)
-    signature = None if torch.compiler.is_compiling() else _signature(arguments)
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else _signature(arguments)
     if signature is None or signature not in CACHE.layouts:
         _check_kvcache_layout(*arguments)
         if signature is not None:
             _remember(CACHE.layouts, signature, True)
     batch, new = q.shape[0], 0 if k is None else k.shape[2]
     capacity = k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
-    capturing = torch.compiler.is_compiling() or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    capturing = compiling or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
     index_tensors = tuple([x for x in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
                            if isinstance(x, torch.Tensor)])
     if capturing or not index_tensors:
