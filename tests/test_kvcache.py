@@ -320,7 +320,7 @@ ERRORS = {
 @pytest.mark.parametrize("case", list(ERRORS))
 def test_kvcache_errors(case):
     """Each bad call raises, also right after good calls on the same tensors (whose checks are then
-    remembered by signature: validation.check_kvcache)."""
+    remembered by signature: kvcache._signature)."""
     fn, error, match = ERRORS[case]
     q, k, v, pages, table = _errors_case()
     flash_attention_with_kvcache(q, k, v, 3)
@@ -330,8 +330,8 @@ def test_kvcache_errors(case):
 
 
 def test_layout_checks_run_once_per_signature(monkeypatch):
-    """A decoding loop's calls with one signature (shapes, dtypes, devices, options) run the layout checks
-    once; another shape, dtype or int length runs them again."""
+    """A decoding loop's calls with one signature (shapes, strides, dtypes, devices, options) run the
+    layout checks once (kvcache._signature); another shape, stride, option or int length runs them again."""
     import flashtriton.validation as validation
     runs = []
     checks = validation._check_kvcache_layout
@@ -344,6 +344,11 @@ def test_layout_checks_run_once_per_signature(monkeypatch):
     flash_attention_with_kvcache(q, k, v, 7)
     flash_attention_with_kvcache(q, k, v, 7)
     assert len(runs) == 3
+    flash_attention_with_kvcache(q, torch.cat([k, k], 2)[:, :, :k.shape[2]], v, 7)  # other strides
+    flash_attention_with_kvcache(q, k, v, 7, is_causal=True)
+    assert len(runs) == 5
+    with pytest.raises(TypeError, match="is_causal must be True or False"):
+        flash_attention_with_kvcache(q, k, v, 7, is_causal=1)  # equal to True, but not a bool
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

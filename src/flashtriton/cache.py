@@ -5,8 +5,9 @@
 - `autotuners`: the Triton autotuners themselves, made on first use for each (kernel, TMA or not).
 - `host_values`: cu_seqlens read back to the host, while that very tensor lives unmodified
   (validation.py).
-- `layouts`: the signatures (shapes, dtypes, devices, options) of KV-cache calls whose arguments passed
-  the checks of everything but the index tensors' values (validation.py).
+- `kvcache_calls`: KV-cache calls whose arguments passed the checks of everything but the index
+  tensors' values, by signature (every tensor's shape, strides, dtype, device and alignment, every
+  option), each with its checked options and prepared launch (kvcache.py).
 - `checked`: KV-cache index tensors (lengths, block tables) whose values passed the checks, while they
   live unmodified (validation.py).
 - `per_step`: what the transformers backend reads from a decoding step's mask or position ids (left
@@ -30,7 +31,7 @@ class Cache:
         self.picks: dict = {}
         self.autotuners: dict = {}
         self.host_values: dict = {}
-        self.layouts: dict = {}
+        self.kvcache_calls: dict = {}
         self.checked: dict = {}
         self.per_step: dict = {}
         self.last: dict = {}
@@ -48,7 +49,7 @@ class Cache:
         for tuner in self.autotuners.values():
             tuner.cache.clear()
         self.host_values.clear()
-        self.layouts.clear()
+        self.kvcache_calls.clear()
         self.checked.clear()
         self.per_step.clear()
         self.last.clear()

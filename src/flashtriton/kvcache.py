@@ -10,10 +10,14 @@ import torch
 
 from . import ops
 from .api import op_options
+from .cache import CACHE
 from .launch import append_to_cache
-from .validation import check_flags, check_kvcache, last_dim_contiguous
+from .launch.arguments import input_precision
+from .launch.decode import prepare_decode
+from .validation import check_flags, check_kvcache, check_kvcache_values, last_dim_contiguous
 
 DENSE_FROM_QUERIES = 128  # query tokens per sequence from which a call on a plain cache takes the dense forward
+CALL_LIMIT = 64  # call signatures remembered at once (a growing cache adds one per decoding step)
 
 
 def flash_attention_with_kvcache(
@@ -71,34 +75,83 @@ def flash_attention_with_kvcache(
     before the call. The cache values are checked on the host (see validation.check_kvcache), except
     under CUDA graph capture and torch.compile, which both work.
     """
-    check_flags(is_causal=is_causal, return_lse=return_lse)
-    check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
-                  is_causal=is_causal)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
-        raise NotImplementedError("flash_attention_with_kvcache has no backward (it is for inference): call it under "
-                                  "torch.no_grad(), or use flash_attention for training")
-    scale, window_left, window_right, softcap, alibi_slopes, _, _ = op_options(q, scale, window_size, softcap,
-                                                                               alibi_slopes, 0.0)
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache and v_cache need a contiguous last dim (stride 1), so that the call can write "
-                         "and read them in place; lay the cache out with head_dim last")
+    arguments = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad, alibi_slopes,
+                 is_causal, scale, window_size, softcap, num_splits, return_lse)
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else _signature(arguments)
+    call = None if signature is None else CACHE.kvcache_calls.get(signature)
+    if call is None:
+        check_flags(is_causal=is_causal, return_lse=return_lse)
+        check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
+                      is_causal=is_causal)
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+            raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
+            raise NotImplementedError("flash_attention_with_kvcache has no backward (it is for inference): call it "
+                                      "under torch.no_grad(), or use flash_attention for training")
+        scale, window_left, window_right, softcap, alibi_slopes, _, _ = op_options(q, scale, window_size, softcap,
+                                                                                   alibi_slopes, 0.0)
+        if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+            raise ValueError("k_cache and v_cache need a contiguous last dim (stride 1), so that the call can write "
+                             "and read them in place; lay the cache out with head_dim last")
+    else:
+        # A signature seen before passed every check but the index tensors' values.
+        check_kvcache_values(q, k_cache, cache_seqlens, k, block_table, cache_batch_idx, cache_leftpad)
+        if alibi_slopes is not None:
+            alibi_slopes = last_dim_contiguous(alibi_slopes)  # as op_options returned them
     q = last_dim_contiguous(q)
     if k is not None:
         append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx)
         cache_seqlens = cache_seqlens + k.shape[2]
     tensor_lengths = isinstance(cache_seqlens, torch.Tensor)
-    if (q.shape[2] >= DENSE_FROM_QUERIES and not tensor_lengths and block_table is None and cache_batch_idx is None
-            and cache_leftpad is None):
+    if call is None and (q.shape[2] >= DENSE_FROM_QUERIES and not tensor_lengths and block_table is None
+                         and cache_batch_idx is None and cache_leftpad is None):
         # A chunked prefill on a plain cache: the dense forward's tiles (TMA, unmasked interior) beat the
         # decode kernel's once the query tile is full; the masks are aligned the same way.
         keys, values = k_cache[:, :, :cache_seqlens], v_cache[:, :, :cache_seqlens]
         o, lse = ops.attention(q, keys, values, None, None, 0, 0, is_causal, scale, window_left, window_right, softcap,
                                alibi_slopes, 0.0, None)
         return (o, lse) if return_lse else o
-    o, lse = ops.kvcache_attention(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None,
-                                   0 if tensor_lengths else int(cache_seqlens), block_table, cache_batch_idx,
-                                   cache_leftpad, is_causal, scale, window_left, window_right, softcap, alibi_slopes,
-                                   num_splits)
+    if compiling:
+        o, lse = ops.decode(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None,
+                            0 if tensor_lengths else int(cache_seqlens), block_table, cache_batch_idx, cache_leftpad,
+                            is_causal, scale, window_left, window_right, softcap, alibi_slopes, num_splits)
+        return (o, lse) if return_lse else o
+    if call is None:
+        call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal,
+                              window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                              block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                              num_splits=num_splits)
+        if signature is not None:
+            if len(CACHE.kvcache_calls) >= CALL_LIMIT:
+                CACHE.kvcache_calls.clear()
+            CACHE.kvcache_calls[signature] = call
+    o, lse = call.launch(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None, cache_batch_idx,
+                         cache_leftpad, block_table, alibi_slopes)
     return (o, lse) if return_lse else o
+
+
+def _signature(arguments: tuple) -> tuple | None:
+    """Everything a KV-cache call's checks and its prepared launch (launch/decode.py's DecodeCall) depend
+    on but the index tensors' values: each tensor's shape, strides, dtype, device, 16-byte alignment and
+    whether it requires grad; each other argument's type and value (a tuple's item by item); grad mode,
+    and float32's matmul precision. A call with the signature of one that passed its checks skips them
+    and launches what that one prepared: the checks and the preparation cost a decoding step's layers
+    more host time than their launches. None for an argument of another kind (the call then takes the
+    full path, whose checks name it)."""
+    signature = [torch.is_grad_enabled()]
+    for x in arguments:
+        kind = type(x)
+        if kind is torch.Tensor or isinstance(x, torch.Tensor):
+            signature.append((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, x.requires_grad))
+        elif x is None:
+            signature.append(None)
+        elif kind is int or kind is bool or kind is float:
+            signature.append((kind, x))
+        elif kind is tuple and all(type(item) is int for item in x):
+            signature.append(x)
+        else:
+            return None
+    if isinstance(q := arguments[0], torch.Tensor):
+        signature.append(input_precision(q.dtype))
+    return tuple(signature)

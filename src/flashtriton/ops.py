@@ -243,7 +243,3 @@ def _decode_fake(q, *_):
 # cache_seqlens None means every sequence has cache_seqlen keys.
 decode = _define("decode", _decode_impl, _decode_fake)
 
-
-def kvcache_attention(*args) -> tuple[Tensor, Tensor]:
-    """`decode`'s (o, lse): through the op while torch.compile traces, else its implementation directly."""
-    return decode(*args) if torch.compiler.is_compiling() else _decode_impl(*args)

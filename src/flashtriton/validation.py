@@ -232,24 +232,6 @@ def _check_index_tensor(name: str, x: object, dims: int, q: torch.Tensor, shape_
         raise ValueError(f"{name} has {x.shape[0]} rows but q has batch {q.shape[0]}; it needs one per sequence")
 
 
-def _signature(arguments: tuple) -> tuple | None:
-    """What the layout checks of a call see: each tensor's shape, dtype and device, each other argument's
-    type and value; None when an argument is neither a tensor nor an int, bool or None (the checks then
-    run, and name it)."""
-    signature = []
-    for x in arguments:
-        kind = type(x)
-        if kind is torch.Tensor or isinstance(x, torch.Tensor):
-            signature.append((x.shape, x.dtype, x.device))
-        elif x is None:
-            signature.append(None)
-        elif kind is int or kind is bool:
-            signature.append((kind, x))
-        else:
-            return None
-    return tuple(signature)
-
-
 def _remember(table: dict, key, value) -> None:
     """table[key] = value, in a table of at most 64 entries (cleared when full)."""
     if len(table) > 64:
@@ -289,28 +271,29 @@ def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: ob
     """Validate a call against a KV cache, in flashtriton's layout: q (B, Hq, Nq, D); the caches
     (B_cache, Hkv, Nmax, D), or with `block_table` (B, max_blocks) int32 paged (num_blocks, Hkv,
     block_size, D); `cache_seqlens` an int or int32 (B,); new k, v (B, Hkv, N_new, D) or both None;
-    `cache_batch_idx` and `cache_leftpad` int32 (B,) or None. The values (lengths that fit the cache with
-    the appended keys, block and cache indices in range, left padding within the length) are read back
-    to the host once per call (a copy that waits for the GPU), except while a CUDA graph is captured or
-    torch.compile traces: there they are the caller's responsibility. The rest is checked once per
-    signature (the tensors' shapes, dtypes and devices, the other arguments' values; CACHE.layouts): a
-    decoding loop calls with the same one in every layer, and the checks cost more than the launch."""
-    arguments = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad, is_causal)
-    compiling = torch.compiler.is_compiling()
-    signature = None if compiling else _signature(arguments)
-    if signature is None or signature not in CACHE.layouts:
-        _check_kvcache_layout(*arguments)
-        if signature is not None:
-            _remember(CACHE.layouts, signature, True)
-    batch, new = q.shape[0], 0 if k is None else k.shape[2]
-    capacity = k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
-    capturing = compiling or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    `cache_batch_idx` and `cache_leftpad` int32 (B,) or None. Then the index tensors' values, as
+    check_kvcache_values."""
+    _check_kvcache_layout(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
+                          is_causal)
+    check_kvcache_values(q, k_cache, cache_seqlens, k, block_table, cache_batch_idx, cache_leftpad)
+
+
+def check_kvcache_values(q: torch.Tensor, k_cache: torch.Tensor, cache_seqlens: torch.Tensor | int,
+                         k: torch.Tensor | None, block_table: torch.Tensor | None,
+                         cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None) -> None:
+    """The values of a KV-cache call's index tensors, whose layouts passed check_kvcache: lengths that fit
+    the cache with the appended keys, block and cache indices in range, left padding within the length.
+    They are read back to the host (a copy that waits for the GPU) once for as long as these very tensors
+    live unmodified, and not at all while a CUDA graph is captured or torch.compile traces: there they
+    are the caller's responsibility."""
     index_tensors = tuple([x for x in (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
                            if isinstance(x, torch.Tensor)])
-    if capturing or not index_tensors:
+    if not index_tensors or torch.compiler.is_compiling():
         return
+    batch, new = q.shape[0], 0 if k is None else k.shape[2]
+    capacity = k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
     same, key, state = _checked_before(index_tensors, (new, capacity, k_cache.shape[0]))
-    if same:
+    if same or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return
     # One copy to the host for every value check.
     lengths = (cache_seqlens if isinstance(cache_seqlens, torch.Tensor)

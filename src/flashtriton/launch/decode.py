@@ -99,6 +99,106 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         cache.transpose(1, 2)[rows, cols] = x.transpose(1, 2).to(cache.dtype)
 
 
+class DecodeCall(NamedTuple):
+    """A decode call's host side, fixed by the shapes, strides, dtypes, alignments and options it was
+    prepared for (prepare_decode): the outputs' sizes, the split count, both launches' scalars and
+    constexprs, and the plan key its launches replay under (None: not replayable). `launch` runs it on a
+    call's tensors. The KV-cache API keeps one per call signature, so that a decoding loop's layers only
+    allocate their outputs and replay (docs/performance.md, entry 51)."""
+    sizes: tuple[int, int, int]  # (B, Hq, Nq)
+    splits: int
+    block_d: int
+    grid: tuple[int, int, int]
+    scalars: tuple
+    combine_scalars: tuple
+    meta: dict
+    config: dict
+    combine_meta: dict
+    key: tuple | None
+
+    def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
+               cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
+               block_table: torch.Tensor | None,
+               alibi_slopes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(o like q, lse (B, Hq, Nq) float32) for tensors laid out as the prepared call's; `seqlens`
+        None when the lengths were an int."""
+        o = empty_in_order(q)
+        lse = q.new_empty(self.sizes, dtype=torch.float32)
+        if o.numel() == 0:
+            return o, lse
+        outs = (o, lse)
+        if self.splits > 1:
+            outs = (q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
+                    q.new_empty((*self.sizes, self.splits), dtype=torch.float32))
+        tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
+                               alibi_slopes), (), self.scalars, self.grid)}
+        if self.splits > 1:
+            tensors["combine"] = ((*outs, o, lse), (), self.combine_scalars, None)
+        key = self.key
+        if key is not None:
+            device, stream = replay.current_device_and_stream()
+            if device == key[0] and replay_recorded("decode", key, tensors, stream):
+                return o, lse
+            key = key if device == key[0] else None  # launched on another device than prepared for: no record
+        _interpreter.prepare(q.device)
+        grid, (batch, heads_q, seqlen_q) = self.grid, self.sizes
+        specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: grid, tensors["decode"][0], (), self.scalars,
+                            self.meta, self.config)]
+        if self.splits > 1:
+            specs.append(LaunchSpec("combine", attn_decode_combine_kernel, lambda meta: (seqlen_q, heads_q, batch),
+                                    tensors["combine"][0], (), self.combine_scalars, self.combine_meta,
+                                    dict(num_warps=4)))
+        run("decode", key, specs, ())
+        return o, lse
+
+
+def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   cache_seqlens: torch.Tensor | int, scale: float, *, is_causal: bool = False,
+                   window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                   alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                   cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                   num_splits: int = 0, tiles: TileConfig | None = None) -> DecodeCall:
+    """The DecodeCall of attention_decode with these arguments: everything but the tensors' contents and
+    addresses (beyond their 16-byte alignment)."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    paged = block_table is not None
+    page_size = k_cache.shape[2] if paged else 0
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
+    tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
+                                                       max_keys, page_size, sm_count(q), num_splits, tiles)
+    seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+    cache_seqlen = 0 if seqlens is not None else cache_seqlens  # the kernel's length for every sequence
+    mask_left, mask_right, window_left, window_right = band(is_causal, window)
+    softcap_scale, softcap_log2, stride_alibi_b = score_mods(scale, softcap, alibi_slopes)
+    o_strides = empty_in_order(q).stride()[:3]  # the layout launch() allocates o in
+    scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides,
+               0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
+               cache_seqlen, capacity,
+               window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
+    combine_scalars = (*o_strides, heads_q, seqlen_q, splits)
+    key = None
+    if replay.replayable(q.device):
+        # A decoding loop's cache grows (a longer cache tensor, or a larger int length, every step): its
+        # length, strides and split count are kept out of the key as values, and in it as Triton
+        # specialises them, so that each step replays the plan and passes its own (replay.int_specialization).
+        varying = (*k_cache.stride()[:3], *v_cache.stride()[:3], cache_seqlen, capacity, splits)
+        cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
+                        k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
+        key = replay.plan_key(replay.current_device_and_stream()[0],
+                              (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
+                              "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
+                              is_causal, scale, tuple(window), softcap, tiles)
+    meta = dict(GROUP_SIZE=heads_q // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=tiles.block_m,
+                BLOCK_N=tiles.block_n,
+                SPLIT=splits > 1, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
+                INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
+                SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
+    return DecodeCall((batch, heads_q, seqlen_q), splits, bd, grid, scalars, combine_scalars, meta,
+                      dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+                      dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key)
+
+
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      cache_seqlens: torch.Tensor | int, scale: float, *, is_causal: bool = False,
                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -108,64 +208,9 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """o like q and lse (B, Hq, Nq) float32 of q against each sequence's first cache_seqlens[b] cached
     keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits;
     `tiles` forces (BLOCK_M, BLOCK_N, warps, stages), None takes decode_tiles (sweeps and tests)."""
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    o = empty_in_order(q)
-    lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
-    if o.numel() == 0:
-        return o, lse
-    paged = block_table is not None
-    page_size = k_cache.shape[2] if paged else 0
-    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
-    max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
-    tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
-                                                       max_keys, page_size, sm_count(q), num_splits, tiles)
-    if splits > 1:
-        o_part = torch.empty((batch, heads_q, seqlen_q, splits, bd), device=q.device, dtype=torch.float32)
-        lse_part = torch.empty((batch, heads_q, seqlen_q, splits), device=q.device, dtype=torch.float32)
-        outs = (o_part, lse_part)
-    else:
-        outs = (o, lse)
-    seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
-    cache_seqlen = 0 if seqlens is not None else cache_seqlens  # the kernel's length for every sequence
-    mask_left, mask_right, window_left, window_right = band(is_causal, window)
-    softcap_scale, softcap_log2, stride_alibi_b = score_mods(scale, softcap, alibi_slopes)
-    scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
-               0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
-               cache_seqlen, capacity,
-               window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
-    combine_scalars = (*o.stride()[:3], heads_q, seqlen_q, splits)
-    tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
-                           alibi_slopes), (), scalars, grid)}
-    if splits > 1:
-        tensors["combine"] = ((o_part, lse_part, o, lse), (), combine_scalars, None)
-
-    key = None
-    if replay.replayable(q.device):
-        # A decoding loop's cache grows (a longer cache tensor, or a larger int length, every step): its
-        # length, strides and split count are kept out of the key as values, and in it as Triton
-        # specialises them, so that each step replays the plan and passes its own (replay.int_specialization).
-        varying = (*k_cache.stride()[:3], *v_cache.stride()[:3], cache_seqlen, capacity, splits)
-        cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
-                        k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
-        device, stream = replay.current_device_and_stream()
-        key = replay.plan_key(device,
-                              (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
-                              "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
-                              is_causal, scale, tuple(window), softcap, tiles)
-        if replay_recorded("decode", key, tensors, stream):
-            return o, lse
-    _interpreter.prepare(q.device)
-    meta = dict(GROUP_SIZE=heads_q // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=tiles.block_m,
-                BLOCK_N=tiles.block_n,
-                SPLIT=splits > 1, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
-                INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
-                SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
-    config = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: grid, tensors["decode"][0], (), scalars, meta,
-                        config)]
-    if splits > 1:
-        specs.append(LaunchSpec("combine", attn_decode_combine_kernel, lambda meta: (seqlen_q, heads_q, batch),
-                                tensors["combine"][0], (), combine_scalars,
-                                dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), dict(num_warps=4)))
-    run("decode", key, specs, ())
-    return o, lse
+    call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal, window=window,
+                          softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table,
+                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, num_splits=num_splits,
+                          tiles=tiles)
+    return call.launch(q, k_cache, v_cache, cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
+                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes)
