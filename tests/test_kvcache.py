@@ -112,6 +112,34 @@ def test_kvcache_matches_reference(layout, seqlen_q, variant):
     _check(o, lse, q, k, v, lengths, **kwargs)
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_a_repeated_call_launches_what_the_first_prepared(monkeypatch, layout, variant):
+    """A call with an earlier call's signature (kvcache._signature) skips the layout checks and launches
+    the DecodeCall that call prepared: the same result bit for bit, on other tensors of that layout too.
+    New index values are still checked: lengths past the cache raise on the remembered signature."""
+    import flashtriton.kvcache as kvcache
+    kwargs = dict(VARIANTS[variant])
+    block = 1 if layout == "contiguous" else 16
+    capacity = math.ceil(CAPACITY / block) * block
+    lengths = _lengths(capacity)
+    q = torch.randn(4, 4, 2, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(4, 2, capacity, 32, torch.bfloat16, lengths)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(4, 8, device=DEVICE)[:, ::2]  # a strided view: copied by both paths
+    first = _run(layout, q, k, v, lengths, 2, kwargs)
+    checks = []
+    monkeypatch.setattr(kvcache, "check_kvcache", lambda *a, **kw: checks.append(1))
+    again = _run(layout, q.clone(), k.clone(), v.clone(), lengths, 2, kwargs)  # _run pages them the same way
+    assert not checks  # the signature was remembered: no layout checks
+    for got, want in zip(again, first, strict=True):
+        assert torch.equal(got, want)
+    monkeypatch.undo()
+    too_long = [capacity + 1] + lengths[1:]
+    with pytest.raises(ValueError, match="cache_seqlens must be in"):
+        _run(layout, q, k, v, too_long, 2, kwargs)
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
 @pytest.mark.parametrize("heads_q,heads_kv,head_dim,dtype", [(4, 1, 32, torch.float16), (2, 2, 40, torch.float32),
                                                              (8, 2, 64, torch.bfloat16)],

@@ -7,7 +7,7 @@
   (validation.py).
 - `kvcache_calls`: KV-cache calls whose arguments passed the checks of everything but the index
   tensors' values, by signature (every tensor's shape, strides, dtype, device and alignment, every
-  option), each with its checked options and prepared launch (kvcache.py).
+  option), each with the launch prepared for it (launch/decode.py's DecodeCall; kvcache.py).
 - `checked`: KV-cache index tensors (lengths, block tables) whose values passed the checks, while they
   live unmodified (validation.py).
 - `per_step`: what the transformers backend reads from a decoding step's mask or position ids (left
