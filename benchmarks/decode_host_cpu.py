@@ -50,7 +50,7 @@ def main() -> None:
     # The launch stubbed: a recorded plan "replays" without launching anything.
     decode_launcher.replay.replayable = lambda device: True
     decode_launcher.replay.current_device_and_stream = lambda: (0, 0)
-    decode_launcher.replay_recorded = lambda entry, key, tensors, stream=None: True
+    decode_launcher.replay.Recorded.replay = lambda self, prefix, stream, scalars=None, grid=None: None
     runs = {"flashtriton": _steps(attention_forward), "sdpa": _steps(sdpa_attention_forward)}
     best = dict.fromkeys(runs, float("inf"))
     with torch.no_grad():

@@ -142,10 +142,10 @@ def _signature(arguments: tuple) -> tuple | None:
     signature = [torch.is_grad_enabled()]
     for x in arguments:
         kind = type(x)
-        if kind is torch.Tensor or isinstance(x, torch.Tensor):
-            signature.append((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, x.requires_grad))
-        elif x is None:
+        if x is None:
             signature.append(None)
+        elif kind is torch.Tensor or isinstance(x, torch.Tensor):
+            signature.append((x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, x.requires_grad))
         elif kind is int or kind is bool or kind is float:
             signature.append((kind, x))
         elif kind is tuple and all(type(item) is int for item in x):

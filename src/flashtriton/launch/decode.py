@@ -14,11 +14,13 @@ from typing import NamedTuple
 import torch
 
 from .. import _interpreter
+from ..cache import CACHE
 from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
 from . import replay
 from .arguments import LOG2E, band, cdiv, input_precision, next_power_of_2, score_mods, sm_count
 from .forward import empty_in_order
-from .runner import LaunchSpec, replay_recorded, run
+from .replay import Recorded
+from .runner import LaunchSpec, run
 from .tiles import TileConfig, block_d
 
 # Split-KV heuristic (docs/performance.md, entries 40 and 42): enough programs for PROGRAMS_PER_SM on every
@@ -99,22 +101,26 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         cache.transpose(1, 2)[rows, cols] = x.transpose(1, 2).to(cache.dtype)
 
 
-class DecodeCall(NamedTuple):
+class DecodeCall:
     """A decode call's host side, fixed by the shapes, strides, dtypes, alignments and options it was
     prepared for (prepare_decode): the outputs' sizes, the split count, both launches' scalars and
     constexprs, and the plan key its launches replay under (None: not replayable). `launch` runs it on a
     call's tensors. The KV-cache API keeps one per call signature, so that a decoding loop's layers only
-    allocate their outputs and replay (docs/performance.md, entry 51)."""
-    sizes: tuple[int, int, int]  # (B, Hq, Nq)
-    splits: int
-    block_d: int
-    grid: tuple[int, int, int]
-    scalars: tuple
-    combine_scalars: tuple
-    meta: dict
-    config: dict
-    combine_meta: dict
-    key: tuple | None
+    allocate their outputs and launch (docs/performance.md, entry 51): once its plan is recorded, the call
+    keeps its recorded launches (`launches`), and later calls replay them with its own scalars and grid
+    without looking the plan up."""
+
+    __slots__ = ("sizes", "splits", "block_d", "grid", "scalars", "combine_scalars", "meta", "config",
+                 "combine_meta", "key", "launches")
+
+    def __init__(self, sizes: tuple[int, int, int], splits: int, block_d: int, grid: tuple[int, int, int],
+                 scalars: tuple, combine_scalars: tuple, meta: dict, config: dict, combine_meta: dict,
+                 key: tuple | None) -> None:
+        self.sizes, self.splits, self.block_d, self.grid = sizes, splits, block_d, grid  # sizes: (B, Hq, Nq)
+        self.scalars, self.combine_scalars = scalars, combine_scalars
+        self.meta, self.config, self.combine_meta = meta, config, combine_meta
+        self.key = key
+        self.launches: tuple[Recorded, ...] | None = None
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
                cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
@@ -130,23 +136,33 @@ class DecodeCall(NamedTuple):
         if self.splits > 1:
             outs = (q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
                     q.new_empty((*self.sizes, self.splits), dtype=torch.float32))
-        tensors = {"decode": ((q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
-                               alibi_slopes), (), self.scalars, self.grid)}
-        if self.splits > 1:
-            tensors["combine"] = ((*outs, o, lse), (), self.combine_scalars, None)
+        decode_tensors = (q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
+                          alibi_slopes)
+        combine_tensors = (*outs, o, lse)
         key = self.key
-        if key is not None:
+        if key is not None and replay.replayable(q.device):
             device, stream = replay.current_device_and_stream()
-            if device == key[0] and replay_recorded("decode", key, tensors, stream):
-                return o, lse
-            key = key if device == key[0] else None  # launched on another device than prepared for: no record
+            if device == key[0]:
+                if self.launches is None:
+                    plan = CACHE.plans.get(key)  # recorded by an earlier call with this plan key
+                    if plan is not None:
+                        self.launches = tuple(launch.recorded for launch in plan.launches.values())
+                if self.launches is not None:
+                    self.launches[0].replay(decode_tensors, stream, self.scalars, self.grid)
+                    if self.splits > 1:
+                        self.launches[1].replay(combine_tensors, stream, self.combine_scalars)
+                    return o, lse
+            else:
+                key = None  # launched on another device than prepared for: no record
+        else:
+            key = None
         _interpreter.prepare(q.device)
         grid, (batch, heads_q, seqlen_q) = self.grid, self.sizes
-        specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: grid, tensors["decode"][0], (), self.scalars,
+        specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: grid, decode_tensors, (), self.scalars,
                             self.meta, self.config)]
         if self.splits > 1:
             specs.append(LaunchSpec("combine", attn_decode_combine_kernel, lambda meta: (seqlen_q, heads_q, batch),
-                                    tensors["combine"][0], (), self.combine_scalars, self.combine_meta,
+                                    combine_tensors, (), self.combine_scalars, self.combine_meta,
                                     dict(num_warps=4)))
         run("decode", key, specs, ())
         return o, lse
