@@ -121,7 +121,7 @@ def flash_attention_with_kvcache(
         call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal,
                               window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                               block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                              num_splits=num_splits)
+                              num_splits=num_splits, return_lse=return_lse)
         if signature is not None:
             if len(CACHE.kvcache_calls) >= CALL_LIMIT:
                 CACHE.kvcache_calls.clear()

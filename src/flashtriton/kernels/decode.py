@@ -56,7 +56,7 @@ def _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_k
 @triton.jit(do_not_specialize=["seqlen_q", "cache_seqlen", "window_left", "window_right", "stride_alibi_b",
                                "capacity"])
 def attn_decode_kernel(
-    # Q (B, Hq, Nq, D); K, V the cache; O (B, Hq, Nq, D) and LSE (B, Hq, Nq) without SPLIT, else the
+    # Q (B, Hq, Nq, D); K, V the cache; O (B, Hq, Nq, D) and LSE (B, Hq, Nq) or None without SPLIT, else the
     # partials O_PART (B, Hq, Nq, num_splits, BLOCK_D) and LSE_PART (B, Hq, Nq, num_splits), fp32 and
     # contiguous. CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD (B,) int32, BLOCK_TABLE (B, max_blocks)
     # int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used.
@@ -176,7 +176,8 @@ def attn_decode_kernel(
         o_ptrs = (O + b64 * stride_ob + head.to(tl.int64)[:, None] * stride_oh
                   + token.to(tl.int64)[:, None] * stride_om + offs_d[None, :])
         tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_in[:, None] & d_in[None, :])
-        tl.store(LSE + row, lse2 * LN2, mask=row_in)
+        if LSE is not None:
+            tl.store(LSE + row, lse2 * LN2, mask=row_in)
     else:
         part = row.to(tl.int64) * num_splits + split
         tl.store(O + part[:, None] * BLOCK_D + offs_d[None, :], o, mask=row_in[:, None])
@@ -185,7 +186,7 @@ def attn_decode_kernel(
 
 @triton.jit
 def attn_decode_combine_kernel(
-    O_PART, LSE_PART, O, LSE,  # partials as attn_decode_kernel writes them; O (B, Hq, Nq, D), LSE (B, Hq, Nq)
+    O_PART, LSE_PART, O, LSE,  # partials as attn_decode_kernel writes them; O (B, Hq, Nq, D), LSE (B, Hq, Nq) or None
     stride_ob, stride_oh, stride_om,
     num_heads_q, seqlen_q, num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,  # BLOCK_S: a power of 2 >= num_splits
@@ -206,4 +207,5 @@ def attn_decode_combine_kernel(
     o = tl.sum(o_s * weight[:, None], 0) / total_safe
     o_ptrs = O + off_b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + token.to(tl.int64) * stride_om
     tl.store(o_ptrs + offs_d, o.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
-    tl.store(LSE + row, tl.where(total == 0.0, float("-inf"), (shift + tl.log2(total_safe)) * LN2))
+    if LSE is not None:
+        tl.store(LSE + row, tl.where(total == 0.0, float("-inf"), (shift + tl.log2(total_safe)) * LN2))

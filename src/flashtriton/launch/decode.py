@@ -111,25 +111,25 @@ class DecodeCall:
     without looking the plan up."""
 
     __slots__ = ("sizes", "splits", "block_d", "grid", "scalars", "combine_scalars", "meta", "config",
-                 "combine_meta", "key", "launches")
+                 "combine_meta", "key", "return_lse", "launches")
 
     def __init__(self, sizes: tuple[int, int, int], splits: int, block_d: int, grid: tuple[int, int, int],
                  scalars: tuple, combine_scalars: tuple, meta: dict, config: dict, combine_meta: dict,
-                 key: tuple | None) -> None:
+                 key: tuple | None, return_lse: bool) -> None:
         self.sizes, self.splits, self.block_d, self.grid = sizes, splits, block_d, grid  # sizes: (B, Hq, Nq)
         self.scalars, self.combine_scalars = scalars, combine_scalars
         self.meta, self.config, self.combine_meta = meta, config, combine_meta
-        self.key = key
+        self.key, self.return_lse = key, return_lse
         self.launches: tuple[Recorded, ...] | None = None
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
                cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
                block_table: torch.Tensor | None,
                alibi_slopes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(o like q, lse (B, Hq, Nq) float32) for tensors laid out as the prepared call's; `seqlens`
-        None when the lengths were an int."""
+        """(o like q, lse (B, Hq, Nq) float32, or None when prepared without return_lse) for tensors laid
+        out as the prepared call's; `seqlens` None when the lengths were an int."""
         o = empty_in_order(q)
-        lse = q.new_empty(self.sizes, dtype=torch.float32)
+        lse = q.new_empty(self.sizes, dtype=torch.float32) if self.return_lse else None
         if o.numel() == 0:
             return o, lse
         outs = (o, lse)
@@ -173,9 +173,10 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                    alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                    cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
-                   num_splits: int = 0, tiles: TileConfig | None = None) -> DecodeCall:
+                   num_splits: int = 0, tiles: TileConfig | None = None, return_lse: bool = True) -> DecodeCall:
     """The DecodeCall of attention_decode with these arguments: everything but the tensors' contents and
-    addresses (beyond their 16-byte alignment)."""
+    addresses (beyond their 16-byte alignment). Without `return_lse` its launch allocates and writes no
+    logsumexp (a decoding step through the public API wants o alone)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 0
@@ -204,7 +205,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         key = replay.plan_key(replay.current_device_and_stream()[0],
                               (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
                               "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
-                              is_causal, scale, tuple(window), softcap, tiles)
+                              is_causal, scale, tuple(window), softcap, tiles, return_lse)
     meta = dict(GROUP_SIZE=heads_q // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=tiles.block_m,
                 BLOCK_N=tiles.block_n,
                 SPLIT=splits > 1, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
@@ -212,7 +213,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                 SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
     return DecodeCall((batch, heads_q, seqlen_q), splits, bd, grid, scalars, combine_scalars, meta,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
-                      dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key)
+                      dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key, return_lse)
 
 
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
