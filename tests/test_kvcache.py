@@ -359,24 +359,64 @@ def test_kvcache_errors(case):
 
 def test_layout_checks_run_once_per_signature(monkeypatch):
     """A decoding loop's calls with one signature (shapes, strides, dtypes, devices, options) run the
-    layout checks once (kvcache._signature); another shape, stride, option or int length runs them again."""
+    layout checks once (kvcache._signature), and so do those whose contiguous cache only grows
+    (kvcache._growth_family); another dim, inner stride, option or kind of length runs them again."""
     import flashtriton.validation as validation
     runs = []
     checks = validation._check_kvcache_layout
     monkeypatch.setattr(validation, "_check_kvcache_layout", lambda *a: runs.append(1) or checks(*a))
-    q, k, v, _, _ = _errors_case()
+    q, k, v, pages, table = _errors_case()
     for _ in range(3):
         flash_attention_with_kvcache(q, k, v, _seqlens(3, 40))
     assert len(runs) == 1
-    flash_attention_with_kvcache(q, k[:, :, :50], v[:, :, :50], _seqlens(3, 40))
-    flash_attention_with_kvcache(q, k, v, 7)
-    flash_attention_with_kvcache(q, k, v, 7)
-    assert len(runs) == 3
-    flash_attention_with_kvcache(q, torch.cat([k, k], 2)[:, :, :k.shape[2]], v, 7)  # other strides
+    flash_attention_with_kvcache(q, k[:, :, :50], v[:, :, :50], _seqlens(3, 40))  # a shorter cache: same family
+    flash_attention_with_kvcache(q, torch.cat([k, k], 2)[:, :, :60], v[:, :, :60], _seqlens(3, 40))  # outer strides
+    assert len(runs) == 1
+    flash_attention_with_kvcache(q, k, v, 7)  # an int length
+    flash_attention_with_kvcache(q, k, v, 9)
+    assert len(runs) == 2
+    flash_attention_with_kvcache(q, k.transpose(1, 2).contiguous().transpose(1, 2), v, 7)  # (B, N, H, D) in memory
     flash_attention_with_kvcache(q, k, v, 7, is_causal=True)
-    assert len(runs) == 5
+    flash_attention_with_kvcache(q, pages, pages, 7, block_table=table)  # paged: by signature only
+    flash_attention_with_kvcache(q, pages[:5], pages[:5], 7, block_table=table[:, :2])
+    assert len(runs) == 6
     with pytest.raises(TypeError, match="is_causal must be True or False"):
         flash_attention_with_kvcache(q, k, v, 7, is_causal=1)  # equal to True, but not a bool
+
+
+@pytest.mark.parametrize("lengths_as", ["tensor", "int"])
+def test_a_growing_cache_runs_the_layout_checks_once(monkeypatch, lengths_as):
+    """A decoding loop whose contiguous cache grows every step (a new, longer tensor, as transformers'
+    DynamicCache makes) runs the layout checks on its first step only (kvcache._growth_family), and gives
+    what a call on a fresh signature gives. What growth can break is still checked: K and V of different
+    lengths, an int length past the cache."""
+    import flashtriton.validation as validation
+    from flashtriton.cache import reset
+    runs = []
+    checks = validation._check_kvcache_layout
+    monkeypatch.setattr(validation, "_check_kvcache_layout", lambda *a: runs.append(1) or checks(*a))
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    full_k, full_v = (torch.randn(2, 2, 70, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    steps = []
+    with torch.no_grad():
+        for n in (40, 41, 57):
+            k, v = full_k[:, :, :n].contiguous(), full_v[:, :, :n].contiguous()
+            lengths = n if lengths_as == "int" else _seqlens(n, n - 3)
+            steps.append((flash_attention_with_kvcache(q, k, v, lengths, is_causal=True), k, v, lengths))
+        assert len(runs) == 1
+        short_v, long_k = full_v[:, :, :60].contiguous(), full_k[:, :, :61].contiguous()
+        with pytest.raises(ValueError, match="k_cache and v_cache must have the same shape"):
+            flash_attention_with_kvcache(q, long_k, short_v, 30 if lengths_as == "int" else _seqlens(30, 30),
+                                         is_causal=True)
+        if lengths_as == "int":
+            with pytest.raises(ValueError, match="does not fit the cache"):
+                flash_attention_with_kvcache(q, long_k, full_v[:, :, :61].contiguous(), 62, is_causal=True)
+        assert len(runs) == 1  # those were the family's own checks
+        reset()
+        for o, k, v, lengths in steps:  # each step on its own, fully checked
+            assert torch.equal(o, flash_attention_with_kvcache(q, k, v, lengths, is_causal=True))
+            reset()
+    assert len(runs) == 4
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

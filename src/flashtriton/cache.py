@@ -8,6 +8,8 @@
 - `kvcache_calls`: KV-cache calls whose arguments passed the checks of everything but the index
   tensors' values, by signature (every tensor's shape, strides, dtype, device and alignment, every
   option), each with the launch prepared for it (launch/decode.py's DecodeCall; kvcache.py).
+- `kvcache_families`: the same signatures less what a growing contiguous cache changes each step (its
+  length, outer strides, an int length's value), for calls that passed the checks (kvcache.py).
 - `checked`: KV-cache index tensors (lengths, block tables) whose values passed the checks, while they
   live unmodified (validation.py).
 - `per_step`: what the transformers backend reads from a decoding step's mask or position ids (left
@@ -32,6 +34,7 @@ class Cache:
         self.autotuners: dict = {}
         self.host_values: dict = {}
         self.kvcache_calls: dict = {}
+        self.kvcache_families: dict = {}
         self.checked: dict = {}
         self.per_step: dict = {}
         self.last: dict = {}
@@ -50,6 +53,7 @@ class Cache:
             tuner.cache.clear()
         self.host_values.clear()
         self.kvcache_calls.clear()
+        self.kvcache_families.clear()
         self.checked.clear()
         self.per_step.clear()
         self.last.clear()

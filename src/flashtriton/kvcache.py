@@ -14,7 +14,7 @@ from .cache import CACHE
 from .launch import append_to_cache
 from .launch.arguments import input_precision
 from .launch.decode import prepare_decode
-from .validation import check_flags, check_kvcache, check_kvcache_values, last_dim_contiguous
+from .validation import check_flags, check_grown_kvcache, check_kvcache, check_kvcache_values, last_dim_contiguous
 
 DENSE_FROM_QUERIES = 128  # query tokens per sequence from which a call on a plain cache takes the dense forward
 CALL_LIMIT = 64  # call signatures remembered at once (a growing cache adds one per decoding step)
@@ -82,8 +82,14 @@ def flash_attention_with_kvcache(
     call = None if signature is None else CACHE.kvcache_calls.get(signature)
     if call is None:
         check_flags(is_causal=is_causal, return_lse=return_lse)
-        check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
-                      is_causal=is_causal)
+        family = None if signature is None else _growth_family(signature)
+        if family is not None and family in CACHE.kvcache_families:
+            check_grown_kvcache(q, k_cache, v_cache, cache_seqlens, k, cache_batch_idx, cache_leftpad)
+        else:
+            check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
+                          is_causal=is_causal)
+            if family is not None:
+                _remember(CACHE.kvcache_families, family, True)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
             raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
@@ -123,9 +129,7 @@ def flash_attention_with_kvcache(
                               block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                               num_splits=num_splits, return_lse=return_lse)
         if signature is not None:
-            if len(CACHE.kvcache_calls) >= CALL_LIMIT:
-                CACHE.kvcache_calls.clear()
-            CACHE.kvcache_calls[signature] = call
+            _remember(CACHE.kvcache_calls, signature, call)
     o, lse = call.launch(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None, cache_batch_idx,
                          cache_leftpad, block_table, alibi_slopes)
     return (o, lse) if return_lse else o
@@ -155,3 +159,27 @@ def _signature(arguments: tuple) -> tuple | None:
     if isinstance(q := arguments[0], torch.Tensor):
         signature.append(input_precision(q.dtype))
     return tuple(signature)
+
+
+def _growth_family(signature: tuple) -> tuple | None:
+    """A signature (see _signature) with what a growing contiguous cache changes from step to step left
+    out: the caches' length (dim 2) and the two outer strides it sets, and an int cache_seqlens' value.
+    Calls of one family that passed check_kvcache need only check_grown_kvcache: the other checks do not
+    read these. None for a paged cache (its dim 2 is the block size; it does not grow) or arguments the
+    checks would reject anyway."""
+    k_entry, v_entry, lengths, table = signature[2], signature[3], signature[4], signature[7]
+    if table is not None or not all(isinstance(e, tuple) and isinstance(e[0], torch.Size) and len(e[0]) == 4
+                                    for e in (k_entry, v_entry)):
+        return None
+    caches = tuple((shape[0], shape[1], shape[3], stride[2:], *rest) for shape, stride, *rest in (k_entry, v_entry))
+    if lengths is not None and lengths[0] is int:
+        lengths = int
+    return (*signature[:2], *caches, lengths, *signature[5:])
+
+
+def _remember(table: dict, key, value) -> None:
+    """table[key] = value, in a table of at most CALL_LIMIT entries (cleared when full: a growing cache
+    adds a signature per decoding step)."""
+    if len(table) >= CALL_LIMIT:
+        table.clear()
+    table[key] = value

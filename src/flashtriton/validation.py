@@ -390,6 +390,26 @@ def _check_kvcache_layout(q: object, k_cache: object, v_cache: object, cache_seq
         _check_index_tensor("cache_seqlens", cache_seqlens, 1, q, "(batch,)")
     elif isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, numbers.Integral):
         raise TypeError(f"cache_seqlens must be an int or an int32 tensor (batch,), got {cache_seqlens!r}")
-    elif not 0 <= cache_seqlens <= capacity - new:
+    else:
+        _check_int_length(cache_seqlens, new, capacity)
+
+
+def _check_int_length(cache_seqlens: int, new: int, capacity: int) -> None:
+    if not 0 <= cache_seqlens <= capacity - new:
         raise ValueError(f"cache_seqlens {cache_seqlens} plus {new} appended tokens does not fit the cache's "
                          f"{capacity} positions; it must be in [0, {capacity - new}]")
+
+
+def check_grown_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        cache_seqlens: torch.Tensor | int, k: torch.Tensor | None, cache_batch_idx: torch.Tensor | None,
+                        cache_leftpad: torch.Tensor | None) -> None:
+    """check_kvcache for a call on a contiguous cache that differs from one that passed it only in the
+    cache's length (dim 2), the strides that length sets, and an int cache_seqlens' value: a decoding
+    loop whose cache grows every step (transformers' DynamicCache). Of the layout checks only those
+    depend on these (K and V of one length, an int length that fits); then the index values."""
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if not isinstance(cache_seqlens, torch.Tensor):
+        _check_int_length(cache_seqlens, 0 if k is None else k.shape[2], k_cache.shape[2])
+    check_kvcache_values(q, k_cache, cache_seqlens, k, None, cache_batch_idx, cache_leftpad)
