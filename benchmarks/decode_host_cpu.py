@@ -1,7 +1,8 @@
 """The host cost of a decoding step through the transformers backend, on any machine: the same calls as
 generate() makes (four layers per step, a new cache tensor every step as DynamicCache makes, position
-ids), with the decode launch replaced by a no-op, so what is timed is our Python from transformers' call
-to the launch. Beside it, transformers' SDPA attention function on the same tensors (computing on the
+ids), with the replayed decode launch replaced by a no-op, so what is timed is our Python from
+transformers' call to Triton's launcher (each plan's first call still runs its kernel through the
+interpreter; the fastest of the rounds leaves it out). Beside it, transformers' SDPA attention function on the same tensors (computing on the
 CPU). Runs through Triton's interpreter mode on CPU tensors; the CPU's speed drifts, so compare the ratio
 between commits, not the microseconds (the GPU host's figures: benchmarks/generate.py).
 
