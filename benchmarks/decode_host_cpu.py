@@ -2,9 +2,10 @@
 generate() makes (four layers per step, a new cache tensor every step as DynamicCache makes, position
 ids), with the replayed decode launch replaced by a no-op, so what is timed is our Python from
 transformers' call to Triton's launcher (each plan's first call still runs its kernel through the
-interpreter; the fastest of the rounds leaves it out). Beside it, transformers' SDPA attention function on the same tensors (computing on the
-CPU). Runs through Triton's interpreter mode on CPU tensors; the CPU's speed drifts, so compare the ratio
-between commits, not the microseconds (the GPU host's figures: benchmarks/generate.py).
+interpreter; the fastest of the rounds leaves it out). Beside it, transformers' SDPA attention function
+on the same tensors (computing on the CPU). Runs through Triton's interpreter mode on CPU tensors; the
+CPU's speed drifts, so compare the ratio between commits, not the microseconds (the GPU host's figures:
+benchmarks/generate.py).
 
     PYTHONPATH=src python benchmarks/decode_host_cpu.py [--profile]
 """
