@@ -140,7 +140,9 @@ def _written_keys(position_ids: torch.Tensor | None, key: torch.Tensor) -> torch
         return seqlen_k
 
     def compute():
-        lengths = position_ids[:, -1].clamp(-1, seqlen_k - 1).to(torch.int32).add_(1).expand(batch).contiguous()
+        # Two small kernels: newest position + 1, cast to int32 into a (B,) tensor as it is added, then clamped.
+        lengths = torch.empty(batch, dtype=torch.int32, device=key.device)
+        torch.add(position_ids[:, -1].expand(batch), 1, out=lengths).clamp_(0, seqlen_k)
         if not torch.compiler.is_compiling():
             mark_kvcache_checked(lengths, key)
         return lengths
