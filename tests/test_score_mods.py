@@ -10,6 +10,7 @@ from flashtriton.launch import TileConfig
 from helpers import BackwardTiles, check_against_reference, make_qkv
 
 SIZES = [(97, 63), (63, 97), (1, 17)] if not ON_GPU else [(1000, 700), (700, 1000), (1, 300)]
+HEADS = (4, 2) if ON_GPU else (2, 1)  # (query, key/value) heads: GQA; the interpreter's time grows with them
 
 
 def _slopes(shape):
@@ -21,14 +22,14 @@ def _slopes(shape):
     return slopes.float().to(DEVICE)
 
 
-@pytest.mark.parametrize("softcap,alibi", [(5.0, None), (0.0, (4,)), (0.0, (2, 4)), (2.0, (2, 4))],
+@pytest.mark.parametrize("softcap,alibi", [(5.0, None), (0.0, ()), (0.0, (2,)), (2.0, (2,))],
                          ids=["softcap", "alibi", "alibi-per-batch", "both"])
 @pytest.mark.parametrize("is_causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (9, 20))],
                          ids=["full", "causal", "window"])
 def test_score_mods_match_reference(softcap, alibi, is_causal, window):
-    slopes = None if alibi is None else _slopes(alibi)
+    slopes = None if alibi is None else _slopes((*alibi, HEADS[0]))  # (Hq,) or per batch (2, Hq)
     for seqlen_q, seqlen_k in SIZES:
-        q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, 32, torch.bfloat16, DEVICE)
+        q, k, v = make_qkv(2, *HEADS, seqlen_q, seqlen_k, 32, torch.bfloat16, DEVICE)
         check_against_reference(
             lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, window_size=window, softcap=softcap,
                                             alibi_slopes=slopes, return_lse=True),
