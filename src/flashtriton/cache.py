@@ -25,6 +25,7 @@ are defined: they hold facts that never change, so there is nothing to reset.
 from __future__ import annotations
 
 PLAN_LIMIT = 512  # a workload whose shapes never repeat would otherwise grow `plans` without bound
+TABLE_LIMIT = 64  # the other tables' entries: a few per decoding step, or per live tensor, are in use at once
 
 
 class Cache:
@@ -41,9 +42,7 @@ class Cache:
         self.replays = True
 
     def remember_plan(self, key, plan) -> None:
-        if len(self.plans) >= PLAN_LIMIT:
-            self.plans.clear()
-        self.plans[key] = plan
+        remember(self.plans, key, plan, PLAN_LIMIT)
 
     def reset(self) -> None:
         """Forget every plan, pick, autotuner timing, host copy and log entry; replays back on."""
@@ -61,6 +60,14 @@ class Cache:
 
 
 CACHE = Cache()
+
+
+def remember(table: dict, key, value, limit: int = TABLE_LIMIT) -> None:
+    """table[key] = value, in one of CACHE's tables, cleared when it holds `limit` entries: a workload
+    whose keys never repeat would otherwise grow it without bound."""
+    if len(table) >= limit:
+        table.clear()
+    table[key] = value
 
 
 def reset() -> None:

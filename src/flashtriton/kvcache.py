@@ -10,14 +10,13 @@ import torch
 
 from . import ops
 from .api import op_options
-from .cache import CACHE
+from .cache import CACHE, remember
 from .launch import append_to_cache
 from .launch.arguments import input_precision
 from .launch.decode import prepare_decode
 from .validation import check_flags, check_grown_kvcache, check_kvcache, check_kvcache_values, last_dim_contiguous
 
 DENSE_FROM_QUERIES = 128  # query tokens per sequence from which a call on a plain cache takes the dense forward
-CALL_LIMIT = 64  # call signatures remembered at once (a growing cache adds one per decoding step)
 
 
 def flash_attention_with_kvcache(
@@ -89,7 +88,7 @@ def flash_attention_with_kvcache(
             check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
                           is_causal=is_causal)
             if family is not None:
-                _remember(CACHE.kvcache_families, family, True)
+                remember(CACHE.kvcache_families, family, True)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
             raise ValueError(f"num_splits must be an int >= 0 (0 chooses), got {num_splits!r}")
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v)):
@@ -129,7 +128,7 @@ def flash_attention_with_kvcache(
                               block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                               num_splits=num_splits, return_lse=return_lse)
         if signature is not None:
-            _remember(CACHE.kvcache_calls, signature, call)
+            remember(CACHE.kvcache_calls, signature, call)
     o, lse = call.launch(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None, cache_batch_idx,
                          cache_leftpad, block_table, alibi_slopes)
     return (o, lse) if return_lse else o
@@ -175,11 +174,3 @@ def _growth_family(signature: tuple) -> tuple | None:
     if lengths is not None and lengths[0] is int:
         lengths = int
     return (*signature[:2], *caches, lengths, *signature[5:])
-
-
-def _remember(table: dict, key, value) -> None:
-    """table[key] = value, in a table of at most CALL_LIMIT entries (cleared when full: a growing cache
-    adds a signature per decoding step)."""
-    if len(table) >= CALL_LIMIT:
-        table.clear()
-    table[key] = value

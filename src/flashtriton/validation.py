@@ -9,7 +9,7 @@ import weakref
 import torch
 
 from . import _interpreter
-from .cache import CACHE
+from .cache import CACHE, remember
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -232,13 +232,6 @@ def _check_index_tensor(name: str, x: object, dims: int, q: torch.Tensor, shape_
         raise ValueError(f"{name} has {x.shape[0]} rows but q has batch {q.shape[0]}; it needs one per sequence")
 
 
-def _remember(table: dict, key, value) -> None:
-    """table[key] = value, in a table of at most 64 entries (cleared when full)."""
-    if len(table) > 64:
-        table.clear()
-    table[key] = value
-
-
 def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bool, tuple, tuple]:
     """(whether check_kvcache passed these very tensors, unmodified since (their version counters), with
     these sizes; the key and state that _remember_checked records once they pass). A decode loop that
@@ -254,7 +247,7 @@ def _checked_before(tensors: tuple[torch.Tensor, ...], sizes: tuple) -> tuple[bo
 
 
 def _remember_checked(tensors: tuple[torch.Tensor, ...], key: tuple, state: tuple) -> None:
-    _remember(CACHE.checked, key, (tuple(weakref.ref(t) for t in tensors), state))
+    remember(CACHE.checked, key, (tuple(weakref.ref(t) for t in tensors), state))
 
 
 def mark_kvcache_checked(cache_seqlens: torch.Tensor, k_cache: torch.Tensor) -> None:
@@ -343,9 +336,7 @@ def _check_kvcache_layout(q: object, k_cache: object, v_cache: object, cache_seq
             raise ValueError(f"{name} must have 4 dims, got shape {tuple(x.shape)}: q (batch, heads, seqlen_q, "
                              "head_dim), the caches (batch_cache, heads_kv, max_seqlen, head_dim), or paged "
                              "(num_blocks, heads_kv, block_size, head_dim)")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
-                         f"{tuple(v_cache.shape)}")
+    _check_same_cache_shape(k_cache, v_cache)
     # dtypes, devices, head dims, GQA: as for a call on q and one cache row per sequence (the cache itself
     # when it has one row per sequence: the views cost microseconds on every decoding step)
     rows = ((k_cache, v_cache) if k_cache.shape[0] == q.shape[0] else
@@ -394,6 +385,12 @@ def _check_kvcache_layout(q: object, k_cache: object, v_cache: object, cache_seq
         _check_int_length(cache_seqlens, new, capacity)
 
 
+def _check_same_cache_shape(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+
+
 def _check_int_length(cache_seqlens: int, new: int, capacity: int) -> None:
     if not 0 <= cache_seqlens <= capacity - new:
         raise ValueError(f"cache_seqlens {cache_seqlens} plus {new} appended tokens does not fit the cache's "
@@ -407,9 +404,7 @@ def check_grown_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     cache's length (dim 2), the strides that length sets, and an int cache_seqlens' value: a decoding
     loop whose cache grows every step (transformers' DynamicCache). Of the layout checks only those
     depend on these (K and V of one length, an int length that fits); then the index values."""
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
-                         f"{tuple(v_cache.shape)}")
+    _check_same_cache_shape(k_cache, v_cache)
     if not isinstance(cache_seqlens, torch.Tensor):
         _check_int_length(cache_seqlens, 0 if k is None else k.shape[2], k_cache.shape[2])
     check_kvcache_values(q, k_cache, cache_seqlens, k, None, cache_batch_idx, cache_leftpad)

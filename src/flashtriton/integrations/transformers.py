@@ -46,13 +46,12 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
 from ..api import flash_attention, flash_attention_varlen
-from ..cache import CACHE
+from ..cache import CACHE, remember
 from ..kvcache import flash_attention_with_kvcache
 from ..validation import mark_kvcache_checked
 
 NAME = "FlashTriton"  # not "flashtriton": see the module docstring
 DECODE_QUERIES = 16  # calls with at most this many new tokens per sequence take the KV-cache kernel
-PER_STEP_LIMIT = 64  # tensors remembered at once by _per_step (a few per decoding step are live)
 
 __all__ = ["NAME", "attention_forward", "register"]
 
@@ -111,9 +110,7 @@ def _per_step(source: torch.Tensor, tag: tuple, compute):
     if seen is not None and seen[0]() is source and seen[1] == source._version:
         return seen[2]
     value = compute()
-    if len(CACHE.per_step) >= PER_STEP_LIMIT:
-        CACHE.per_step.clear()
-    CACHE.per_step[key] = (weakref.ref(source), source._version, value)
+    remember(CACHE.per_step, key, (weakref.ref(source), source._version, value))
     return value
 
 
