@@ -100,17 +100,37 @@ def test_matches_float64_reference(head_dim, is_causal, seqlens, form):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
-def test_persistent_programs_take_several_tiles(head_dim, form):
-    """More tiles than SMs without a causal mask (3 x 8 heads x 16 row tiles = 384): each persistent
-    program runs ~3 tiles of different heads and batches, its barriers' phases running on across them;
-    ragged Nq and Nk, GQA 8/2, against the float64 reference."""
+def test_persistent_programs_take_several_tiles(head_dim, form, is_causal):
+    """More tiles than SMs (3 x 8 heads x 16 row tiles = 384), with and without a causal mask (Nk = 2100
+    keeps the causal grid persistent too): each persistent program runs ~3 tiles of different heads and
+    batches, of different lengths when causal, its barriers' phases running on across them; ragged Nq and
+    Nk, GQA 8/2, against the float64 reference."""
     torch.manual_seed(head_dim)
     q, k, v = make_qkv(3, 8, 2, 2000, 2100, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
     assert 3 * 8 * 16 > torch.cuda.get_device_properties(0).multi_processor_count
-    o, lse = gluon_forward.attention_forward_gluon(q, k, v, False, head_dim ** -0.5, *gluon_forward.FORMS[form])
-    assert_matches_reference(q, k, v, False, head_dim ** -0.5, o, lse)
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, head_dim ** -0.5, *gluon_forward.FORMS[form])
+    assert_matches_reference(q, k, v, is_causal, head_dim ** -0.5, o, lse)
+
+
+@pytest.mark.parametrize("seqlen_k, head_dim, persistent", [(8192, 128, True), (8193, 128, False), (16384, 64, True),
+                                                           (16385, 64, False)])
+def test_causal_grid_is_persistent_while_a_head_fits_the_budget(seqlen_k, head_dim, persistent):
+    """The launch's grid (no GPU needed: off the GPU it is sized for an H200's 132 SMs): one program per SM
+    without a mask at any length, and with a causal mask while one head's K and V take at most
+    PERSISTENT_CAUSAL_KV_BYTES (bf16: Nk = 8192 at D = 128, 16384 at D = 64); one program per tile
+    past it."""
+    def grid(is_causal):
+        q = torch.empty(4, 8, 4096, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(4, 8, seqlen_k, head_dim, dtype=torch.bfloat16)
+        o, lse = torch.empty_like(q), torch.empty(4, 8, 4096)
+        return gluon_forward.gluon_forward_launch(q, k, k, o, lse, is_causal, 0.1, True)[1][0]
+    tiles = 4 * 8 * -(-4096 // (gluon_forward.WARPGROUPS[head_dim] * gluon_forward.BLOCK_M))
+    assert tiles > 132
+    assert grid(False) == 132
+    assert grid(True) == (132 if persistent else tiles)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -162,8 +182,8 @@ def test_forward_path_variable(monkeypatch):
     ("gluon", 1, 128, 1041, {"softcap": 20.0}, False)])
 def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, gluon):
     """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
-    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, D = 64 without a mask from 4096; and B·Hq·Nq·Nk·D >=
-    AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 is over it, 1 x 4 x ... under), and the Triton kernels for
+    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 without a mask from 4096; and
+    B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 is over it, 1 x 4 x ... under), and the Triton kernels for
     every variant; either way O, L and the gradients (the Triton backward on the Gluon forward's O and L)
     match the float64 reference. Causal unless the variant says otherwise."""
     from flashtriton import flash_attention

@@ -76,14 +76,18 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 FORWARD_PATH_VARIABLE = "FLASHTRITON_FORWARD"
 FORWARD_PATHS = ("auto", "triton", "gluon")
 # "auto" takes the Gluon forward where it ran faster than the Triton kernel on the H200: AUTO_MIN_KEYS
-# maps (head dim, causal) to the fewest keys. At D = 128, 1.1-1.3x from 1024 keys, causal or not. At
+# maps (head dim, causal) to the fewest keys. At D = 128, 1.1-1.3x from 1024 keys, causal or not, and
+# 1.16x at 512 keys without a mask (0.91x with one; docs/performance.md, entry 55). At
 # D = 64 with three warpgroups, 1.08x without a mask at 4096 keys but 0.93x at 1024, and 0.89x with the
 # causal mask at 4096 (docs/performance.md, entries 46 and 49). And only for calls with at least
 # AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time): the Gluon launch builds three TMA descriptors
 # and binds its arguments on every call, where the Triton path replays a recorded launch, so a call whose
 # GPU time is shorter than the host's keeps the Triton path.
-AUTO_MIN_KEYS = {(128, False): 1024, (128, True): 1024, (64, False): 4096}
+AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 4096}
 AUTO_MIN_WORK = 2 ** 33
+# A causal call's grid is persistent while one head's K and V take at most this many bytes (Nk = 8192 at
+# D = 128 in bf16: 1.02-1.08x one program per tile from 1024 to 8192 keys; 0.69x at 16384; entry 55).
+PERSISTENT_CAUSAL_KV_BYTES = 4 * 2 ** 20
 
 
 def forward_path() -> str:
@@ -149,11 +153,12 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
             num_m_blocks, num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
             softmax_registers)
-    # Non-causal: persistent, one program per SM (the stages' shared memory admits one), each looping over
-    # tiles. Causal: one program per tile, longest first. A persistent causal grid let programs drift
-    # apart across heads, and at N = 16384 their K and V no longer fitted in L2: 0.74x of this
-    # (docs/performance.md, entry 47).
-    grid = (num_tiles if is_causal else min(num_tiles, sm_count(q)), )
+    # Persistent, one program per SM (the stages' shared memory admits one), each looping over tiles;
+    # but causal tiles differ in length, so the programs drift apart across heads, and once a head's K
+    # and V pass PERSISTENT_CAUSAL_KV_BYTES the heads in flight no longer share L2: one program per tile
+    # then, longest first (docs/performance.md, entries 47 and 55).
+    persistent = not is_causal or k.shape[2] * head_dim * k.element_size() * 2 <= PERSISTENT_CAUSAL_KV_BYTES
+    grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
 
