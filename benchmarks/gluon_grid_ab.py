@@ -1,0 +1,77 @@
+"""The Gluon forward's grid at short lengths, on an sm_90 GPU: a persistent grid (one program per SM, each
+looping over tiles) against one program per tile, with a causal mask, and the Gluon kernel against the
+Triton kernel at N = 512 and 1024, with cuDNN beside them. Providers in interleaved rounds, `do_bench`
+medians, bf16; prints one JSON line per shape (TFLOP/s, and each output's largest error against SDPA in
+float32). docs/performance.md, entry 55.
+
+    PYTHONPATH=src python benchmarks/gluon_grid_ab.py [--shapes 8,9,5]
+"""
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from flashtriton.launch import gluon_forward
+from flashtriton.launch.arguments import sm_count
+from flashtriton.launch.forward import attention_forward
+from flashtriton.launch.kernel_set import DEFAULT_KERNELS
+
+ROUNDS = 5
+# (batch, heads, N, head dim, causal)
+SHAPES = [(32, 16, 512, 128, False), (32, 16, 512, 128, True), (16, 16, 1024, 128, True), (8, 16, 2048, 128, True),
+          (4, 16, 4096, 128, True), (2, 16, 8192, 128, True), (32, 32, 512, 64, False), (16, 32, 1024, 64, False),
+          (1, 16, 16384, 128, True), (1, 32, 8192, 128, True)]
+
+
+def gluon(q, k, v, causal: bool, scale: float, persistent: bool) -> torch.Tensor:
+    """The Gluon forward (overlapped form) on a grid of one program per SM or one per tile."""
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, False)
+    num_tiles = args[13]
+    kernel[(min(num_tiles, sm_count(q)) if persistent else num_tiles, )](*args, **kwargs)
+    return o
+
+
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
+    """One shape's TFLOP/s and errors for each provider (the per-tile grid only with a causal mask: without
+    one the launcher's grid is persistent already)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    scale = head_dim ** -0.5
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    providers = {"triton": lambda: attention_forward(q, k, v, causal, scale, kernels=DEFAULT_KERNELS)[0],
+                 "gluon_tile": lambda: gluon(q, k, v, causal, scale, False),
+                 "gluon_pers": lambda: gluon(q, k, v, causal, scale, True), "cudnn": cudnn}
+    if not causal:
+        del providers["gluon_tile"]
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    errors = {name: (fn().float() - reference).abs().max().item() for name, fn in providers.items()}
+    times = {name: [] for name in providers}
+    for _ in range(ROUNDS):
+        for name, fn in providers.items():
+            times[name].append(do_bench(fn, warmup=10, rep=40))
+    flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
+    return dict(shape=f"B{batch} H{heads} N{n} D{head_dim} {'causal' if causal else 'full'}",
+                tflops={name: round(flops / statistics.median(t) / 1e9, 1) for name, t in times.items()},
+                err={name: float(f"{e:.1e}") for name, e in errors.items()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
+    args = parser.parse_args()
+    for shape in SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]:
+        print(json.dumps(race(*shape)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
