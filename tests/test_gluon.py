@@ -185,9 +185,9 @@ def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, g
     """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
     (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 without a mask from 4096; and
     B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 and 64 x 4 x 512 x 529 x 128 are over it,
-    1 x 4 x ... under), and the Triton kernels for
-    every variant; either way O, L and the gradients (the Triton backward on the Gluon forward's O and L)
-    match the float64 reference. Causal unless the variant says otherwise."""
+    1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
+    Triton backward on the Gluon forward's O and L) match the float64 reference. Causal unless the variant
+    says otherwise."""
     from flashtriton import flash_attention
     from flashtriton.launch import last_choice
     from flashtriton.testing import compare_with_reference
