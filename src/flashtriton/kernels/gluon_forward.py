@@ -17,9 +17,9 @@ by role instead, each role a partition of warps with its own registers:
   warpgroup's softmax can run while another's wgmma uses the tensor cores, and with OVERLAP (the form
   the launcher runs) each also runs block j's softmax under its own block j-1's P V;
 - a program loops over tiles of 128 query rows (program p takes p, p + P, ...): with one program per SM
-  (the launcher's choice without a causal mask) a tile's last products and its stores overlap the next
-  tile's first loads, the barriers' phases running on across tiles; with one program per tile (causal)
-  the loop runs once.
+  (the launcher's choice, unless a causal call's heads are long: launch/gluon_forward.py) a tile's last
+  products and its stores overlap the next tile's first loads, the barriers' phases running on across
+  tiles; with one program per tile the loop runs once.
 
 Semantics are the Triton forward's: O, and L = logsumexp in natural-log units; causal masks align to the
 bottom-right corner (query i sees keys <= i + Nk - Nq); rows that see no key give O = 0 and L = -inf; Nq
