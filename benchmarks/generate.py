@@ -1,13 +1,19 @@
 """Greedy `generate()` through transformers with attn_implementation="FlashTriton" (whose decoding steps
 take the KV-cache kernel) against "sdpa", on randomly initialised Llama models (nothing is downloaded),
-bf16: a tiny one and one of Llama 3.2 1B's shape. Reports wall time per new token, and checks that both
-produce the same tokens.
+bf16: a tiny one and one of Llama 3.2 1B's shape. Reports wall time per new token, the decoding steps'
+own time (prefill taken out), and checks that both produce the same tokens.
+
+`--cache static` generates with transformers' static cache, which makes generate() compile the decoding
+step (torch.compile, inductor, mode "reduce-overhead": CUDA graphs) for both implementations; the
+compile config asks for static shapes (one compile per case). The prefill runs eagerly in both modes.
 
 Timing: each (model, batch, prompt) runs both implementations in ROUNDS interleaved rounds, one
 `generate()` of NEW_TOKENS tokens each (min_new_tokens = max_new_tokens: no early stop), after one warm-up
-generate; the median round is kept. Prefill is in the time; its share shrinks with NEW_TOKENS.
+generate; the median round is kept. Prefill is in the time per new token. Each round also times a
+generate() of one token (the prefill and its token): (time of NEW_TOKENS - time of 1) / (NEW_TOKENS - 1)
+is the time per decoding step.
 
-    PYTHONPATH=src python benchmarks/generate.py [--out DIR] [--models tiny] [--cases 0,3]
+    PYTHONPATH=src python benchmarks/generate.py [--out DIR] [--models tiny] [--cases 0,3] [--cache static]
 """
 
 from __future__ import annotations
@@ -55,9 +61,21 @@ def _prompt(batch: int, prompt: int, padded: bool, vocab: int) -> tuple[torch.Te
     return ids, mask
 
 
-def _generate(model, ids, mask):
-    return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
-                          min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+def _generate(model, ids, mask, cache: str, tokens: int = NEW_TOKENS):
+    options = {}
+    if cache == "static":
+        options = dict(cache_implementation="static", compile_config=transformers.CompileConfig(dynamic=False))
+    return model.generate(ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                          pad_token_id=0, **options)
+
+
+def _timed(model, ids, mask, cache: str, tokens: int) -> float:
+    """Wall time of one generate() of `tokens` new tokens, ms."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    _generate(model, ids, mask, cache, tokens)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
 
 
 def main() -> None:
@@ -65,6 +83,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--cases", default=",".join(map(str, range(len(CASES)))), help="indices into CASES")
+    parser.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                        help="static: transformers' static cache, whose decoding steps generate() compiles")
     args = parser.parse_args()
     rows, meta = [], environment()
     for name in args.models.split(","):
@@ -74,26 +94,30 @@ def main() -> None:
             torch.manual_seed(batch + prompt)
             ids, mask = _prompt(batch, prompt, padded, MODELS[name]["vocab_size"])
             times = {impl: [] for impl in models}
+            steps = {impl: [] for impl in models}
             tokens = {}
             with torch.no_grad():
                 for impl, model in models.items():
-                    tokens[impl] = _generate(model, ids, mask)  # warm-up: compiles, autotunes, records launches
+                    # warm-up: compiles, autotunes, records launches (and CUDA graphs with a static cache)
+                    tokens[impl] = _generate(model, ids, mask, args.cache)
+                    _generate(model, ids, mask, args.cache, 1)
                 for _ in range(ROUNDS):
                     for impl, model in models.items():
-                        torch.cuda.synchronize()
-                        start = time.perf_counter()
-                        _generate(model, ids, mask)
-                        torch.cuda.synchronize()
-                        times[impl].append((time.perf_counter() - start) * 1e3 / NEW_TOKENS)
+                        whole = _timed(model, ids, mask, args.cache, NEW_TOKENS)
+                        prefill = _timed(model, ids, mask, args.cache, 1)
+                        times[impl].append(whole / NEW_TOKENS)
+                        steps[impl].append((whole - prefill) / (NEW_TOKENS - 1))
             same = (tokens[NAME] == tokens["sdpa"]).float().mean().item()
-            row = dict(model=name, batch=batch, prompt=prompt, left_padded=padded, new_tokens=NEW_TOKENS,
-                       ms_per_token={impl: statistics.median(t) for impl, t in times.items()},
+            row = dict(model=name, batch=batch, prompt=prompt, left_padded=padded, cache=args.cache,
+                       new_tokens=NEW_TOKENS, ms_per_token={impl: statistics.median(t) for impl, t in times.items()},
+                       ms_per_decode_step={impl: statistics.median(t) for impl, t in steps.items()},
                        same_tokens=same)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.out is not None:  # after every row: a run cut short keeps what it finished
                 args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / "generate.json").write_text(json.dumps(dict(meta=meta, rounds=ROUNDS, rows=rows), indent=1))
+                result = dict(meta=meta, rounds=ROUNDS, rows=rows)
+                (args.out / f"generate_{args.cache}.json").write_text(json.dumps(result, indent=1))
         del models
         torch.cuda.empty_cache()
 
