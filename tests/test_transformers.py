@@ -129,17 +129,66 @@ def test_generate_static_cache(name, padded):
     assert torch.equal(ours, reference)
 
 
-def test_left_padding_read_once_per_mask():
-    from flashtriton.integrations.transformers import _left_padding
+def test_kept_run_read_once_per_mask():
+    """Each row's kept keys [first, end) as cache_leftpad and length: read back once per (mask, position ids)
+    while both live unmodified; end from the position ids, so that a static cache's mask, padded with its
+    unwritten slots, reads right; a mask with a hole is no run (the packed path takes it)."""
+    from flashtriton.integrations.transformers import _kept_run
+    key = torch.randn(2, 2, 5, 16, device=DEVICE)
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
-    first = _left_padding(mask, 1)
-    assert first.tolist() == [2, 0]
-    assert _left_padding(mask, 1) is first  # remembered for this very mask
+    positions = torch.tensor([[2], [4]], device=DEVICE)  # the last query's position: its row's kept tokens - 1
+    first, end = _kept_run(mask, positions, 1, key)
+    assert first.tolist() == [2, 0] and end.tolist() == [5, 5]
+    assert _kept_run(mask, positions, 1, key)[0] is first  # remembered for these very tensors
+    assert _kept_run(mask, None, 1, key)[1].tolist() == [5, 5]  # no position ids: every key up to Nk
     mask[1, 0] = False  # modified in place: read again
-    again = _left_padding(mask, 1)
-    assert again is not first and again.tolist() == [2, 1]
-    mask[0, 3] = False  # a hole: not left padding
-    assert _left_padding(mask, 1) is None
+    assert _kept_run(mask, torch.tensor([[2], [3]], device=DEVICE), 1, key)[0].tolist() == [2, 1]
+    static = torch.tensor([[0, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool, device=DEVICE)  # 3 slots written
+    first, end = _kept_run(static, torch.tensor([[1], [2]], device=DEVICE), 1, key)
+    assert first.tolist() == [1, 0] and end.tolist() == [3, 3]
+    assert _kept_run(static, None, 1, key) is None  # without position ids the unwritten slots read as padding
+    hole = torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    assert _kept_run(hole, torch.tensor([[3], [4]], device=DEVICE), 1, key) is None
+
+
+def test_padding_mask_pads_a_static_cache_for_decoding():
+    """The mask builder: transformers' flash one (sliced from the right, None when nothing is padded), except
+    that a decoding step's mask against a static cache (shorter than the cache) is padded to the cache's
+    length, one shape for every step, while a prefill's (more than DECODE_QUERIES queries) is not."""
+    from flashtriton.integrations.transformers import DECODE_QUERIES, padding_mask
+    seen = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    with torch.no_grad():
+        padded = padding_mask(2, 1, 8, attention_mask=seen)
+        assert padded.shape == (2, 8) and torch.equal(padded[:, :3], seen) and not padded[:, 3:].any()
+        assert torch.equal(padding_mask(2, DECODE_QUERIES + 1, 8, attention_mask=seen), seen)
+        assert padding_mask(2, 1, 3, attention_mask=torch.ones_like(seen)) is None
+        window = torch.tensor([[1, 0, 1], [1, 1, 1]], dtype=torch.bool, device=DEVICE)
+        assert torch.equal(padding_mask(2, 1, 2, attention_mask=window), window[:, 1:])  # a sliding window's last keys
+    assert torch.equal(padding_mask(2, 1, 8, attention_mask=seen), seen)  # with gradients: as the flash builder
+    assert padding_mask(2, 1, 8) is None
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
+def test_generate_compiled_static_cache(padded):
+    """generate() with a static cache compiles its decoding step (transformers' auto-compile); through our
+    backend that step is one graph (fullgraph=True), compiled once for every step (a recompile raises),
+    and gives the reference's tokens."""
+    make_config, reference = MODELS["llama"]
+    ids, mask = _batch(seqlen=20)
+    ids = ids.clamp(min=1) * (mask if padded else 1)  # no pad token inside the unpadded prompt
+    mask = mask if padded else torch.ones_like(mask)
+    config = transformers.CompileConfig(fullgraph=True, dynamic=False, backend="inductor" if ON_GPU else "aot_eager")
+    config._compile_all_devices = True  # transformers compiles on accelerators only by default
+    tokens = {}
+    torch._dynamo.reset()
+    for implementation in (NAME, reference):
+        model = _model(make_config(), implementation)
+        options = dict(cache_implementation="static", compile_config=config) if implementation == NAME else {}
+        with torch._dynamo.config.patch(error_on_recompile=implementation == NAME):
+            tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                    pad_token_id=0, **options)
+    torch._dynamo.reset()
+    assert torch.equal(tokens[NAME], tokens[reference])
 
 
 def test_packed_sequences():

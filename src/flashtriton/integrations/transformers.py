@@ -8,17 +8,20 @@ lowercase "flash" for a flash_attn build, and tries to import it from flash_attn
 Hub (`is_flash_attention_requested`), so `"flashtriton"` fails there with "Could not find the
 currently requested flash attention implementation".
 
-Importing this module registers the backend with transformers' `AttentionInterface`, and registers
-transformers' own flash-attention mask builder under the same name with `AttentionMaskInterface`, so
-that a model hands the backend what it hands flash_attn: a 2-D padding mask (batch, keys), or None
-when nothing is padded. The backend then runs, per layer:
+Importing this module registers the backend with transformers' `AttentionInterface`, and its mask
+builder (`padding_mask`) under the same name with `AttentionMaskInterface`, so that a model hands the
+backend what it hands flash_attn: a 2-D padding mask (batch, keys), or None when nothing is padded;
+against a static cache the mask comes padded to the cache's length (one shape for every step). The
+backend then runs, per layer:
 
 - generation's decoding steps (at most DECODE_QUERIES new tokens, nothing to differentiate):
   `flash_attention_with_kvcache` (split-KV, GQA heads packed) against the keys transformers passes,
   with left padding as `cache_leftpad` (a mask that pads elsewhere takes the packed path below). A
-  static cache (`cache_implementation="static"`) passes its whole preallocated length: with a mask the
-  keys past it are sliced off, without one the newest position id + 1 counts each sequence's written
-  keys, on the GPU (a longer chunk against a cache, a static cache's prefill, takes the same call);
+  static cache (`cache_implementation="static"`) passes its whole preallocated length: with a mask, each
+  row's kept keys [first, newest token] are the call's left padding and length; without one the newest
+  position id + 1 counts each sequence's written keys, on the GPU (a longer chunk against a cache, a
+  static cache's prefill, takes the same call). Both have no branch on the GPU's values under
+  torch.compile, so generate()'s compiled decoding step (static cache) is one graph;
 - no padding: `flash_attention` on the (B, H, N, D) tensors, causal aligned to the bottom-right
   corner, which is what decoding against a KV cache needs;
 - a padding mask: the tokens kept are gathered into a packed batch (`flash_attention_varlen`) and the
@@ -43,7 +46,7 @@ import weakref
 
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+from transformers.masking_utils import AttentionMaskInterface
 
 from ..api import flash_attention, flash_attention_varlen
 from ..cache import CACHE, remember
@@ -53,7 +56,7 @@ from ..validation import mark_kvcache_checked
 NAME = "FlashTriton"  # not "flashtriton": see the module docstring
 DECODE_QUERIES = 16  # calls with at most this many new tokens per sequence take the KV-cache kernel
 
-__all__ = ["NAME", "attention_forward", "register"]
+__all__ = ["NAME", "attention_forward", "padding_mask", "register"]
 
 
 def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
@@ -97,32 +100,25 @@ def _unpadded(query, key, value, mask, options):
     return full.view(batch, seqlen_q, *o.shape[1:])
 
 
-def _per_step(source: torch.Tensor, tag: tuple, compute):
-    """compute(), remembered for the tensor `source` (a mask, position ids) while it lives unmodified
-    (CACHE.per_step): every layer of a decoding step gets the same one, so a value that needs a read back
-    to the host is read once per step, and the tensor it gives is the same object in every layer, which
-    lets check_kvcache skip its own read back after the first. A read per layer would stop the host from
-    running ahead of the GPU. Nothing is remembered while torch.compile traces."""
+def _per_step(sources: tuple, tag: tuple, compute):
+    """compute(), remembered for the tensors `sources` (a mask, position ids; None entries are skipped)
+    while they live unmodified (CACHE.per_step): every layer of a decoding step gets the same ones, so a
+    value that needs a read back to the host is read once per step, and the tensors it gives are the same
+    objects in every layer, which lets check_kvcache skip its own read back after the first. A read per
+    layer would stop the host from running ahead of the GPU. Nothing is remembered while torch.compile
+    traces."""
     if torch.compiler.is_compiling():
         return compute()
-    key = (id(source), tag)
+    sources = tuple([x for x in sources if x is not None])
+    key = (tuple(map(id, sources)), tag)
     seen = CACHE.per_step.get(key)
-    if seen is not None and seen[0]() is source and seen[1] == source._version:
+    if (seen is not None and all(ref() is x for ref, x in zip(seen[0], sources, strict=True))
+            and seen[1] == tuple([x._version for x in sources])):
         return seen[2]
     value = compute()
-    remember(CACHE.per_step, key, (weakref.ref(source), source._version, value))
+    remember(CACHE.per_step, key, (tuple(weakref.ref(x) for x in sources), tuple([x._version for x in sources]),
+                                   value))
     return value
-
-
-def _left_padding(mask: torch.Tensor, seqlen_q: int) -> torch.Tensor | None:
-    """Each row's count of leading padded keys (int32 (B,)) when `mask` (B, Nk) pads on the left only and
-    keeps every query; else None. One read back to the host per mask (_per_step)."""
-    def compute():
-        kept = mask.bool()
-        first = kept.int().argmax(-1)  # the first kept key
-        left_only = (kept.sum(-1) == kept.shape[1] - first) & kept[:, -seqlen_q:].all(-1)
-        return first.to(torch.int32) if bool(left_only.all()) else None
-    return _per_step(mask, ("left padding", seqlen_q), compute)
 
 
 def _written_keys(position_ids: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor | int:
@@ -143,7 +139,61 @@ def _written_keys(position_ids: torch.Tensor | None, key: torch.Tensor) -> torch
         if not torch.compiler.is_compiling():
             mark_kvcache_checked(lengths, key)
         return lengths
-    return _per_step(position_ids, ("written keys", batch, seqlen_k), compute)
+    return _per_step((position_ids,), ("written keys", batch, seqlen_k), compute)
+
+
+def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                 mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+    """The mask builder registered with the backend: transformers' flash one, the 2-D padding mask (B,
+    kv_length) sliced from the right (a sliding-window cache keeps the last keys), or None when nothing is
+    padded; with two changes for compiled decoding. Against a static cache kv_length is the cache's whole
+    preallocated length and the mask covers only the tokens seen so far, a length that grows every step, so
+    a compiled decoding step would be compiled again for each: for a decoding step (at most DECODE_QUERIES
+    queries, no gradient) that mask is padded with False to kv_length, one shape for every step. The
+    backend finds each row's written keys from the position ids (_kept_run). And under torch.compile the
+    mask is returned as it is, never None: "is anything padded" would be a branch on the GPU's values."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, -kv_length:]
+    if mask.shape[-1] < kv_length:
+        if q_length <= DECODE_QUERIES and not torch.is_grad_enabled():
+            mask = torch.nn.functional.pad(mask, (0, kv_length - mask.shape[-1]), value=False)
+        return mask
+    if torch.compiler.is_compiling() or not mask.all():
+        return mask
+    return None
+
+
+def _kept_run(mask: torch.Tensor, position_ids: torch.Tensor | None, seqlen_q: int, key: torch.Tensor):
+    """(first, end): int32 (B,) each, the keys [first, end) that each row of `mask` (B, Nk) keeps (of `key`,
+    (B, Hkv, Nk, D)), when they are one run; else None. The queries are the last Nq slots before end (a
+    query left of first is padding: the kernel gives it 0, as the packed path does). first is the first
+    kept key; end is first + the last query's position id + 1 (with left padding only, a row's position
+    ids count its kept tokens), which also holds for a static cache's mask that padding_mask padded with
+    its unwritten slots. Without position ids ((B or 1, Nq)) end is Nk, so a static cache needs a model
+    that passes them (transformers' Llama-family models do). Eagerly the check is one read back to the
+    host per step (_per_step); under torch.compile it is an assertion on the GPU, so that a compiled
+    decoding step has no branch on the GPU's values."""
+    def compute():
+        kept = mask.bool()
+        batch, seqlen_k = kept.shape
+        first = kept.int().argmax(-1)
+        if position_ids is not None and position_ids.dim() == 2 and position_ids.shape[-1] == seqlen_q:
+            end = (first + position_ids[:, -1] + 1).clamp(0, seqlen_k).expand(batch)
+        else:
+            end = torch.full_like(first, seqlen_k)
+        slots = torch.arange(seqlen_k, device=mask.device)
+        ok = (((slots >= first[:, None]) & (slots < end[:, None])) == kept).all()
+        first, end = first.to(torch.int32), end.to(torch.int32)
+        if torch.compiler.is_compiling():
+            torch._assert_async(ok, "flashtriton's compiled decoding step needs each row's kept keys to be one run "
+                                    "(left padding only) that ends at its last query")
+            return first, end
+        if not bool(ok):
+            return None
+        mark_kvcache_checked(end, key, cache_leftpad=first)
+        return first, end
+    return _per_step((mask, position_ids), ("kept run", seqlen_q, key.shape[2]), compute)
 
 
 def _decode(query, key, value, options, leftpad=None, lengths=None):
@@ -180,21 +230,27 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     options = dict(is_causal=bool(is_causal), scale=scaling, window_size=window, softcap=softcap or 0.0,
                    dropout_p=float(dropout))
     batch, seqlen_q = query.shape[0], query.shape[2]
+    inference = (not dropout and kwargs.get("cu_seq_lens_q") is None and key.stride(-1) == 1
+                 and not (torch.is_grad_enabled() and query.requires_grad))
+    if attention_mask is not None and seqlen_q <= DECODE_QUERIES and (inference or not torch.is_grad_enabled()):
+        # A decoding step with padding: each row's kept keys as cache_leftpad and length. The mask may span a
+        # static cache's unwritten slots (padding_mask): with dropout, the packed path gets the written part.
+        run = _kept_run(attention_mask, kwargs.get("position_ids"), seqlen_q, key)
+        if run is not None and inference:
+            return _decode(query, key, value, options, leftpad=run[0], lengths=run[1]), None
+        if run is not None:
+            seen = int(run[1].max())
+            attention_mask, key, value = attention_mask[:, :seen], key[:, :, :seen], value[:, :, :seen]
     if attention_mask is not None and key.shape[2] > attention_mask.shape[-1]:
-        # A static cache: the mask covers the tokens seen so far, and the slots past them are not written
-        # yet (transformers' flash path slices them off the same way).
+        # A static cache's mask that covers the tokens seen so far (a prefill's): the slots past them are not
+        # written yet (transformers' flash path slices them off the same way).
         key, value = (x[:, :, :attention_mask.shape[-1]] for x in (key, value))
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     packed = (None if cu_q is not None or attention_mask is not None
               else _packed_from_positions(kwargs.get("position_ids"), batch, seqlen_q))
-    inference = (not dropout and cu_q is None and packed is None and key.stride(-1) == 1
-                 and not (torch.is_grad_enabled() and query.requires_grad))
-    if inference and seqlen_q <= DECODE_QUERIES:
-        if attention_mask is None:
-            return _decode(query, key, value, options, lengths=_written_keys(kwargs.get("position_ids"), key)), None
-        leftpad = _left_padding(attention_mask, seqlen_q)
-        if leftpad is not None:
-            return _decode(query, key, value, options, leftpad=leftpad), None
+    inference = inference and packed is None
+    if inference and seqlen_q <= DECODE_QUERIES and attention_mask is None:
+        return _decode(query, key, value, options, lengths=_written_keys(kwargs.get("position_ids"), key)), None
     if inference and attention_mask is None and key.shape[2] > seqlen_q:
         # A longer chunk against a cache (a static one's prefill): the same count of written keys
         lengths = _written_keys(kwargs.get("position_ids"), key)
@@ -219,7 +275,7 @@ def register(name: str = NAME) -> str:
         raise ValueError(f"name {name!r} cannot be registered: transformers takes an implementation name containing "
                          f"'flash' for a flash_attn build and tries to import it; use e.g. {NAME!r}")
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    AttentionMaskInterface.register(name, padding_mask)
     return name
 
 
