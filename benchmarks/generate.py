@@ -92,6 +92,7 @@ def main() -> None:
         models[NAME].load_state_dict(models["sdpa"].state_dict())
         for batch, prompt, padded in (CASES[int(i)] for i in args.cases.split(",")):
             torch.manual_seed(batch + prompt)
+            torch._dynamo.reset()  # every model shares the compiled frames: a fresh recompile budget per case
             ids, mask = _prompt(batch, prompt, padded, MODELS[name]["vocab_size"])
             times = {impl: [] for impl in models}
             steps = {impl: [] for impl in models}

@@ -171,8 +171,9 @@ def test_padding_mask_pads_a_static_cache_for_decoding():
 @pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
 def test_generate_compiled_static_cache(padded):
     """generate() with a static cache compiles its decoding step (transformers' auto-compile); through our
-    backend that step is one graph (fullgraph=True), compiled once for every step (a recompile raises),
-    and gives the reference's tokens."""
+    backend that step is one graph (fullgraph=True), compiled once or twice for its five steps (some
+    transformers versions pass the first step one keyword more), not once per length, and gives the
+    reference's tokens."""
     make_config, reference = MODELS["llama"]
     ids, mask = _batch(seqlen=20)
     ids = ids.clamp(min=1) * (mask if padded else 1)  # no pad token inside the unpadded prompt
@@ -181,13 +182,16 @@ def test_generate_compiled_static_cache(padded):
     config._compile_all_devices = True  # transformers compiles on accelerators only by default
     tokens = {}
     torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     for implementation in (NAME, reference):
         model = _model(make_config(), implementation)
         options = dict(cache_implementation="static", compile_config=config) if implementation == NAME else {}
-        with torch._dynamo.config.patch(error_on_recompile=implementation == NAME):
-            tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                                    pad_token_id=0, **options)
+        tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                pad_token_id=0, **options)
+    graphs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
+    assert 1 <= graphs <= 2, graphs
     assert torch.equal(tokens[NAME], tokens[reference])
 
 
