@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
-from flashtriton.launch import gluon_forward
+from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded, make_qkv
 
@@ -40,6 +40,7 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     asynchronously (ptxas did not serialise them), no spilled registers, the partitions trading registers
     (USETMAXREG), the launch's warps x registers within the SM's 64K, and the stages within 227 KB of
     shared memory."""
+    reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
     assert len(reports) == 2 * (2 * len(gluon_forward.FORMS) + 1)
     assert {r["config"].split("-", 4)[4] for r in reports} == set(gluon_forward.FORMS)
     assert sum(r["config"].startswith("M64x3-") for r in reports) == 2
@@ -54,6 +55,70 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * warpgroups) * 32 <= 65536, r
         assert r["shared_bytes"] <= 227 * 1024, r
+
+
+def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
+    """The dK/dV kernel (D 64 and 128, causal and not): its five products per query block on wgmma (S^T and
+    dP^T, then dV and dK: 4 x D/16 + 2 x 64/16 HGMMA instructions), not serialised by ptxas, the
+    partitions trading registers, within the SM's registers and shared memory. At D = 128 the compute
+    warpgroups' 240 registers hold dK and dV (128 between them) besides S^T and dP^T: ptxas spills a
+    little there (48-64 bytes on Triton 3.6), bounded here, to be weighed on the H200."""
+    reports = [r for r in reports if r["kernel"] == "attn_bwd_dkdv_gluon_kernel"]
+    assert sorted((r["head_dim"], r["causal"]) for r in reports) == [(64, False), (64, True), (128, False),
+                                                                     (128, True)]
+    for r in reports:
+        assert r["hgmma"] > 0 and r["hmma"] == 0, r
+        assert not r["wgmma_serialized"], r
+        assert r["stack_bytes"] + r["local_bytes"] <= (0 if r["head_dim"] == 64 else 64), r
+        assert r["register_reallocations"] > 0, r
+        assert r["registers"] * (4 + 4 * gluon_backward.WARPGROUPS) * 32 <= 65536, r
+        assert r["shared_bytes"] <= 227 * 1024, r
+
+
+def test_backward_path_variable(monkeypatch):
+    """FLASHTRITON_BACKWARD: unset is auto, which keeps the Triton dK/dV kernel (the Gluon one is opt-in
+    until timed); a value outside auto/triton/gluon raises, naming the variable; on CPU the interpreter
+    runs the Triton kernels whatever it says."""
+    monkeypatch.delenv(gluon_backward.BACKWARD_PATH_VARIABLE, raising=False)
+    assert gluon_backward.backward_path() == "auto"
+    q, k, v = make_qkv(1, 2, 2, 64, 256, 128, torch.bfloat16, "cpu", requires_grad=False)
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, " GLUON ")
+    assert gluon_backward.backward_path() == "gluon"
+    assert not gluon_backward.gluon_backward_selected(q, k, v, q)
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "cudnn")
+    with pytest.raises(ValueError, match="FLASHTRITON_BACKWARD='cudnn'.*auto"):
+        gluon_backward.backward_path()
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 97, 130), (2, 4, 2, 130, 97),
+                                   (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
+def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, shape):
+    """FLASHTRITON_BACKWARD=gluon: flash_attention's dK and dV from the Gluon kernel (dQ from the Triton
+    one), with O, L and every gradient bounded by twice plain bf16 attention's error against the float64
+    reference; odd lengths, Nq != Nk both ways (causal rows that see no key: zero gradients), GQA, more
+    key tiles than one; the kernel is checked to have run."""
+    from flashtriton import flash_attention
+    from flashtriton.launch import backward
+    from flashtriton.testing import compare_with_reference
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return gluon_backward.attention_dkdv_gluon(*args)
+    monkeypatch.setattr(backward, "attention_dkdv_gluon", counted)
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
+    torch.manual_seed(seqlen_q + head_dim)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
+    torch.full((batch, heads_kv, seqlen_k, head_dim), float("nan"), device=DEVICE, dtype=q.dtype)  # recycled
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
+                                    q, k, v, is_causal)
+    assert all(c.ok for c in checks), checks
+    assert calls, "the Gluon dK/dV kernel did not run"
 
 
 def test_supports():

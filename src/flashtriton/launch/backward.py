@@ -22,6 +22,7 @@ from .arguments import (
 from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candidate_tile
 from .descriptors import attention_descriptors, statistics_descriptors, tma_strides
 from .forward import empty_in_order
+from .gluon_backward import attention_dkdv_gluon, gluon_backward_selected
 from .kernel_set import DEFAULT_KERNELS, Kernels
 from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, backward_configs, block_d
@@ -86,9 +87,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         autotune = (configs is None and q.device.type == "cuda" and q.element_size() == 2
                     and autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
     optional = variant_pointers(alibi_slopes, varlen, dropout_seed)
+    # A plain call may take its dK/dV from the Gluon kernel (FLASHTRITON_BACKWARD=gluon), after the Triton
+    # launches (the statistics it reads, and dQ).
+    gluon = (need_dkdv and configs is None and kernels is None and tuple(window) == (-1, -1) and not softcap
+             and alibi_slopes is None and varlen is None and not dropout_p and gluon_backward_selected(q, k, v, do))
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
-    if need_dkdv:
+    if need_dkdv and not gluon:
         tensors["dkdv"] = ((q, k, v, do, lse2, delta, dk, dv, *optional), (q, k, v, do, lse2, delta))
     if need_dq:
         tensors["dq"] = ((q, k, v, do, lse2, delta, dq, *optional), (q, k, v, do))
@@ -98,8 +103,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, do, o, lse, *optional), kernels,
                               is_causal, scale, None if configs is None else tuple(configs), autotune, tuple(window),
-                              softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs))
+                              softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs), gluon)
         if replay_recorded("backward", key, tensors, stream):
+            if gluon:
+                attention_dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, is_causal, scale)
             return _wanted((dq, dk, dv), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
@@ -107,6 +114,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
              *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
                                  softcap, alibi_slopes, varlen, dropout_p, kernels)]
     run("backward", key, specs, ("dkdv", "dq"))
+    if gluon:
+        attention_dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, is_causal, scale)
     return _wanted((dq, dk, dv), needs)
 
 

@@ -129,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--variants", action="store_true",
                          help="compile each variant (window + softcap + ALiBi, dropout, varlen) instead")
     inspect.add_argument("--gluon", action="store_true",
-                         help="the Gluon forward (FlashAttention-3 structure; D = 64 and 128, bf16 and fp16) instead")
+                         help="the Gluon kernels (FlashAttention-3 structure: the forward in its forms, the dK/dV "
+                              "kernel; D = 64 and 128, bf16 and fp16) instead")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     return parser
 
@@ -179,7 +180,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .inspect import inspect_defaults, inspect_gluon, inspect_variants, markdown
+    from .inspect import inspect_defaults, inspect_gluon, inspect_gluon_backward, inspect_variants, markdown
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     reports = []
@@ -191,6 +192,7 @@ def _inspect(args: argparse.Namespace) -> int:
                     continue
                 if args.gluon:
                     reports += inspect_gluon(head_dim, dtypes[name], causal)
+                    reports += inspect_gluon_backward(head_dim, dtypes[name], causal)
                     continue
                 reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,
                                             qk_ahead=args.qk_ahead, backward_tma=args.backward_tma,

@@ -1,0 +1,206 @@
+"""The backward's dK/dV kernel in Gluon for Hopper (sm_90), in FlashAttention-3's structure (issue 21;
+launch/gluon_backward.py launches it; dQ stays with the Triton dQ kernel).
+
+The Triton dK/dV kernel (backward.py) is the backward's larger part (about two thirds of its time), and
+like the forward it leaves the elementwise work between its matrix products exposed. Here the work is
+split by role, as in the Gluon forward (gluon_forward.py):
+
+- the load partition (4 warps) brings each compute warpgroup's K and V once, then streams the query
+  side, block by block of BLOCK_M query rows: Q and dO together into a ring of NUM_STAGES stages, each
+  guarded by mbarriers (ready: the bytes have landed; empty: every compute warpgroup is done with them);
+- WARPGROUPS compute partitions (4 warps each) own 64 keys each, resident in shared memory, with their
+  dK and dV accumulators (64 x D fp32 each) in registers for the whole loop. Per query block, with the
+  keys as rows (so that P^T and dS^T come out of the first products as the A operands of the next):
+      S^T  = K Q^T           (wgmma, both from shared memory)
+      dP^T = V dO^T          (issued right after, asynchronously)
+      P^T  = exp2(S^T * scale * log2(e) - L * log2(e))     (L as the backward's statistics launch wrote it)
+      dV  += P^T dO          (P^T from registers; runs while dS^T is computed)
+      dS^T = P^T * (dP^T - D)                               (D = rowsum(dO * O))
+      dK  += dS^T Q          (dS^T from registers)
+  then dK * scale and dV are stored once.
+
+Semantics are the Triton backward's: causal masks align to the bottom-right corner; rows past Nq read
+L = +inf (P = 0) and keys past Nk are computed but not stored (TMA zero-fills them); a row that saw no
+key (L = -inf) is masked out by the causal mask, which is the only way it arises. GQA: a key tile's
+program loops over the query heads of its group, so dK and dV have one writer each.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+
+@gluon.jit
+def _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """The first query block that sees any of the keys from n_start: causal, query i sees key j when
+    j <= i + Nk - Nq."""
+    if IS_CAUSAL:
+        return gl.maximum(n_start - (seqlen_k - seqlen_q), 0) // BLOCK_M
+    return n_start * 0
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty,
+                    num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
+    """K and V of every compute warpgroup's 64 keys once, then Q and dO of each query block of each query
+    head of the group, into the ring."""
+    WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
+    KEYS: gl.constexpr = k_smem.type.shape[3]
+    NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    pid = gl.program_id(0)
+    n_block = pid % num_n_blocks
+    bh = pid // num_n_blocks
+    off_b = bh // num_kv_heads
+    off_hkv = bh % num_kv_heads
+    n_start = n_block * WARPGROUPS * KEYS
+    mbarrier.expect(kv_ready, 2 * WARPGROUPS * k_desc.block_type.nbytes)
+    for wg in gl.static_range(WARPGROUPS):
+        tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, k_smem.index(wg))
+        tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, v_smem.index(wg))
+    m_first = _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+    num_m = gl.cdiv(seqlen_q, BLOCK_M)
+    count = 0
+    for i in range(group):
+        off_h = off_hkv * group + i
+        for m in range(m_first, num_m):
+            stage = count % NUM_STAGES
+            # A fresh mbarrier counts as having completed the phase before its first: the first pass
+            # through the ring does not wait.
+            mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
+                                            q_smem.index(stage))
+            tma.async_copy_global_to_shared(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
+                                            do_smem.index(stage))
+            count += 1
+
+
+@gluon.jit
+def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63. `shared`: the
+    arguments every compute warpgroup takes (the kernel's)."""
+    (q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, stride_dkb, stride_dkh,
+     stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks, num_kv_heads, group, seqlen_q,
+     seqlen_k, scale, qk_scale_log2) = shared
+    WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
+    KEYS: gl.constexpr = k_smem.type.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
+    NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    dtype: gl.constexpr = q_smem.dtype
+    # wgmma's accumulator layouts (one warpgroup, m64 instructions): the 64 x BLOCK_M scores and the
+    # 64 x D gradients; P^T and dS^T as the A operand of the gradients' products.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    key_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    pid = gl.program_id(0)
+    n_block = pid % num_n_blocks
+    bh = pid // num_n_blocks
+    off_b = bh // num_kv_heads
+    off_hkv = bh % num_kv_heads
+    n_start = n_block * WARPGROUPS * KEYS
+    n_wg = n_start + WG * KEYS
+    k = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
+    v = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
+    keys = n_wg + gl.arange(0, KEYS, layout=key_rows)
+    m_first = _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
+    num_m = gl.cdiv(seqlen_q, BLOCK_M)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
+    mbarrier.wait(kv_ready, 0)
+    count = 0
+    for i in range(group):
+        stats = (off_b * num_kv_heads * group + off_hkv * group + i).to(gl.int64) * stats_stride
+        for m in range(m_first, num_m):
+            stage = count % NUM_STAGES
+            mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
+            q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+            do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+            # (made in the loop: a zero tile kept across it would hold 32 registers the accumulators need)
+            no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+            st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+            queries = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=query_cols)
+            # Rows past Nq read L = +inf: P = 0 there, whatever TMA's zero-filled Q gives. Loaded while the
+            # products run.
+            lse2 = gl.load(LSE2 + stats + queries, mask=queries < seqlen_q, other=float("inf"))
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
+            pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
+            if IS_CAUSAL:
+                # Only the blocks that cross the diagonal are masked: the others skip the comparisons.
+                if n_wg + KEYS - 1 > m * BLOCK_M + (seqlen_k - seqlen_q):
+                    visible = keys[:, None] <= queries[None, :] + (seqlen_k - seqlen_q)
+                    pt = gl.where(visible, pt, 0.0)
+            pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+            dv = warpgroup_mma(pt_op, do, dv, is_async=True)
+            delta = gl.load(DELTA + stats + queries, mask=queries < seqlen_q, other=0.0)
+            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
+            dst = pt * (dpt - delta[None, :])
+            dst_op = gl.convert_layout(dst.to(dtype), a_layout)
+            dk = warpgroup_mma(dst_op, q, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            mbarrier.arrive(empty.index(stage), count=1)
+            count += 1
+
+    rows = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    store = rows[:, None] < seqlen_k
+    dk_base = off_b.to(gl.int64) * stride_dkb + off_hkv.to(gl.int64) * stride_dkh
+    dv_base = off_b.to(gl.int64) * stride_dvb + off_hkv.to(gl.int64) * stride_dvh
+    gl.store(DK + dk_base + rows.to(gl.int64)[:, None] * stride_dkn + cols[None, :], (dk * scale).to(dtype),
+             mask=store)
+    gl.store(DV + dv_base + rows.to(gl.int64)[:, None] * stride_dvn + cols[None, :], dv.to(dtype), mask=store)
+
+
+@gluon.jit
+def attn_bwd_dkdv_gluon_kernel(
+    # q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with (1, 1, rows,
+    # D) boxes; LSE2 (L * log2(e)) and DELTA (rowsum(dO * O)) float32 (B, Hq, rows padded to stats_stride);
+    # DK and DV like k and v (strides given).
+    q_desc, k_desc, v_desc, do_desc, LSE2, DELTA, DK, DV,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
+    num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
+    scale, qk_scale_log2,
+    WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, COMPUTE_REGS: gl.constexpr,
+):
+    """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    KEYS: gl.constexpr = k_desc.block_type.shape[2]
+    dtype: gl.constexpr = q_desc.dtype
+
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(stage), count=1)
+        mbarrier.init(empty.index(stage), count=WARPGROUPS)  # released once every compute warpgroup is done
+
+    # The default partition (the kernel's num_warps = 4) loads; the workers compute, with COMPUTE_REGS
+    # registers per thread (what they leave goes to the loader). Triton 3.6 takes the partitions as a
+    # literal list (gluon_forward.py says why).
+    loads = (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, num_n_blocks,
+             num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
+    shared = (q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, stride_dkb, stride_dkh,
+              stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks, num_kv_heads, group,
+              seqlen_q, seqlen_k, scale, qk_scale_log2)
+    gl.warp_specialize([(_load_partition, loads),
+                        (_compute_partition, (shared, 0, IS_CAUSAL)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL))],
+                       [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
+
+    mbarrier.invalidate(kv_ready)
+    for stage in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(stage))
+        mbarrier.invalidate(empty.index(stage))

@@ -1,0 +1,90 @@
+"""The Gluon dK/dV kernel's launcher (kernels/gluon_backward.py), and which calls it takes.
+
+attention_backward (launch/backward.py) runs the statistics launch and the Triton dQ kernel as always;
+for a plain call (no window, softcap, ALiBi, dropout or packed batch, no forced tiles) that
+`gluon_backward_selected` accepts, the Gluon kernel replaces the Triton dK/dV kernel. The environment
+variable FLASHTRITON_BACKWARD picks the path: "triton" (and "auto", the default, for now: the kernel has
+been compiled and checked offline, not yet timed against the Triton kernel on the H200) or "gluon" (every
+call it supports).
+
+Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), query blocks of BLOCK_M = 64
+rows, NUM_STAGES = 2 stages of Q and dO (2 x 32 KB at D = 128, with K and V's 64 KB: 128 KB of shared
+memory per block).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .arguments import LOG2E, cdiv
+from .gluon_forward import gluon_forward_supports
+
+BLOCK_M = 64
+KEYS = 64
+WARPGROUPS = 2
+NUM_STAGES = 2
+# Registers per thread (at launch, each compute thread's after setmaxnreg): the two compute warpgroups hold
+# dK and dV (64 x D fp32 each: 64 registers apiece at D = 128) across the loop, S^T and dP^T (64 x 64: 32
+# each) per block; the loader's 4 warps keep 24.
+REGISTERS = (168, 240)
+
+BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
+BACKWARD_PATHS = ("auto", "triton", "gluon")
+
+
+def backward_path() -> str:
+    """The path FLASHTRITON_BACKWARD asks for: "auto" (unset), "triton" or "gluon"."""
+    path = os.environ.get(BACKWARD_PATH_VARIABLE, "auto").strip().lower() or "auto"
+    if path not in BACKWARD_PATHS:
+        raise ValueError(f"{BACKWARD_PATH_VARIABLE}={path!r} is not a backward path; use one of {BACKWARD_PATHS} "
+                         "(or leave it unset for auto)")
+    return path
+
+
+def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
+    """Whether a plain backward of these (B, H, N, D) tensors runs its dK/dV on the Gluon kernel: only when
+    FLASHTRITON_BACKWARD=gluon, on a CUDA device, where the Gluon forward's conditions (dtype, head dim,
+    TMA-aligned strides, sm_90, Triton 3.6) hold for q, k, v and dO."""
+    if q.device.type != "cuda" or backward_path() != "gluon":
+        return False
+    return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
+
+
+def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
+                      delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
+                      stages: int = NUM_STAGES) -> tuple:
+    """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
+    launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
+    stride: launched by attention_dkdv_gluon, compiled offline by tools/inspect.py."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ..kernels.gluon_backward import attn_bwd_dkdv_gluon_kernel
+
+    batch, heads, seqlen_q, head_dim = q.shape
+    kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    element = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+
+    def descriptor(x: torch.Tensor, rows: int):
+        box = [1, 1, rows, head_dim]
+        return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
+    if lse2.stride(-1) != 1 or delta.stride() != lse2.stride():
+        raise ValueError("lse2 and delta must share one layout with contiguous rows (backward.statistics_buffer)")
+    max_registers, compute_registers = REGISTERS
+    num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
+    args = (descriptor(q, BLOCK_M), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, BLOCK_M), lse2, delta,
+            dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2), num_n_blocks, kv_heads, heads // kv_heads,
+            seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, compute_registers)
+    return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
+                                                                                       maxnreg=max_registers)
+
+
+def attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
+                         delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool,
+                         scale: float) -> None:
+    """Write dk and dv through the Gluon kernel; the caller checked gluon_backward_selected and ran the
+    statistics launch."""
+    kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale)
+    kernel[grid](*args, **kwargs)
