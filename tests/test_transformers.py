@@ -130,17 +130,18 @@ def test_generate_static_cache(name, padded):
 
 
 def test_kept_run_read_once_per_mask():
-    """Each row's kept keys [first, end) as cache_leftpad and length: read back once per (mask, position ids)
-    while both live unmodified; end from the position ids, so that a static cache's mask, padded with its
-    unwritten slots, reads right; a mask with a hole is no run (the packed path takes it)."""
+    """Each row's kept keys [first, end) as cache_leftpad and length (None: all Nk keys): read back once per
+    (mask, position ids) while both live unmodified; end from the position ids, so that a static cache's
+    mask, padded with its unwritten slots, reads right; a mask with a hole is no run (the packed path
+    takes it)."""
     from flashtriton.integrations.transformers import _kept_run
     key = torch.randn(2, 2, 5, 16, device=DEVICE)
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
     positions = torch.tensor([[2], [4]], device=DEVICE)  # the last query's position: its row's kept tokens - 1
     first, end = _kept_run(mask, positions, 1, key)
-    assert first.tolist() == [2, 0] and end.tolist() == [5, 5]
+    assert first.tolist() == [2, 0] and end is None  # every run ends at Nk: the call's int length
     assert _kept_run(mask, positions, 1, key)[0] is first  # remembered for these very tensors
-    assert _kept_run(mask, None, 1, key)[1].tolist() == [5, 5]  # no position ids: every key up to Nk
+    assert _kept_run(mask, None, 1, key)[1] is None  # no position ids: every key up to Nk
     mask[1, 0] = False  # modified in place: read again
     assert _kept_run(mask, torch.tensor([[2], [3]], device=DEVICE), 1, key)[0].tolist() == [2, 1]
     static = torch.tensor([[0, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool, device=DEVICE)  # 3 slots written

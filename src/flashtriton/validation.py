@@ -250,14 +250,14 @@ def _remember_checked(tensors: tuple[torch.Tensor, ...], key: tuple, state: tupl
     remember(CACHE.checked, key, (tuple(weakref.ref(t) for t in tensors), state))
 
 
-def mark_kvcache_checked(cache_seqlens: torch.Tensor, k_cache: torch.Tensor,
+def mark_kvcache_checked(cache_seqlens: torch.Tensor | None, k_cache: torch.Tensor,
                          cache_leftpad: torch.Tensor | None = None) -> None:
     """Record lengths (int32 (B,)) that their caller built in [0, k_cache's positions] for a contiguous
     cache with one row per sequence, no appended keys and no other index tensors (but left padding
-    `cache_leftpad`, int32 (B,) in [0, those lengths], if given), as if check_kvcache had read and passed
-    them: a call with these very tensors, unmodified, skips the read back to the host (a wait for the GPU)
-    that its check would cost."""
-    tensors = (cache_seqlens,) if cache_leftpad is None else (cache_seqlens, cache_leftpad)
+    `cache_leftpad`, int32 (B,) within those lengths, if given; None lengths: an int length, the whole
+    cache), as if check_kvcache had read and passed them: a call with these very tensors, unmodified,
+    skips the read back to the host (a wait for the GPU) that its check would cost."""
+    tensors = tuple([x for x in (cache_seqlens, cache_leftpad) if x is not None])
     _remember_checked(tensors, *_checked_before(tensors, (0, k_cache.shape[2], k_cache.shape[0]))[1:])
 
 

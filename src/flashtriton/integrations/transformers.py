@@ -166,14 +166,15 @@ def padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int =
 
 def _kept_run(mask: torch.Tensor, position_ids: torch.Tensor | None, seqlen_q: int, key: torch.Tensor):
     """(first, end): int32 (B,) each, the keys [first, end) that each row of `mask` (B, Nk) keeps (of `key`,
-    (B, Hkv, Nk, D)), when they are one run; else None. The queries are the last Nq slots before end (a
-    query left of first is padding: the kernel gives it 0, as the packed path does). first is the first
-    kept key; end is first + the last query's position id + 1 (with left padding only, a row's position
-    ids count its kept tokens), which also holds for a static cache's mask that padding_mask padded with
-    its unwritten slots. Without position ids ((B or 1, Nq)) end is Nk, so a static cache needs a model
-    that passes them (transformers' Llama-family models do). Eagerly the check is one read back to the
-    host per step (_per_step); under torch.compile it is an assertion on the GPU, so that a compiled
-    decoding step has no branch on the GPU's values."""
+    (B, Hkv, Nk, D)), when they are one run (eagerly, end is None when every row's is Nk: the call's int
+    length); else None. The queries are the last Nq slots before end (a query left of first is padding:
+    the kernel gives it 0, as the packed path does). first is the first kept key; end is first + the last
+    query's position id + 1 (with left padding only, a row's position ids count its kept tokens), which
+    also holds for a static cache's mask that padding_mask padded with its unwritten slots. Without
+    position ids ((B or 1, Nq)) end is Nk, so a static cache needs a model that passes them
+    (transformers' Llama-family models do). Eagerly the check is one read back to the host per step
+    (_per_step); under torch.compile it is an assertion on the GPU, so that a compiled decoding step has
+    no branch on the GPU's values."""
     def compute():
         kept = mask.bool()
         batch, seqlen_k = kept.shape
@@ -189,8 +190,11 @@ def _kept_run(mask: torch.Tensor, position_ids: torch.Tensor | None, seqlen_q: i
             torch._assert_async(ok, "flashtriton's compiled decoding step needs each row's kept keys to be one run "
                                     "(left padding only) that ends at its last query")
             return first, end
-        if not bool(ok):
+        ok, full = torch.stack([ok, (end == seqlen_k).all()]).tolist()  # one read back for both
+        if not ok:
             return None
+        # Every row's run ending at Nk (a dynamic cache): the int length, the cheaper call.
+        end = None if full else end
         mark_kvcache_checked(end, key, cache_leftpad=first)
         return first, end
     return _per_step((mask, position_ids), ("kept run", seqlen_q, key.shape[2]), compute)

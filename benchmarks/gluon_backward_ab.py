@@ -1,0 +1,88 @@
+"""The Gluon dK/dV kernel (FLASHTRITON_BACKWARD=gluon) against the Triton one, on an sm_90 GPU: the whole
+backward (statistics, dK/dV, dQ) on each path, the dK/dV part alone (the statistics launch and dK/dV: no
+dQ), and cuDNN's backward beside them. Providers in interleaved rounds, `do_bench` medians, bf16; prints
+one JSON line per shape: TFLOP/s (the backward's 2.5x the forward's FLOPs; the dK/dV part's rate on the
+same count, so its figures compare between paths only) and each path's largest dK and dV error against
+SDPA's gradients in float32. docs/performance.md, entry 57.
+
+    PYTHONPATH=src python benchmarks/gluon_backward_ab.py [--shapes 0,2]
+"""
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from flashtriton.launch import gluon_backward
+from flashtriton.launch.backward import attention_backward
+from flashtriton.launch.forward import attention_forward
+
+ROUNDS = 5
+# (batch, heads, N, head dim, causal): the paper suite's shapes at N = 4096, cs336's, and shorter ones
+SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True), (4, 32, 4096, 64, False),
+          (4, 32, 4096, 64, True), (1, 16, 16384, 64, True), (16, 16, 1024, 128, True), (8, 16, 2048, 128, False)]
+
+
+def on_path(path: str, fn):
+    """fn with FLASHTRITON_BACKWARD set to `path` while it runs."""
+    def run():
+        saved = os.environ.get(gluon_backward.BACKWARD_PATH_VARIABLE)
+        os.environ[gluon_backward.BACKWARD_PATH_VARIABLE] = path
+        try:
+            return fn()
+        finally:
+            if saved is None:
+                del os.environ[gluon_backward.BACKWARD_PATH_VARIABLE]
+            else:
+                os.environ[gluon_backward.BACKWARD_PATH_VARIABLE] = saved
+    return run
+
+
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = head_dim ** -0.5
+    o, lse = attention_forward(q, k, v, causal, scale)
+
+    def backward(needs=(True, True, True)):
+        return attention_backward(do, q, k, v, o, lse, causal, scale, needs=needs)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o_cudnn = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+
+    providers = {"triton": on_path("triton", backward), "gluon": on_path("gluon", backward),
+                 "triton_dkdv": on_path("triton", lambda: backward((False, True, True))),
+                 "gluon_dkdv": on_path("gluon", lambda: backward((False, True, True))),
+                 "cudnn": lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True)}
+    reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    grads = torch.autograd.grad(F.scaled_dot_product_attention(*reference, is_causal=causal), reference, do.float())
+    errors = {}
+    for path in ("triton", "gluon"):
+        dq, dk, dv = providers[path]()
+        errors[path] = {name: float(f"{(g.float() - r).abs().max().item():.1e}")
+                        for name, g, r in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, strict=True)}
+    times = {name: [] for name in providers}
+    for _ in range(ROUNDS):
+        for name, fn in providers.items():
+            times[name].append(do_bench(fn, warmup=10, rep=40))
+    flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
+    return dict(shape=f"B{batch} H{heads} N{n} D{head_dim} {'causal' if causal else 'full'}",
+                tflops={name: round(flops / statistics.median(t) / 1e9, 1) for name, t in times.items()},
+                ms={name: round(statistics.median(t), 4) for name, t in times.items()}, err=errors)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
+    args = parser.parse_args()
+    for shape in SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]:
+        print(json.dumps(race(*shape)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
