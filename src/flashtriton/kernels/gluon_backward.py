@@ -31,6 +31,15 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 
 @gluon.jit
+def _program_keys(num_n_blocks, num_kv_heads, TILE_N: gl.constexpr):
+    """This program's (batch, KV head, first key): programs go key tile by key tile within a head, so that
+    the ones running at once share its Q and dO in L2, and causal tiles start with the longest."""
+    pid = gl.program_id(0)
+    bh = pid // num_n_blocks
+    return bh // num_kv_heads, bh % num_kv_heads, (pid % num_n_blocks) * TILE_N
+
+
+@gluon.jit
 def _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """The first query block that sees any of the keys from n_start: causal, query i sees key j when
     j <= i + Nk - Nq."""
@@ -48,12 +57,7 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-    pid = gl.program_id(0)
-    n_block = pid % num_n_blocks
-    bh = pid // num_n_blocks
-    off_b = bh // num_kv_heads
-    off_hkv = bh % num_kv_heads
-    n_start = n_block * WARPGROUPS * KEYS
+    off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, WARPGROUPS * KEYS)
     mbarrier.expect(kv_ready, 2 * WARPGROUPS * k_desc.block_type.nbytes)
     for wg in gl.static_range(WARPGROUPS):
         tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, k_smem.index(wg))
@@ -99,12 +103,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr):
     key_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    pid = gl.program_id(0)
-    n_block = pid % num_n_blocks
-    bh = pid // num_n_blocks
-    off_b = bh // num_kv_heads
-    off_hkv = bh % num_kv_heads
-    n_start = n_block * WARPGROUPS * KEYS
+    off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, WARPGROUPS * KEYS)
     n_wg = n_start + WG * KEYS
     k = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
     v = v_smem.index(WG).reshape([KEYS, HEAD_DIM])

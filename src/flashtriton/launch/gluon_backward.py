@@ -14,12 +14,10 @@ memory per block).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .arguments import LOG2E, cdiv
-from .gluon_forward import gluon_forward_supports
+from .gluon_forward import gluon_forward_supports, path_from_environment
 
 BLOCK_M = 64
 KEYS = 64
@@ -31,16 +29,11 @@ NUM_STAGES = 2
 REGISTERS = (168, 240)
 
 BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
-BACKWARD_PATHS = ("auto", "triton", "gluon")
 
 
 def backward_path() -> str:
     """The path FLASHTRITON_BACKWARD asks for: "auto" (unset), "triton" or "gluon"."""
-    path = os.environ.get(BACKWARD_PATH_VARIABLE, "auto").strip().lower() or "auto"
-    if path not in BACKWARD_PATHS:
-        raise ValueError(f"{BACKWARD_PATH_VARIABLE}={path!r} is not a backward path; use one of {BACKWARD_PATHS} "
-                         "(or leave it unset for auto)")
-    return path
+    return path_from_environment(BACKWARD_PATH_VARIABLE, "backward")
 
 
 def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:

@@ -90,13 +90,19 @@ AUTO_MIN_WORK = 2 ** 33
 PERSISTENT_CAUSAL_KV_BYTES = 4 * 2 ** 20
 
 
+def path_from_environment(variable: str, what: str) -> str:
+    """The path the environment variable `variable` asks for: "auto" (unset), "triton" or "gluon"; `what`
+    names it in the error."""
+    path = os.environ.get(variable, "auto").strip().lower() or "auto"
+    if path not in FORWARD_PATHS:
+        raise ValueError(f"{variable}={path!r} is not a {what} path; use one of {FORWARD_PATHS} (or leave it unset "
+                         "for auto)")
+    return path
+
+
 def forward_path() -> str:
     """The path FLASHTRITON_FORWARD asks for: "auto" (unset), "triton" or "gluon"."""
-    path = os.environ.get(FORWARD_PATH_VARIABLE, "auto").strip().lower() or "auto"
-    if path not in FORWARD_PATHS:
-        raise ValueError(f"{FORWARD_PATH_VARIABLE}={path!r} is not a forward path; use one of {FORWARD_PATHS} "
-                         "(or leave it unset for auto)")
-    return path
+    return path_from_environment(FORWARD_PATH_VARIABLE, "forward")
 
 
 def gluon_tiles(head_dim: int) -> str:
