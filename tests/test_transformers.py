@@ -152,6 +152,26 @@ def test_kept_run_read_once_per_mask():
     assert _kept_run(hole, torch.tensor([[3], [4]], device=DEVICE), 1, key) is None
 
 
+def test_kept_run_under_compile():
+    """Traced by torch.compile (fullgraph: no branch on the values), the run comes from the position ids
+    and its check is an assertion that fails on a mask with a hole; without position ids there is no run
+    (the packed path then takes the call)."""
+    from flashtriton.integrations.transformers import _kept_run
+    key = torch.randn(2, 2, 5, 16, device=DEVICE)
+    mask = torch.tensor([[0, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool, device=DEVICE)  # 3 slots written
+    positions = torch.tensor([[1], [2]], device=DEVICE)
+    torch._dynamo.reset()
+    run = torch.compile(lambda m, p: _kept_run(m, p, 1, key), backend="eager", fullgraph=True)
+    first, end = run(mask, positions)
+    assert first.tolist() == [1, 0] and end.tolist() == [3, 3]
+    assert torch.compile(lambda m: _kept_run(m, None, 1, key), backend="eager", fullgraph=True)(mask) is None
+    if not ON_GPU:  # on a GPU the assertion is a device-side assert, which ends the process's CUDA context
+        hole = torch.tensor([[1, 0, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+        with pytest.raises(RuntimeError, match="one run"):
+            run(hole, torch.tensor([[1], [2]]))
+    torch._dynamo.reset()
+
+
 def test_padding_mask_pads_a_static_cache_for_decoding():
     """The mask builder: transformers' flash one (sliced from the right, None when nothing is padded), except
     that a decoding step's mask against a static cache (shorter than the cache) is padded to the cache's

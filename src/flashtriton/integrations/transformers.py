@@ -174,12 +174,16 @@ def _kept_run(mask: torch.Tensor, position_ids: torch.Tensor | None, seqlen_q: i
     position ids ((B or 1, Nq)) end is Nk, so a static cache needs a model that passes them
     (transformers' Llama-family models do). Eagerly the check is one read back to the host per step
     (_per_step); under torch.compile it is an assertion on the GPU, so that a compiled decoding step has
-    no branch on the GPU's values."""
+    no branch on the GPU's values (without position ids there, None: the packed path, a graph break)."""
+    positioned = position_ids is not None and position_ids.dim() == 2 and position_ids.shape[-1] == seqlen_q
+    if torch.compiler.is_compiling() and not positioned:
+        return None  # no run to assert on the GPU: the packed path takes the call (a graph break)
+
     def compute():
         kept = mask.bool()
         batch, seqlen_k = kept.shape
         first = kept.int().argmax(-1)
-        if position_ids is not None and position_ids.dim() == 2 and position_ids.shape[-1] == seqlen_q:
+        if positioned:
             end = (first + position_ids[:, -1] + 1).clamp(0, seqlen_k).expand(batch)
         else:
             end = torch.full_like(first, seqlen_k)
