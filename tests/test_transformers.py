@@ -172,6 +172,31 @@ def test_kept_run_under_compile():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("static", [True, False], ids=["static-cache", "dynamic-cache"])
+def test_a_decoding_step_with_dropout_attends_the_written_keys(static):
+    """A decoding-size call without gradients but with dropout (a model left in training mode) cannot take
+    the KV-cache kernel: the packed path gets the keys written so far, whether the mask spans a static
+    cache's unwritten slots (NaN here: attending one would show) or ends at Nk; the same draws as the
+    call on those keys alone."""
+    torch.manual_seed(3)
+    query = torch.randn(2, 4, 2, 16, device=DEVICE)
+    key, value = (torch.randn(2, 2, 12, 16, device=DEVICE) for _ in range(2))
+    seen = 9 if static else 12
+    key[:, :, seen:], value[:, :, seen:] = float("nan"), float("nan")
+    mask = torch.zeros(2, 12, dtype=torch.bool, device=DEVICE)
+    mask[0, 2:seen], mask[1, :seen] = True, True
+    positions = mask[:, :seen].long().cumsum(-1)[:, -2:] - 1
+    module = torch.nn.Module()
+
+    def call(mask, key, value):
+        torch.manual_seed(7)
+        return attention_forward(module, query, key, value, mask, dropout=0.5, position_ids=positions)[0]
+    with torch.no_grad():
+        out = call(mask, key, value)
+        alone = call(mask[:, :seen], key[:, :, :seen], value[:, :, :seen])
+    assert torch.isfinite(out).all() and torch.equal(out, alone)
+
+
 def test_padding_mask_pads_a_static_cache_for_decoding():
     """The mask builder: transformers' flash one (sliced from the right, None when nothing is padded), except
     that a decoding step's mask against a static cache (shorter than the cache) is padded to the cache's

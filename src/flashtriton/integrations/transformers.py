@@ -246,7 +246,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         run = _kept_run(attention_mask, kwargs.get("position_ids"), seqlen_q, key)
         if run is not None and inference:
             return _decode(query, key, value, options, leftpad=run[0], lengths=run[1]), None
-        if run is not None:
+        if run is not None and run[1] is not None:  # (None: the keys end at Nk, nothing to cut)
             seen = int(run[1].max())
             attention_mask, key, value = attention_mask[:, :seen], key[:, :, :seen], value[:, :, :seen]
     if attention_mask is not None and key.shape[2] > attention_mask.shape[-1]:
