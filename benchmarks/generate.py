@@ -118,7 +118,8 @@ def main() -> None:
             if args.out is not None:  # after every row: a run cut short keeps what it finished
                 args.out.mkdir(parents=True, exist_ok=True)
                 result = dict(meta=meta, rounds=ROUNDS, rows=rows)
-                (args.out / f"generate_{args.cache}.json").write_text(json.dumps(result, indent=1))
+                name = "generate.json" if args.cache == "dynamic" else "generate_static.json"
+                (args.out / name).write_text(json.dumps(result, indent=1))
         del models
         torch.cuda.empty_cache()
 
