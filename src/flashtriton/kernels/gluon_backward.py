@@ -27,7 +27,13 @@ program loops over the query heads of its group, so dK and dV have one writer ea
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 
 @gluon.jit
@@ -81,12 +87,12 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
 
 
 @gluon.jit
-def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63. `shared`: the
-    arguments every compute warpgroup takes (the kernel's)."""
-    (q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, stride_dkb, stride_dkh,
-     stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks, num_kv_heads, group, seqlen_q,
-     seqlen_k, scale, qk_scale_log2) = shared
+def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+    """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
+    their share of dQ. `shared`: the arguments every compute warpgroup takes (the kernel's)."""
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, DQ_ACC, stride_dkb,
+     stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks, num_kv_heads, group,
+     seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
@@ -115,7 +121,8 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr):
     mbarrier.wait(kv_ready, 0)
     count = 0
     for i in range(group):
-        stats = (off_b * num_kv_heads * group + off_hkv * group + i).to(gl.int64) * stats_stride
+        head = (off_b * num_kv_heads * group + off_hkv * group + i).to(gl.int64)  # b * Hq + the query head
+        stats = head * stats_stride
         for m in range(m_first, num_m):
             stage = count % NUM_STAGES
             mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
@@ -143,8 +150,24 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr):
             dst = pt * (dpt - delta[None, :])
             dst_op = gl.convert_layout(dst.to(dtype), a_layout)
             dk = warpgroup_mma(dst_op, q, dk, is_async=True)
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-            mbarrier.arrive(empty.index(stage), count=1)
+            if DQ_ATOMIC:
+                # dQ += dS K: dS^T goes to shared memory and is read back transposed as the A operand (the
+                # queries as rows) while dK's product runs; the 64 x D product is added into DQ_ACC.
+                ds = ds_smem.index(WG)
+                ds.store(dst.to(dtype))
+                fence_async_shared()
+                dq = warpgroup_mma(ds.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=g_layout),
+                                   use_acc=False, is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                mbarrier.arrive(empty.index(stage), count=1)
+                rows_q = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, g_layout))
+                cols_q = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+                dq_head = DQ_ACC + head * seqlen_q * HEAD_DIM
+                gl.atomic_add(dq_head + rows_q.to(gl.int64)[:, None] * HEAD_DIM + cols_q[None, :], dq * scale,
+                              mask=rows_q[:, None] < seqlen_q, sem="relaxed")
+            else:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+                mbarrier.arrive(empty.index(stage), count=1)
             count += 1
 
     rows = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
@@ -162,13 +185,17 @@ def attn_bwd_dkdv_gluon_kernel(
     # q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with (1, 1, rows,
     # D) boxes; LSE2 (L * log2(e)) and DELTA (rowsum(dO * O)) float32 (B, Hq, rows padded to stats_stride);
     # DK and DV like k and v (strides given).
-    q_desc, k_desc, v_desc, do_desc, LSE2, DELTA, DK, DV,
+    q_desc, k_desc, v_desc, do_desc, LSE2, DELTA, DK, DV, DQ_ACC,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
-    WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, COMPUTE_REGS: gl.constexpr,
+    WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+    COMPUTE_REGS: gl.constexpr,
 ):
-    """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv."""
+    """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv. With
+    DQ_ATOMIC, also dQ * scale added into DQ_ACC (float32 (B, Hq, Nq, D) contiguous, zeroed by the caller)
+    by atomics: FlashAttention-3's five products per block instead of seven, summed in an order that
+    varies from run to run (not bitwise deterministic)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
@@ -178,6 +205,11 @@ def attn_bwd_dkdv_gluon_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
+    # Each compute warpgroup's dS^T, for dQ's product (a token 8 x 8 slot when DQ_ATOMIC is off)
+    DS_ROWS: gl.constexpr = KEYS if DQ_ATOMIC else 8
+    DS_COLS: gl.constexpr = BLOCK_M if DQ_ATOMIC else 8
+    ds_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, DS_ROWS, DS_COLS],
+                                        gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -191,12 +223,12 @@ def attn_bwd_dkdv_gluon_kernel(
     # literal list (gluon_forward.py says why).
     loads = (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, num_n_blocks,
              num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
-    shared = (q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, stride_dkb, stride_dkh,
-              stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks, num_kv_heads, group,
-              seqlen_q, seqlen_k, scale, qk_scale_log2)
+    shared = (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, DQ_ACC,
+              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks,
+              num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, loads),
-                        (_compute_partition, (shared, 0, IS_CAUSAL)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL))],
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

@@ -47,10 +47,12 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
 
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
-                      stages: int = NUM_STAGES) -> tuple:
+                      dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
-    stride: launched by attention_dkdv_gluon, compiled offline by tools/inspect.py."""
+    stride: launched by attention_dkdv_gluon, compiled offline by tools/inspect.py. With `dq_acc` (float32
+    (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ into it by atomics (its DQ_ATOMIC form: not
+    yet taken by attention_backward, which keeps the deterministic Triton dQ kernel)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -65,19 +67,24 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
     if lse2.stride(-1) != 1 or delta.stride() != lse2.stride():
         raise ValueError("lse2 and delta must share one layout with contiguous rows (backward.statistics_buffer)")
+    if dq_acc is not None and (dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape
+                               or not dq_acc.is_contiguous()):
+        raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
+                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
     args = (descriptor(q, BLOCK_M), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, BLOCK_M), lse2, delta,
-            dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2), num_n_blocks, kv_heads, heads // kv_heads,
-            seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, compute_registers)
+            dk, dv, dk if dq_acc is None else dq_acc, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2),
+            num_n_blocks, kv_heads, heads // kv_heads, seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages,
+            is_causal, dq_acc is not None, compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers)
 
 
 def attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
-                         delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool,
-                         scale: float) -> None:
-    """Write dk and dv through the Gluon kernel; the caller checked gluon_backward_selected and ran the
-    statistics launch."""
-    kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale)
+                         delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
+                         dq_acc: torch.Tensor | None = None) -> None:
+    """Write dk and dv (and add dQ into `dq_acc`, if given) through the Gluon kernel; the caller checked
+    gluon_backward_selected and ran the statistics launch."""
+    kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc)
     kernel[grid](*args, **kwargs)

@@ -228,21 +228,25 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
 def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                            target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
-    would launch it under FLASHTRITON_BACKWARD=gluon."""
+    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     lse2, delta = statistics_buffer(torch.empty(1, 2, seqlen))
-    kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal,
-                                                                  head_dim ** -0.5)
-    with _offline(target):
-        compiled = kernel.warmup(*args, grid=grid, **kwargs)
-    compiled = compiled.result() if hasattr(compiled, "result") else compiled
     launch_registers, compute_registers = gluon_backward.REGISTERS
-    config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M}-"
-              f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}")
-    return [_report(kernel.__name__, compiled, head_dim, dtype, causal, config)]
+    reports = []
+    for dq_acc in (None, torch.empty(q.shape)):
+        kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal,
+                                                                      head_dim ** -0.5, dq_acc)
+        with _offline(target):
+            compiled = kernel.warmup(*args, grid=grid, **kwargs)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled
+        config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M}-"
+                  f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
+                  f"{'' if dq_acc is None else '-dq-atomic'}")
+        reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
+    return reports
 
 
 def markdown(reports: list[KernelReport]) -> str:
