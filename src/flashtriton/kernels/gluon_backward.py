@@ -200,6 +200,7 @@ def attn_bwd_dkdv_gluon_kernel(
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
+    gl.static_assert(WARPGROUPS == 2, "the partition list below spells out two compute warpgroups")
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)

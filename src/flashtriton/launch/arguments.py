@@ -99,6 +99,14 @@ def variant_flags(is_causal: bool, window: tuple[int, int], softcap: float, alib
     return flags, window_left, window_right, mask_right and not mask_left
 
 
+def plain_call(window: tuple[int, int], softcap: float, alibi_slopes: torch.Tensor | None, varlen: Varlen | None,
+               dropout_p: float) -> bool:
+    """Whether a call sets no variant (no window, softcap, ALiBi, packed batch or dropout): the calls the
+    Gluon kernels take, which implement the plain causal or full mask only."""
+    return (tuple(window) == (-1, -1) and not softcap and alibi_slopes is None and varlen is None
+            and not dropout_p)
+
+
 def heads_per_group(streamed: torch.Tensor, heads_per_stream: float, causal_order: bool) -> int:
     """How many (batch, head) pairs a causal launch groups together (kernels/common.py: program_tile): as
     many as have the tiles they stream fit in three quarters of the L2. Each pair streams two tensors

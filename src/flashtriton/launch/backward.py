@@ -15,6 +15,7 @@ from .arguments import (
     grid_dims,
     heads_per_group,
     input_precision,
+    plain_call,
     score_mods,
     variant_flags,
     variant_pointers,
@@ -89,8 +90,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     optional = variant_pointers(alibi_slopes, varlen, dropout_seed)
     # A plain call may take its dK/dV from the Gluon kernel (FLASHTRITON_BACKWARD=gluon), after the Triton
     # launches (the statistics it reads, and dQ).
-    gluon = (need_dkdv and configs is None and kernels is None and tuple(window) == (-1, -1) and not softcap
-             and alibi_slopes is None and varlen is None and not dropout_p and gluon_backward_selected(q, k, v, do))
+    gluon = (need_dkdv and configs is None and kernels is None
+             and plain_call(window, softcap, alibi_slopes, varlen, dropout_p) and gluon_backward_selected(q, k, v, do))
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
     if need_dkdv and not gluon:

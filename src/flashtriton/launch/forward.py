@@ -15,6 +15,7 @@ from .arguments import (
     grid_dims,
     heads_per_group,
     input_precision,
+    plain_call,
     score_mods,
     variant_flags,
     variant_pointers,
@@ -40,8 +41,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     `alibi_slopes` (Hq,) or (B, Hq) float32 adds ALiBi's bias (see flash_attention); `varlen` describes a
     packed batch (Varlen); `dropout_p` > 0 drops probabilities with the Philox key in `dropout_seed` (one
     int64 on q's device; the backward must get the same one); `kernels` replaces the kernels launched."""
-    if (config is None and kernels is None and varlen is None and dropout_p == 0 and softcap == 0
-            and alibi_slopes is None and tuple(window) == (-1, -1) and gluon_forward_selected(q, k, v, is_causal)):
+    if (config is None and kernels is None and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
+            and gluon_forward_selected(q, k, v, is_causal)):
         record_choice("forward", Choice((f"gluon-{gluon_tiles(q.shape[-1])}",)))
         return attention_forward_gluon(q, k, v, is_causal, scale)
     heads_q, seqlen_q, head_dim = q.shape[1:]

@@ -74,7 +74,7 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
 
 
 FORWARD_PATH_VARIABLE = "FLASHTRITON_FORWARD"
-FORWARD_PATHS = ("auto", "triton", "gluon")
+PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_BACKWARD take
 # "auto" takes the Gluon forward where it ran faster than the Triton kernel on the H200: AUTO_MIN_KEYS
 # maps (head dim, causal) to the fewest keys. At D = 128, 1.1-1.3x from 1024 keys, causal or not, and
 # 1.16x at 512 keys without a mask (0.91x with one; docs/performance.md, entry 55). At
@@ -94,8 +94,8 @@ def path_from_environment(variable: str, what: str) -> str:
     """The path the environment variable `variable` asks for: "auto" (unset), "triton" or "gluon"; `what`
     names it in the error."""
     path = os.environ.get(variable, "auto").strip().lower() or "auto"
-    if path not in FORWARD_PATHS:
-        raise ValueError(f"{variable}={path!r} is not a {what} path; use one of {FORWARD_PATHS} (or leave it unset "
+    if path not in PATHS:
+        raise ValueError(f"{variable}={path!r} is not a {what} path; use one of {PATHS} (or leave it unset "
                          "for auto)")
     return path
 

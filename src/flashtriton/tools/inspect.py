@@ -199,6 +199,15 @@ def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
     return reports
 
 
+def _compile_offline(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPUTarget):
+    """A launcher's (kernel, grid, args, kwargs), compiled for `target` as _Capture compiles the Triton
+    kernels; returns the compiled kernel."""
+    sink: dict = {}
+    with _offline(target):
+        _Capture("kernel", kernel, sink)[grid](*args, **kwargs)
+    return sink["kernel"]
+
+
 def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                   target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
@@ -215,9 +224,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     for form, (overlap, pingpong), warpgroups in variants:
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, q, o, lse, causal, head_dim ** -0.5,
                                                                         overlap, pingpong, warpgroups=warpgroups)
-        with _offline(target):
-            compiled = kernel.warmup(*args, grid=grid, **kwargs)
-        compiled = compiled.result() if hasattr(compiled, "result") else compiled
+        compiled = _compile_offline(kernel, grid, args, kwargs, target)
         launch_registers, softmax_registers = gluon_forward.REGISTERS[warpgroups]
         config = (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{gluon_forward.BLOCK_N}-s{gluon_forward.NUM_STAGES}-"
                   f"r{launch_registers}/{softmax_registers}-{form}")
@@ -239,9 +246,7 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     for dq_acc in (None, torch.empty(q.shape)):
         kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal,
                                                                       head_dim ** -0.5, dq_acc)
-        with _offline(target):
-            compiled = kernel.warmup(*args, grid=grid, **kwargs)
-        compiled = compiled.result() if hasattr(compiled, "result") else compiled
+        compiled = _compile_offline(kernel, grid, args, kwargs, target)
         config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M}-"
                   f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
                   f"{'' if dq_acc is None else '-dq-atomic'}")
