@@ -125,6 +125,26 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
     assert calls, "the Gluon dK/dV kernel did not run"
 
 
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_backward_without_dq_takes_the_gluon_kernel_alone(monkeypatch, is_causal):
+    """needs = (False, True, True) (q without grad): no Triton gradient kernel launches, and dK, dV equal
+    the ones the same path gives beside dQ."""
+    from flashtriton.launch.backward import attention_backward
+    from flashtriton.launch.forward import attention_forward
+
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    torch.manual_seed(5)
+    q, k, v = make_qkv(2, 4, 2, 97, 300, 128, torch.bfloat16, DEVICE, requires_grad=False)
+    do = torch.randn_like(q)
+    o, lse = attention_forward(q, k, v, is_causal, 128 ** -0.5)
+    _, dk, dv = attention_backward(do, q, k, v, o, lse, is_causal, 128 ** -0.5)
+    dq_alone, dk_alone, dv_alone = attention_backward(do, q, k, v, o, lse, is_causal, 128 ** -0.5,
+                                                      needs=(False, True, True))
+    assert dq_alone is None
+    assert torch.equal(dk_alone, dk) and torch.equal(dv_alone, dv)
+
+
 class _FusedBackward(torch.autograd.Function):
     """The Triton forward, then a backward of the statistics launch and the Gluon kernel's atomic form alone
     (dQ added into a float32 buffer by the kernel, no dQ kernel)."""

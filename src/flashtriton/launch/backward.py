@@ -132,6 +132,8 @@ def _gradient_launches(tensors: dict, q: torch.Tensor, k: torch.Tensor, dims: tu
                        softcap: float, alibi_slopes: torch.Tensor | None, varlen: Varlen | None, dropout_p: float,
                        kernels: Kernels) -> list[LaunchSpec]:
     """The dK/dV and dQ launches wanted (`tensors` holds their per-call arguments)."""
+    if "dkdv" not in tensors and "dq" not in tensors:  # dK/dV alone, from the Gluon kernel
+        return []
     heads_q, seqlen_q, head_dim = q.shape[1:]
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     batch, grid_q, grid_k = dims  # (arguments.grid_dims)
