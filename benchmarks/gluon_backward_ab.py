@@ -1,7 +1,8 @@
-"""The Gluon dK/dV kernel (FLASHTRITON_BACKWARD=gluon) against the Triton one, on an sm_90 GPU: the whole
-backward (statistics, dK/dV, dQ) on each path, the dK/dV part alone (the statistics launch and dK/dV: no
-dQ), the kernel's atomic form ("gluon_fused": the statistics launch, then dK, dV and dQ from one loop,
-dQ added into a zeroed float32 buffer and cast), and cuDNN's backward beside them. Providers in
+"""The Gluon backward (FLASHTRITON_BACKWARD=gluon) against the Triton one, on an sm_90 GPU: the whole
+backward on each path ("gluon": the statistics launch, then dK, dV and dQ from one loop, dQ added into a
+zeroed float32 buffer by TMA reductions and cast; "gluon_det": under torch.use_deterministic_algorithms,
+the Gluon dK/dV kernel and the Triton dQ kernel), the dK/dV part alone (the statistics launch and dK/dV: no
+dQ), and cuDNN's backward beside them. Providers in
 interleaved rounds, `do_bench` medians, bf16; prints one JSON line per shape: TFLOP/s (the backward's
 2.5x the forward's FLOPs; the dK/dV part's rate on the same count, so its figures compare between paths
 only) and each path's largest dQ, dK and dV error against SDPA's gradients in float32.
@@ -21,8 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from flashtriton.launch import gluon_backward
-from flashtriton.launch.backward import attention_backward, backward_stats
-from flashtriton.launch.forward import attention_forward, empty_in_order
+from flashtriton.launch.backward import attention_backward
+from flashtriton.launch.forward import attention_forward
 
 ROUNDS = 5
 # (batch, heads, N, head dim, causal): the paper suite's shapes at N = 4096, cs336's, and shorter ones
@@ -54,24 +55,25 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     def backward(needs=(True, True, True)):
         return attention_backward(do, q, k, v, o, lse, causal, scale, needs=needs)
 
-    def fused():
-        lse2, delta = backward_stats(o, do, lse)
-        dk, dv = empty_in_order(k), empty_in_order(v)
-        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        gluon_backward.attention_dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, causal, scale, dq_acc=dq)
-        return dq.to(q.dtype), dk, dv
+    def deterministic():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return backward()
+        finally:
+            torch.use_deterministic_algorithms(False)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         o_cudnn = F.scaled_dot_product_attention(*leaves, is_causal=causal)
 
     providers = {"triton": on_path("triton", backward), "gluon": on_path("gluon", backward),
                  "triton_dkdv": on_path("triton", lambda: backward((False, True, True))),
-                 "gluon_dkdv": on_path("gluon", lambda: backward((False, True, True))), "gluon_fused": fused,
+                 "gluon_det": on_path("gluon", deterministic),
+                 "gluon_dkdv": on_path("gluon", lambda: backward((False, True, True))),
                  "cudnn": lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True)}
     reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
     grads = torch.autograd.grad(F.scaled_dot_product_attention(*reference, is_causal=causal), reference, do.float())
     errors = {}
-    for path in ("triton", "gluon", "gluon_fused"):
+    for path in ("triton", "gluon", "gluon_det"):
         dq, dk, dv = providers[path]()
         errors[path] = {name: float(f"{(g.float() - r).abs().max().item():.1e}")
                         for name, g, r in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, strict=True)}

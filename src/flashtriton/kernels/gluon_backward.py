@@ -25,8 +25,10 @@ key (L = -inf) is masked out by the causal mask, which is the only way it arises
 program loops over the query heads of its group, so dK and dV have one writer each.
 """
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -34,6 +36,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile `src` into the global tile of `tensor_desc` at `coord`, asynchronously, by
+    TMA (cp.reduce.async.bulk.tensor .add): Triton 3.6 has the operation, but its Gluon spells out only
+    the plain copies (tma.async_copy_shared_to_global). Completion is awaited as a copy's: tma.store_wait."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -87,12 +98,41 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
 
 
 @gluon.jit
+def _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, count, off_b, head_q, m_row, scale,
+            WG: gl.constexpr, g_layout: gl.constexpr):
+    """dQ's share of warpgroup WG for one query block: once both warpgroups' dS^T are in ds_smem (buffer
+    count % 2), dQ[:, WG's half of D] = dS K over the program's 128 keys (both warpgroups' dS^T read
+    transposed, K's columns of that half), scaled and added into dQ's float32 buffer by a TMA reduction
+    that runs on while the next block computes."""
+    WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
+    KEYS: gl.constexpr = k_smem.type.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
+    BLOCK_M: gl.constexpr = ds_smem.type.shape[2]
+    DQ_COLS: gl.constexpr = HEAD_DIM // WARPGROUPS
+    buf = count % 2
+    mbarrier.wait(ds_ready.index(buf), (count // 2) & 1)
+    dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=g_layout)
+    for w in gl.static_range(WARPGROUPS):  # the keys of warpgroup w: its rows of dS^T, its tile of K
+        ds = ds_smem.index(buf).slice(w * KEYS, KEYS, dim=0).permute((1, 0))
+        keys = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+        dq = warpgroup_mma(ds, keys, dq, use_acc=w > 0, is_async=True)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+    mbarrier.arrive(ds_free.index(buf), count=1)
+    staged = dq_smem.index(WG)
+    tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
+    staged.reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
+
+
+@gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
-    their share of dQ. `shared`: the arguments every compute warpgroup takes (the kernel's)."""
-    (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, DQ_ACC, stride_dkb,
-     stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks, num_kv_heads, group,
-     seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
+    half of dQ's columns over all the program's keys (_add_dq). `shared`: the arguments every compute
+    warpgroup takes (the kernel's)."""
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, ds_ready, ds_free, LSE2,
+     DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
+     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
@@ -106,6 +146,8 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM // WARPGROUPS, 16])
     key_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -151,25 +193,24 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
             dst_op = gl.convert_layout(dst.to(dtype), a_layout)
             dk = warpgroup_mma(dst_op, q, dk, is_async=True)
             if DQ_ATOMIC:
-                # dQ += dS K: dS^T goes to shared memory and is read back transposed as the A operand (the
-                # queries as rows) while dK's product runs; the 64 x D product is added into DQ_ACC.
-                ds = ds_smem.index(WG)
-                ds.store(dst.to(dtype))
+                # dS^T into this warpgroup's rows of the block's buffer (while dK's product runs), once the
+                # other warpgroup has read what the buffer held two blocks ago; then dQ's share.
+                buf = count % 2
+                mbarrier.wait(ds_free.index(buf), ((count // 2) & 1) ^ 1)
+                ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst.to(dtype))
                 fence_async_shared()
-                dq = warpgroup_mma(ds.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=g_layout),
-                                   use_acc=False, is_async=True)
-                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                mbarrier.arrive(ds_ready.index(buf), count=1)
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
                 mbarrier.arrive(empty.index(stage), count=1)
-                rows_q = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, g_layout))
-                cols_q = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
-                dq_head = DQ_ACC + head * seqlen_q * HEAD_DIM
-                gl.atomic_add(dq_head + rows_q.to(gl.int64)[:, None] * HEAD_DIM + cols_q[None, :], dq * scale,
-                              mask=rows_q[:, None] < seqlen_q, sem="relaxed")
+                _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, count, off_b,
+                        off_hkv * group + i, m * BLOCK_M, scale, WG, dq_layout)
             else:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
                 mbarrier.arrive(empty.index(stage), count=1)
             count += 1
 
+    if DQ_ATOMIC:
+        tma.store_wait(pendings=0)  # the last reduction has read its staging tile before the program ends
     rows = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
     store = rows[:, None] < seqlen_k
@@ -185,7 +226,7 @@ def attn_bwd_dkdv_gluon_kernel(
     # q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with (1, 1, rows,
     # D) boxes; LSE2 (L * log2(e)) and DELTA (rowsum(dO * O)) float32 (B, Hq, rows padded to stats_stride);
     # DK and DV like k and v (strides given).
-    q_desc, k_desc, v_desc, do_desc, LSE2, DELTA, DK, DV, DQ_ACC,
+    q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DELTA, DK, DV,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
@@ -193,9 +234,9 @@ def attn_bwd_dkdv_gluon_kernel(
     COMPUTE_REGS: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv. With
-    DQ_ATOMIC, also dQ * scale added into DQ_ACC (float32 (B, Hq, Nq, D) contiguous, zeroed by the caller)
-    by atomics: FlashAttention-3's five products per block instead of seven, summed in an order that
-    varies from run to run (not bitwise deterministic)."""
+    DQ_ATOMIC, also dQ * scale added into dQ's float32 (B, Hq, Nq, D) buffer (dq_desc, a (1, 1, 64, D / 2)
+    box; zeroed by the caller) by TMA reductions: FlashAttention-3's five products per block instead of
+    seven, summed in an order that varies from run to run (not bitwise deterministic)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
@@ -206,11 +247,23 @@ def attn_bwd_dkdv_gluon_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
-    # Each compute warpgroup's dS^T, for dQ's product (a token 8 x 8 slot when DQ_ATOMIC is off)
-    DS_ROWS: gl.constexpr = KEYS if DQ_ATOMIC else 8
+    # For dQ: two buffers of the block's dS^T (both warpgroups' rows), and each warpgroup's float32 tile of
+    # dQ on its way to the reduction (token 8 x 8 slots when DQ_ATOMIC is off).
+    DS_ROWS: gl.constexpr = WARPGROUPS * KEYS if DQ_ATOMIC else 8
     DS_COLS: gl.constexpr = BLOCK_M if DQ_ATOMIC else 8
-    ds_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, DS_ROWS, DS_COLS],
+    ds_smem = gl.allocate_shared_memory(dtype, [2, DS_ROWS, DS_COLS],
                                         gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
+    if DQ_ATOMIC:
+        dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM // WARPGROUPS],
+                                            dq_desc.layout)
+    else:
+        dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, 8, 8],
+                                            gl.NVMMASharedLayout.get_default_for([1, 1, 8, 8], gl.float32))
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for buf in gl.static_range(2):
+        mbarrier.init(ds_ready.index(buf), count=WARPGROUPS)
+        mbarrier.init(ds_free.index(buf), count=WARPGROUPS)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -224,15 +277,18 @@ def attn_bwd_dkdv_gluon_kernel(
     # literal list (gluon_forward.py says why).
     loads = (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, num_n_blocks,
              num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
-    shared = (q_smem, do_smem, k_smem, v_smem, ds_smem, kv_ready, ready, empty, LSE2, DELTA, DK, DV, DQ_ACC,
-              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride, num_n_blocks,
-              num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
+    shared = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, ds_ready, ds_free,
+              LSE2, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+              stats_stride, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, loads),
                         (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC)),
                         (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)
+    for buf in gl.static_range(2):
+        mbarrier.invalidate(ds_ready.index(buf))
+        mbarrier.invalidate(ds_free.index(buf))
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(stage))
         mbarrier.invalidate(empty.index(stage))

@@ -68,7 +68,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        needs: tuple[bool, bool, bool] = (True, True, True), kernels: Kernels | None = None,
                        ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
-    a given choice of tiles the summation order is fixed. `configs` = (dK/dV config, dQ config)
+    a given choice of tiles the summation order is fixed; except on the Gluon path (launch/gluon_backward.py)
+    outside torch.use_deterministic_algorithms, where dQ comes from the dK/dV loop by atomic adds.
+    `configs` = (dK/dV config, dQ config)
     overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward, for
     16-bit inputs); `needs` says which of dq, dk, dv are wanted (autograd's needs_input_grad): the dQ
     kernel runs only for dq and the dK/dV kernel only for dk or dv, and an unwanted gradient comes back as
@@ -88,15 +90,19 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         autotune = (configs is None and q.device.type == "cuda" and q.element_size() == 2
                     and autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
     optional = variant_pointers(alibi_slopes, varlen, dropout_seed)
-    # A plain call may take its dK/dV from the Gluon kernel (FLASHTRITON_BACKWARD=gluon), after the Triton
-    # launches (the statistics it reads, and dQ).
+    # A plain call may take its dK/dV from the Gluon kernel, after the Triton launches (the statistics it
+    # reads); with dQ in the same loop (atomic adds), unless the run asks for deterministic algorithms: then
+    # dQ comes from the Triton dQ kernel.
     gluon = (need_dkdv and configs is None and kernels is None
              and plain_call(window, softcap, alibi_slopes, varlen, dropout_p) and gluon_backward_selected(q, k, v, do))
+    dq_acc = None
+    if gluon and need_dq and not torch.are_deterministic_algorithms_enabled():
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
     if need_dkdv and not gluon:
         tensors["dkdv"] = ((q, k, v, do, lse2, delta, dk, dv, *optional), (q, k, v, do, lse2, delta))
-    if need_dq:
+    if need_dq and dq_acc is None:
         tensors["dq"] = ((q, k, v, do, lse2, delta, dq, *optional), (q, k, v, do))
 
     key = None
@@ -104,20 +110,28 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, do, o, lse, *optional), kernels,
                               is_causal, scale, None if configs is None else tuple(configs), autotune, tuple(window),
-                              softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs), gluon)
+                              softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs), gluon,
+                              dq_acc is None)
         if replay_recorded("backward", key, tensors, stream):
-            if gluon:
-                attention_dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, is_causal, scale)
-            return _wanted((dq, dk, dv), needs)
+            return _wanted(_gluon_gradients(gluon, q, k, v, do, lse2, delta, dq, dk, dv, dq_acc, is_causal, scale),
+                           needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
     specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
              *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
                                  softcap, alibi_slopes, varlen, dropout_p, kernels)]
     run("backward", key, specs, ("dkdv", "dq"))
+    return _wanted(_gluon_gradients(gluon, q, k, v, do, lse2, delta, dq, dk, dv, dq_acc, is_causal, scale), needs)
+
+
+def _gluon_gradients(gluon: bool, q, k, v, do, lse2, delta, dq, dk, dv, dq_acc, is_causal: bool, scale: float):
+    """(dq, dk, dv) once the Triton launches have run: on the Gluon path its kernel writes dk and dv, and with
+    `dq_acc` (float32, zeros) adds dQ into it, which dq then takes in its own dtype."""
     if gluon:
-        attention_dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, is_causal, scale)
-    return _wanted((dq, dk, dv), needs)
+        attention_dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc)
+    if dq_acc is not None:
+        dq.copy_(dq_acc)
+    return dq, dk, dv
 
 
 def gradient_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -51,8 +51,8 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched by attention_dkdv_gluon, compiled offline by tools/inspect.py. With `dq_acc` (float32
-    (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ into it by atomics (its DQ_ATOMIC form: not
-    yet taken by attention_backward, which keeps the deterministic Triton dQ kernel)."""
+    (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ * scale into it by TMA reductions (its
+    DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -73,8 +73,12 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
                          f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
-    args = (descriptor(q, BLOCK_M), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, BLOCK_M), lse2, delta,
-            dk, dv, dk if dq_acc is None else dq_acc, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2),
+    dq_desc = None
+    if dq_acc is not None:  # each compute warpgroup reduces half of D
+        box = [1, 1, BLOCK_M, head_dim // WARPGROUPS]
+        dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
+    args = (descriptor(q, BLOCK_M), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, BLOCK_M), dq_desc, lse2,
+            delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2),
             num_n_blocks, kv_heads, heads // kv_heads, seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages,
             is_causal, dq_acc is not None, compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
