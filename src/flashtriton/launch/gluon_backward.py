@@ -1,15 +1,17 @@
-"""The Gluon dK/dV kernel's launcher (kernels/gluon_backward.py), and which calls it takes.
+"""The Gluon backward kernel's launcher (kernels/gluon_backward.py), and which calls it takes.
 
-attention_backward (launch/backward.py) runs the statistics launch and the Triton dQ kernel as always;
-for a plain call (no window, softcap, ALiBi, dropout or packed batch, no forced tiles) that
-`gluon_backward_selected` accepts, the Gluon kernel replaces the Triton dK/dV kernel. The environment
-variable FLASHTRITON_BACKWARD picks the path: "triton" (and "auto", the default, for now: the kernel has
-been compiled and checked offline, not yet timed against the Triton kernel on the H200) or "gluon" (every
-call it supports).
+attention_backward (launch/backward.py) runs the statistics launch as always; for a plain call (no
+window, softcap, ALiBi, dropout or packed batch, no forced tiles) that `gluon_backward_selected` accepts,
+the Gluon kernel replaces the Triton dK/dV kernel. The environment
+variable FLASHTRITON_BACKWARD picks the path: "triton", "gluon" (every call it supports) or "auto" (the
+default: the Gluon kernel where it was measured faster, gluon_backward_selected). Outside
+torch.use_deterministic_algorithms the Gluon kernel also computes dQ, added into a float32 buffer by TMA
+reductions (not bitwise deterministic, as FlashAttention-2's and -3's default backward); inside it, dQ
+comes from the Triton dQ kernel.
 
 Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), query blocks of BLOCK_M = 64
 rows, NUM_STAGES = 2 stages of Q and dO (2 x 32 KB at D = 128, with K and V's 64 KB: 128 KB of shared
-memory per block).
+memory per block; with dQ, two buffers of dS^T and the float32 tiles on their way to the reduction: 192 KB).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ NUM_STAGES = 2
 REGISTERS = (168, 240)
 
 BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
+# Where "auto" takes the Gluon backward (dQ by TMA reductions), from benchmarks/gluon_backward_ab.py on the
+# H200 (docs/performance.md, entry 58): 1.01-1.19x the Triton backward at D = 128 from 2048 keys, 0.97x at
+# 1024 causal; 0.76-0.88x at D = 64, where the compute warpgroups' softmax is as long and the products half.
+AUTO_HEAD_DIMS = (128,)
+AUTO_MIN_KEYS = 2048
 
 
 def backward_path() -> str:
@@ -37,10 +44,16 @@ def backward_path() -> str:
 
 
 def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
-    """Whether a plain backward of these (B, H, N, D) tensors runs its dK/dV on the Gluon kernel: only when
-    FLASHTRITON_BACKWARD=gluon, on a CUDA device, where the Gluon forward's conditions (dtype, head dim,
-    TMA-aligned strides, sm_90, Triton 3.6) hold for q, k, v and dO."""
-    if q.device.type != "cuda" or backward_path() != "gluon":
+    """Whether a plain backward of these (B, H, N, D) tensors runs on the Gluon kernel, on a CUDA device
+    where the Gluon forward's conditions (dtype, head dim, TMA-aligned strides, sm_90, Triton 3.6) hold for
+    q, k, v and dO: with FLASHTRITON_BACKWARD=gluon always; with "auto" (the default) where it was measured
+    faster than the Triton kernels (AUTO_HEAD_DIMS, at least AUTO_MIN_KEYS keys), and only outside
+    torch.use_deterministic_algorithms (its deterministic form, dQ from the Triton kernel, is not)."""
+    path = backward_path()
+    if q.device.type != "cuda" or path == "triton":
+        return False
+    if path == "auto" and (q.shape[-1] not in AUTO_HEAD_DIMS or k.shape[2] < AUTO_MIN_KEYS
+                           or torch.are_deterministic_algorithms_enabled()):
         return False
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
 
