@@ -205,9 +205,9 @@ def _op_arguments(packed: bool, variants: bool, requires_grad: bool):
     q, k, v = (x.detach().requires_grad_(requires_grad) for x in (q, k, v))
     if variants:
         seed = torch.tensor([1234], device=DEVICE)
-        options = (True, 0.3, 6, 1, 2.5, _slopes(heads_q), 0.2, seed)
+        options = (True, 0.3, 6, 1, 2.5, _slopes(heads_q), 0.2, seed, True)
     else:
-        options = (False, 0.25, -1, -1, 0.0, None, 0.0, None)
+        options = (False, 0.25, -1, -1, 0.0, None, 0.0, None, False)
     return q, k, v, *lengths, *options
 
 
@@ -239,15 +239,15 @@ def test_fake_outputs_have_the_real_strides():
     cu = torch.tensor([0, 9, 21], dtype=torch.int32, device=DEVICE)
     calls = [((q, k, v, None, None, 0, 0), False), ((*packed, cu, cu, 12, 12), True)]
     for tensors, _ in calls:
-        real = torch.ops.flashtriton.forward(*tensors, True, 0.25, -1, -1, 0.0, None, 0.0, None)
+        real = torch.ops.flashtriton.forward(*tensors, True, 0.25, -1, -1, 0.0, None, 0.0, None, False)
         do = torch.randn_like(real[0])
         real_grads = torch.ops.flashtriton.backward(do, *tensors[:3], *real, *tensors[3:], True, 0.25, -1, -1, 0.0,
-                                                    None, 0.0, None, True, True)
+                                                    None, 0.0, None, False, True, True)
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in tensors]
-            fake = torch.ops.flashtriton.forward(*fakes, True, 0.25, -1, -1, 0.0, None, 0.0, None)
+            fake = torch.ops.flashtriton.forward(*fakes, True, 0.25, -1, -1, 0.0, None, 0.0, None, False)
             fake_grads = torch.ops.flashtriton.backward(mode.from_tensor(do), *fakes[:3], *fake, *fakes[3:], True, 0.25,
-                                                        -1, -1, 0.0, None, 0.0, None, True, True)
+                                                        -1, -1, 0.0, None, 0.0, None, False, True, True)
         for r, f in zip((*real, *real_grads), (*fake, *fake_grads), strict=True):
             assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
 

@@ -74,6 +74,35 @@ def test_flash_attn_func_against_flash_attn_semantics(case):
                             alibi_slopes=kwargs.get("alibi_slopes"))
 
 
+@pytest.mark.parametrize("entry", ["flash_attn_func", "flash_attn_varlen_func", "compiled"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_reaches_the_backward(monkeypatch, entry, deterministic):
+    """flash_attn's `deterministic` travels with the call to attention_backward (eagerly, packed, and
+    through the ops under torch.compile), which picks the backward's form by it."""
+    from flashtriton import ops
+    seen = []
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return launch.attention_backward(*args, **kwargs)
+    monkeypatch.setattr(ops, "attention_backward", recorded)
+    q, k, v = (x.transpose(1, 2) for x in make_qkv(2, 2, 1, 17, 23, 16, torch.float32, DEVICE))
+    if entry == "flash_attn_varlen_func":
+        cu_q = torch.tensor([0, 17, 34], dtype=torch.int32, device=DEVICE)
+        cu_k = torch.tensor([0, 23, 46], dtype=torch.int32, device=DEVICE)
+        out = fai.flash_attn_varlen_func(q.reshape(34, 2, 16), k.reshape(46, 1, 16), v.reshape(46, 1, 16), cu_q, cu_k,
+                                         17, 23, causal=True, deterministic=deterministic)
+    elif entry == "compiled":
+        torch._dynamo.reset()
+        call = torch.compile(lambda q, k, v: fai.flash_attn_func(q, k, v, causal=True, deterministic=deterministic),
+                             backend="aot_eager", fullgraph=True)
+        out = call(q, k, v)
+    else:
+        out = fai.flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+    out.sum().backward()
+    assert seen == [deterministic]
+
+
 def test_flash_attn_func_returns():
     q, k, v = _bnhd(*make_qkv(2, 4, 2, 19, 23, 16, torch.float32, DEVICE))
     out = fai.flash_attn_func(q, k, v, causal=True)

@@ -81,6 +81,7 @@ def flash_attention(
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     return_attn_probs: bool = False,
+    deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Exact softmax attention, `softmax(q @ k^T * scale) @ v`, without materialising the scores.
 
@@ -121,6 +122,10 @@ def flash_attention(
             torch.manual_seed reproduces a run); the backward regenerates it.
         return_attn_probs: also return the (B, Hq, Nq, Nk) float32 probabilities after dropout (0 where
             dropped): a testing aid that materialises them, for small sizes only.
+        deterministic: a bitwise reproducible backward. Without it (and outside
+            torch.use_deterministic_algorithms), where the Gluon backward runs (sm_90, D = 128; see
+            launch/gluon_backward.py) dQ is added up by atomic reductions, whose order varies; the Triton
+            backward is deterministic either way.
 
     Returns:
         o: (B, Hq, Nq, D), q's dtype; and with `return_lse`, lse: (B, Hq, Nq) float32, natural log,
@@ -130,19 +135,18 @@ def flash_attention(
     256. float32 dot products use TF32 when PyTorch's float32 matmuls do
     (`torch.backends.cuda.matmul.fp32_precision`, or the legacy `allow_tf32`). Any strides work; a tensor
     whose last dim is not contiguous is copied once. The flash_attn layout (B, N, H, D) is supported
-    without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v; the backward is
-    deterministic.
+    without a copy by passing `x.transpose(1, 2)`. Differentiable in q, k and v.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if isinstance(x, torch.Tensor) and x.dim() != 4:
             raise ValueError(
                 f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(x.shape)}; "
                 "for the flash_attn layout (batch, seqlen, heads, head_dim) pass x.transpose(1, 2)")
-    check_flags(return_lse=return_lse, return_attn_probs=return_attn_probs)
+    check_flags(return_lse=return_lse, return_attn_probs=return_attn_probs, deterministic=deterministic)
     check_inputs(q, k, v, is_causal=is_causal)
     options = op_options(q, scale, window_size, softcap, alibi_slopes, dropout_p)
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
-    o, lse = ops.attention(q, k, v, None, None, 0, 0, is_causal, *options)
+    o, lse = ops.attention(q, k, v, None, None, 0, 0, is_causal, *options, deterministic=deterministic)
     return outputs(o, lse, return_lse, attention_probs(q, k, is_causal, options) if return_attn_probs else None)
 
 
@@ -162,6 +166,7 @@ def flash_attention_varlen(
     alibi_slopes: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     return_lse: bool = False,
+    deterministic: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`flash_attention` on a packed batch of variable-length sequences, as flash_attn's varlen API lays
     it out: no padding, each sequence attends only within itself.
@@ -173,7 +178,7 @@ def flash_attention_varlen(
             is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k
             and v. Zero-length sequences are allowed.
         max_seqlen_q, max_seqlen_k: the longest sequence's lengths (they size the grid).
-        is_causal, scale, window_size, softcap, alibi_slopes, dropout_p: as in `flash_attention`, per
+        is_causal, scale, window_size, softcap, alibi_slopes, dropout_p, deterministic: as in `flash_attention`, per
             sequence (masks aligned to each sequence's bottom-right corner; ALiBi slopes (Hq,) or
             (batch, Hq)).
         return_lse: also return the logsumexp, (Hq, total_q) float32.
@@ -185,13 +190,13 @@ def flash_attention_varlen(
         counter), so that later calls with it do not wait for the GPU. Inside CUDA graph capture, where
         no copy to the host is allowed, only their dtype, shape and device are checked.
     """
-    check_flags(return_lse=return_lse)
+    check_flags(return_lse=return_lse, deterministic=deterministic)
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal)
     options = op_options(q, scale, window_size, softcap, alibi_slopes, dropout_p, batch=len(cu_seqlens_q) - 1)
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     # The kernels index cu_seqlens with unit stride: a strided view is copied (once, a few bytes).
     o, lse = ops.attention(q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
-                           is_causal, *options)
+                           is_causal, *options, deterministic=deterministic)
     return (o, lse) if return_lse else o
 
 

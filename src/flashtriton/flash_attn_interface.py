@@ -9,7 +9,9 @@ return what it returns. The layout is a transposed view of flashtriton's (B, H, 
 copied; the output is laid out like q, as flash_attn's is: contiguous for a contiguous q, and for the
 slices of a stacked qkv. Differences:
 
-- `deterministic` is accepted and changes nothing: flashtriton's backward is always deterministic.
+- `deterministic=True` asks for a bitwise reproducible backward, as in flash_attn; so does
+  torch.use_deterministic_algorithms. Without either, where the Gluon backward runs (sm_90, D = 128) dQ
+  is added up by atomic reductions, as flash_attn's default backward adds it.
 - `return_attn_probs=True` returns (out, softmax_lse, probs) where probs are the (B, H, Nq, Nk) float32
   probabilities after dropout, 0 where dropped. flash_attn returns its S_dmask, padded to its tiles,
   with dropped entries negative. Both are testing aids; ours materialises them, so keep it small.
@@ -69,7 +71,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     _check_deterministic(deterministic)
     result = flash_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=softmax_scale,
                              return_lse=True, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                             dropout_p=dropout_p, return_attn_probs=return_attn_probs)
+                             dropout_p=dropout_p, return_attn_probs=return_attn_probs, deterministic=deterministic)
     o, lse, *probs = result
     return _results(o.transpose(1, 2), lse, probs[0] if probs else None, return_attn_probs)
 
@@ -106,7 +108,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise TypeError(f"return_attn_probs must be True or False, got {return_attn_probs!r}")
     o, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     is_causal=causal, scale=softmax_scale, window_size=window_size, softcap=softcap,
-                                    alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=True)
+                                    alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=True,
+                                    deterministic=deterministic)
     return _results(o, lse, None, return_attn_probs)
 
 

@@ -87,7 +87,8 @@ def _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_ca
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
                  max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float, window_left: int,
                  window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
-                 dropout_seed: Tensor | None) -> tuple[Tensor, Tensor]:
+                 dropout_seed: Tensor | None, deterministic: bool) -> tuple[Tensor, Tensor]:
+    # (`deterministic` is the backward's: kept with the call's other options for it)
     kwargs = _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     if cu_seqlens_q is None:
@@ -110,16 +111,18 @@ forward = _define("forward", forward_impl, _forward_fake)
 def backward_impl(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
                   cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
                   window_left: int, window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
-                  dropout_seed: Tensor | None, need_dq: bool, need_dkdv: bool) -> tuple[Tensor, Tensor, Tensor]:
+                  dropout_seed: Tensor | None, deterministic: bool, need_dq: bool,
+                  need_dkdv: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv; a gradient not asked for (need_dq, need_dkdv) comes back as an empty (0,) tensor,
-    since an op returns tensors only."""
+    since an op returns tensors only. `deterministic`: as attention_backward's."""
     kwargs = _launch_kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, window_left,
                             window_right, softcap, alibi_slopes, dropout_p, dropout_seed)
     needs = (need_dq, need_dkdv, need_dkdv)
     if cu_seqlens_q is None:
-        grads = attention_backward(do, q, k, v, o, lse, **kwargs, needs=needs)
+        grads = attention_backward(do, q, k, v, o, lse, **kwargs, needs=needs, deterministic=deterministic)
     else:
-        grads = attention_backward(*(_packed_as_4d(x) for x in (do, q, k, v, o)), lse[None], **kwargs, needs=needs)
+        grads = attention_backward(*(_packed_as_4d(x) for x in (do, q, k, v, o)), lse[None], **kwargs, needs=needs,
+                                   deterministic=deterministic)
         grads = tuple(None if g is None else _unpacked(g) for g in grads)
     return tuple(q.new_empty(0) if g is None else g for g in grads)
 
@@ -137,13 +140,13 @@ backward = _define("backward", backward_impl, _backward_fake)
 
 def _setup_forward(ctx, inputs, output) -> None:
     q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left, window_right, softcap, alibi_slopes, \
-        dropout_p, dropout_seed = inputs
+        dropout_p, dropout_seed, deterministic = inputs
     o, lse = output
     optional = (cu_q, cu_k, alibi_slopes, dropout_seed)
     # Exactly Q, K, V, O, L, and the variants' tensors only where they are on.
     ctx.save_for_backward(q, k, v, o, lse, *(t for t in optional if t is not None))
     ctx.present = tuple(t is not None for t in optional)
-    ctx.scalars = (max_q, max_k, is_causal, scale, window_left, window_right, softcap, dropout_p)
+    ctx.scalars = (max_q, max_k, is_causal, scale, window_left, window_right, softcap, dropout_p, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
@@ -153,11 +156,12 @@ def _gradients(ctx, do, run_backward) -> tuple:
     q, k, v, o, lse, *saved = ctx.saved_tensors
     saved = iter(saved)
     cu_q, cu_k, alibi_slopes, dropout_seed = (next(saved) if present else None for present in ctx.present)
-    max_q, max_k, is_causal, scale, window_left, window_right, softcap, dropout_p = ctx.scalars
+    max_q, max_k, is_causal, scale, window_left, window_right, softcap, dropout_p, deterministic = ctx.scalars
     need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
     dq, dk, dv = run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left,
-                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed, need_dq, need_dk or need_dv)
-    return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None, *(None,) * 12)
+                              window_right, softcap, alibi_slopes, dropout_p, dropout_seed, deterministic, need_dq,
+                              need_dk or need_dv)
+    return (dq if need_dq else None, dk if need_dk else None, dv if need_dv else None, *(None,) * 13)
 
 
 def _backward_of_forward(ctx, do, _dlse):
@@ -212,12 +216,13 @@ class _EagerAttention(torch.autograd.Function):
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
-              max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, *options) -> tuple[Tensor, Tensor]:
+              max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, *options,
+              deterministic: bool = False) -> tuple[Tensor, Tensor]:
     """(o, lse): through the forward op while torch.compile traces; outside it, through the same
     implementation and autograd without the op's dispatch (_EagerAttention), or with nothing to
     differentiate, through the implementation alone. `options`: (scale, window_left, window_right,
-    softcap, alibi_slopes, dropout_p, dropout_seed)."""
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, *options)
+    softcap, alibi_slopes, dropout_p, dropout_seed); `deterministic`: the backward's (attention_backward)."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, *options, deterministic)
     if torch.compiler.is_compiling():
         return forward(*args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

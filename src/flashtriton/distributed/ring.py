@@ -127,7 +127,7 @@ def _no_gradients_yet(q, k, v) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, window, softcap, layout, group):
+    def forward(ctx, q, k, v, is_causal, scale, window, softcap, layout, group, deterministic):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ring = Ring(group) if world > 1 else None
         out = lse = None  # the float32 running output and logsumexp, from the first block that covers every row
@@ -150,14 +150,14 @@ class _RingAttention(torch.autograd.Function):
             out, lse = _no_rows_yet(q)
         o = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (is_causal, scale, window, softcap, layout, group)
+        ctx.options = (is_causal, scale, window, softcap, layout, group, deterministic)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        is_causal, scale, window, softcap, layout, group = ctx.options
+        is_causal, scale, window, softcap, layout, group, deterministic = ctx.options
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         ring = Ring(group) if world > 1 else None
         do = do.contiguous()
@@ -170,7 +170,7 @@ class _RingAttention(torch.autograd.Function):
                 dq_block, dk_block, dv_block = ops.backward_impl(
                     _rows(do, rows), _rows(q, rows), keys[0][:, :, cols], keys[1][:, :, cols], _rows(o, rows),
                     lse[:, :, rows].contiguous(), None, None, 0, 0, causal, scale, *band, softcap, None, 0.0, None,
-                    True, True)
+                    deterministic, True, True)
                 if dq is None and rows == _ALL and cols == _ALL:
                     dq, grads = dq_block.float(), (dk_block.float(), dv_block.float())
                     continue
@@ -186,13 +186,13 @@ class _RingAttention(torch.autograd.Function):
                 if pending is not None:
                     keys = pending.wait()
                 grads = moved.wait()
-        return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), None, None, None, None, None, None
+        return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), *(None,) * 7
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                    scale: float | None = None, softcap: float = 0.0, layout: str = "zigzag", group=None,
                    return_lse: bool = False, window_size: tuple[int, int] = (-1, -1),
-                   alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0):
+                   alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0, deterministic: bool = False):
     """Exact attention of a sequence sharded over the ranks of `group` (default: the world).
 
     Args:
@@ -204,6 +204,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
         layout: "zigzag" (balanced causal work) or "contiguous".
         return_lse: also return this rank's rows of the logsumexp, (B, Hq, n) float32.
         alibi_slopes, dropout_p: not supported yet (NotImplementedError); `ulysses_attention` takes ALiBi.
+        deterministic: each block's backward bitwise reproducible (see `flash_attention`).
 
     Returns:
         o (B, Hq, n, D) for this rank's positions; with `return_lse`, (o, lse). Differentiable in q, k, v.
@@ -211,7 +212,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
     error, signature = None, None
     try:
         check_inputs(q, k, v, is_causal=is_causal)
-        check_flags(return_lse=return_lse)
+        check_flags(return_lse=return_lse, deterministic=deterministic)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if layout == "zigzag" and q.shape[2] % 2:
@@ -230,15 +231,15 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_caus
     except (ValueError, TypeError, NotImplementedError, RuntimeError) as caught:
         error = caught
     agree(group, "ring_attention", signature, error)
-    o, lse = _RingAttention.apply(q, k, v, bool(is_causal), scale, window, softcap, layout, group)
+    o, lse = _RingAttention.apply(q, k, v, bool(is_causal), scale, window, softcap, layout, group, deterministic)
     return (o, lse) if return_lse else o
 
 
 def _flash_attn_style(layout: str, q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
-                      return_attn_probs, group):
+                      deterministic, return_attn_probs, group):
     o, lse = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
                             scale=softmax_scale, layout=layout, group=group, return_lse=True, window_size=window_size,
-                            alibi_slopes=alibi_slopes, dropout_p=dropout_p)
+                            alibi_slopes=alibi_slopes, dropout_p=dropout_p, deterministic=deterministic)
     o = o.transpose(1, 2)
     return (o, lse, None) if return_attn_probs else o
 
@@ -246,10 +247,9 @@ def _flash_attn_style(layout: str, q, k, v, dropout_p, softmax_scale, causal, wi
 def zigzag_ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                                 alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None):
     """ring-flash-attn's `zigzag_ring_flash_attn_func`: q, k, v (B, n, H, D), this rank's zigzag shard;
-    returns o (B, n, H, D), or with return_attn_probs (o, lse (B, H, n), None) as ring-flash-attn does.
-    `deterministic` changes nothing (the backward is deterministic)."""
+    returns o (B, n, H, D), or with return_attn_probs (o, lse (B, H, n), None) as ring-flash-attn does."""
     return _flash_attn_style("zigzag", q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
-                             return_attn_probs, group)
+                             deterministic, return_attn_probs, group)
 
 
 def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -257,4 +257,4 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     """ring-flash-attn's `ring_flash_attn_func`: the contiguous layout (rank r holds chunk r), otherwise as
     `zigzag_ring_flash_attn_func`."""
     return _flash_attn_style("contiguous", q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
-                             return_attn_probs, group)
+                             deterministic, return_attn_probs, group)

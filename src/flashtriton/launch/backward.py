@@ -66,10 +66,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
                        dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
                        needs: tuple[bool, bool, bool] = (True, True, True), kernels: Kernels | None = None,
+                       deterministic: bool = False,
                        ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Returns dq, dk, dv shaped like q, k, v. Deterministic: every element has a single writer, and for
-    a given choice of tiles the summation order is fixed; except on the Gluon path (launch/gluon_backward.py)
-    outside torch.use_deterministic_algorithms, where dQ comes from the dK/dV loop by atomic adds.
+    """Returns dq, dk, dv shaped like q, k, v. With `deterministic` (or torch.use_deterministic_algorithms)
+    bitwise reproducible: every element has a single writer, and for a given choice of tiles the summation
+    order is fixed. Without, the Gluon path (launch/gluon_backward.py: sm_90, where selected) adds dQ up
+    by atomic reductions, in an order that varies; the Triton path is deterministic either way.
     `configs` = (dK/dV config, dQ config)
     overrides the tile choice; `autotune` forces the autotuners on or off (default: as the forward, for
     16-bit inputs); `needs` says which of dq, dk, dv are wanted (autograd's needs_input_grad): the dQ
@@ -93,10 +95,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     # A plain call may take its dK/dV from the Gluon kernel, after the Triton launches (the statistics it
     # reads); with dQ in the same loop (atomic adds), unless the run asks for deterministic algorithms: then
     # dQ comes from the Triton dQ kernel.
+    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     gluon = (need_dkdv and configs is None and kernels is None
-             and plain_call(window, softcap, alibi_slopes, varlen, dropout_p) and gluon_backward_selected(q, k, v, do))
+             and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
+             and gluon_backward_selected(q, k, v, do, deterministic))
     dq_acc = None
-    if gluon and need_dq and not torch.are_deterministic_algorithms_enabled():
+    if gluon and need_dq and not deterministic:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}

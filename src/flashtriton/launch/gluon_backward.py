@@ -4,10 +4,10 @@ attention_backward (launch/backward.py) runs the statistics launch as always; fo
 window, softcap, ALiBi, dropout or packed batch, no forced tiles) that `gluon_backward_selected` accepts,
 the Gluon kernel replaces the Triton dK/dV kernel. The environment
 variable FLASHTRITON_BACKWARD picks the path: "triton", "gluon" (every call it supports) or "auto" (the
-default: the Gluon kernel where it was measured faster, gluon_backward_selected). Outside
-torch.use_deterministic_algorithms the Gluon kernel also computes dQ, added into a float32 buffer by TMA
-reductions (not bitwise deterministic, as FlashAttention-2's and -3's default backward); inside it, dQ
-comes from the Triton dQ kernel.
+default: the Gluon kernel where it was measured faster, gluon_backward_selected). Unless the call asks
+for a deterministic backward (`deterministic=True`, or torch.use_deterministic_algorithms), the Gluon
+kernel also computes dQ, added into a float32 buffer by TMA reductions (not bitwise reproducible, as
+FlashAttention-2's and -3's default backward); otherwise dQ comes from the Triton dQ kernel.
 
 Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), query blocks of BLOCK_M = 64
 rows, NUM_STAGES = 2 stages of Q and dO (2 x 32 KB at D = 128, with K and V's 64 KB: 128 KB of shared
@@ -43,17 +43,17 @@ def backward_path() -> str:
     return path_from_environment(BACKWARD_PATH_VARIABLE, "backward")
 
 
-def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
+def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                            deterministic: bool = False) -> bool:
     """Whether a plain backward of these (B, H, N, D) tensors runs on the Gluon kernel, on a CUDA device
     where the Gluon forward's conditions (dtype, head dim, TMA-aligned strides, sm_90, Triton 3.6) hold for
     q, k, v and dO: with FLASHTRITON_BACKWARD=gluon always; with "auto" (the default) where it was measured
-    faster than the Triton kernels (AUTO_HEAD_DIMS, at least AUTO_MIN_KEYS keys), and only outside
-    torch.use_deterministic_algorithms (its deterministic form, dQ from the Triton kernel, is not)."""
+    faster than the Triton kernels (AUTO_HEAD_DIMS, at least AUTO_MIN_KEYS keys), and only when the
+    backward need not be `deterministic` (its deterministic form, dQ from the Triton kernel, is not faster)."""
     path = backward_path()
     if q.device.type != "cuda" or path == "triton":
         return False
-    if path == "auto" and (q.shape[-1] not in AUTO_HEAD_DIMS or k.shape[2] < AUTO_MIN_KEYS
-                           or torch.are_deterministic_algorithms_enabled()):
+    if path == "auto" and (q.shape[-1] not in AUTO_HEAD_DIMS or k.shape[2] < AUTO_MIN_KEYS or deterministic):
         return False
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
 
