@@ -132,17 +132,16 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 def test_auto_backward_takes_gluon_where_measured_faster(monkeypatch):
     """FLASHTRITON_BACKWARD unset: the Gluon backward at D = 128 from AUTO_MIN_KEYS keys, not at D = 64, nor
-    with fewer keys, nor under torch.use_deterministic_algorithms."""
+    with fewer keys, nor for a deterministic backward."""
     monkeypatch.delenv(gluon_backward.BACKWARD_PATH_VARIABLE, raising=False)
 
-    def selected(head_dim, seqlen_k):
+    def selected(head_dim, seqlen_k, deterministic=False):
         q, k, v = make_qkv(1, 2, 2, 64, seqlen_k, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
-        return gluon_backward.gluon_backward_selected(q, k, v, q)
+        return gluon_backward.gluon_backward_selected(q, k, v, q, deterministic)
     assert selected(128, gluon_backward.AUTO_MIN_KEYS)
     assert not selected(128, gluon_backward.AUTO_MIN_KEYS - 1)
     assert not selected(64, 2 * gluon_backward.AUTO_MIN_KEYS)
-    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
-    assert not selected(128, gluon_backward.AUTO_MIN_KEYS)
+    assert not selected(128, gluon_backward.AUTO_MIN_KEYS, deterministic=True)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

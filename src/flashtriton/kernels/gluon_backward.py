@@ -98,13 +98,12 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
 
 
 @gluon.jit
-def _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, stage_empty, dv, dk, count, off_b, head_q, m_row,
-            scale, WG: gl.constexpr, g_layout: gl.constexpr):
+def _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, count, off_b, head_q, m_row, scale,
+            WG: gl.constexpr, g_layout: gl.constexpr):
     """dQ's share of warpgroup WG for one query block: once both warpgroups' dS^T are in ds_smem (buffer
     count % 2), dQ[:, WG's half of D] = dS K over the program's 128 keys (both warpgroups' dS^T read
-    transposed, K's columns of that half), issued behind dV's and dK's products (still running: returned
-    once done, and the block's Q and dO stage released), scaled and added into dQ's float32 buffer by a
-    TMA reduction that runs on while the next block computes."""
+    transposed, K's columns of that half), scaled and added into dQ's float32 buffer by a TMA reduction
+    that runs on while the next block computes."""
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
@@ -117,15 +116,13 @@ def _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, stage_empty, d
         ds = ds_smem.index(buf).slice(w * KEYS, KEYS, dim=0).permute((1, 0))
         keys = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
         dq = warpgroup_mma(ds, keys, dq, use_acc=w > 0, is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
-    mbarrier.arrive(stage_empty, count=1)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
     mbarrier.arrive(ds_free.index(buf), count=1)
     staged = dq_smem.index(WG)
     tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
     staged.reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
     fence_async_shared()
     _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
-    return dv, dk
 
 
 @gluon.jit
@@ -203,8 +200,10 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
                 ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst.to(dtype))
                 fence_async_shared()
                 mbarrier.arrive(ds_ready.index(buf), count=1)
-                dv, dk = _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, empty.index(stage), dv, dk,
-                                 count, off_b, off_hkv * group + i, m * BLOCK_M, scale, WG, dq_layout)
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+                mbarrier.arrive(empty.index(stage), count=1)
+                _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, count, off_b,
+                        off_hkv * group + i, m * BLOCK_M, scale, WG, dq_layout)
             else:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
                 mbarrier.arrive(empty.index(stage), count=1)
