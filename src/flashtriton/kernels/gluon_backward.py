@@ -1,8 +1,8 @@
-"""The backward's dK/dV kernel in Gluon for Hopper (sm_90), in FlashAttention-3's structure (issue 21;
-launch/gluon_backward.py launches it; dQ stays with the Triton dQ kernel).
+"""The backward in Gluon for Hopper (sm_90), in FlashAttention-3's structure (issue 21;
+launch/gluon_backward.py launches it): dK and dV, and with DQ_ATOMIC dQ, from one loop over the queries.
 
-The Triton dK/dV kernel (backward.py) is the backward's larger part (about two thirds of its time), and
-like the forward it leaves the elementwise work between its matrix products exposed. Here the work is
+The Triton backward (backward.py) is two kernels, dK/dV and dQ, the second recomputing S and dP, and
+like the forward they leave the elementwise work between their matrix products exposed. Here the work is
 split by role, as in the Gluon forward (gluon_forward.py):
 
 - the load partition (4 warps) brings each compute warpgroup's K and V once, then streams the query
@@ -17,7 +17,9 @@ split by role, as in the Gluon forward (gluon_forward.py):
       dV  += P^T dO          (P^T from registers; runs while dS^T is computed)
       dS^T = P^T * (dP^T - D)                               (D = rowsum(dO * O))
       dK  += dS^T Q          (dS^T from registers)
-  then dK * scale and dV are stored once.
+  then dK * scale and dV are stored once. With DQ_ATOMIC, dS^T also goes to shared memory, and each
+  warpgroup computes half of D's columns of dQ = dS K over the program's 128 keys and adds them into a
+  float32 buffer by a TMA reduction (_add_dq).
 
 Semantics are the Triton backward's: causal masks align to the bottom-right corner; rows past Nq read
 L = +inf (P = 0) and keys past Nk are computed but not stored (TMA zero-fills them); a row that saw no
