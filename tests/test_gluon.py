@@ -26,10 +26,10 @@ def reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    # bf16 only: fp16 compiles the same code with another element type (`inspect --gluon --dtypes fp16`),
-    # and each compile costs the suite seconds.
+    # bf16 and the FP8 form: fp16 compiles the same code with another element type (`inspect --gluon
+    # --dtypes fp16`), and each compile costs the suite seconds.
     out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--gluon", "--head-dims", "64,128",
-                          "--dtypes", "bf16", "--json"], capture_output=True, text=True, env=env, timeout=900)
+                          "--dtypes", "bf16,fp8", "--json"], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -40,7 +40,7 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     asynchronously (ptxas did not serialise them), no spilled registers, the partitions trading registers
     (USETMAXREG), the launch's warps x registers within the SM's 64K, and the stages within 227 KB of
     shared memory."""
-    reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
+    reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
     assert len(reports) == 2 * (2 * len(gluon_forward.FORMS) + 1)
     assert {r["config"].split("-", 4)[4] for r in reports} == set(gluon_forward.FORMS)
     assert sum(r["config"].startswith("M64x3-") for r in reports) == 2
@@ -54,6 +54,22 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
         assert r["stack_bytes"] + r["local_bytes"] <= spill_bound, r
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * warpgroups) * 32 <= 65536, r
+        assert r["shared_bytes"] <= 227 * 1024, r
+
+
+def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
+    """The FP8 form (D 64 and 128, causal and not): both products on wgmma's e4m3 form (QGMMA, counted
+    with HGMMA), not serialised, the partitions trading registers, no spills at D = 128 (16 bytes at
+    D = 64 causal, where three softmax warpgroups have 160 registers each), within shared memory."""
+    reports = [r for r in reports if r["dtype"] == "float8_e4m3fn"]
+    assert sorted((r["head_dim"], r["causal"]) for r in reports) == [(64, False), (64, True), (128, False),
+                                                                       (128, True)]
+    for r in reports:
+        assert r["config"].endswith("-overlap-fp8"), r
+        assert r["hgmma"] > 0 and r["hmma"] == 0, r
+        assert not r["wgmma_serialized"], r
+        assert r["register_reallocations"] > 0, r
+        assert r["stack_bytes"] + r["local_bytes"] <= (16 if r["head_dim"] == 64 else 0), r
         assert r["shared_bytes"] <= 227 * 1024, r
 
 

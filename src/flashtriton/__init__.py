@@ -4,6 +4,7 @@
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None)
     flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,  # packed (total, H, D)
                            max_seqlen_k, ...)
+    flash_attention_fp8(q, k, v, is_causal=False, q_descale=None, ...)         # float8 e4m3 inputs, forward only
     flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k=None,    # decoding against a KV cache,
                                  v=None, block_table=None, ...)                # contiguous or paged
     FlashAttentionTriton.apply(Q, K, V, is_causal=False)                        # (..., N, d), the article's API
@@ -30,6 +31,7 @@ __version__ = "0.2.0"  # the one place the version is written (pyproject.toml re
 _EXPORTS = {
     "flash_attention": ".api",
     "flash_attention_varlen": ".api",
+    "flash_attention_fp8": ".api",
     "FlashAttentionTriton": ".api",
     "flash_attention_with_kvcache": ".kvcache",
     "scaled_dot_product_attention": ".sdpa",
@@ -43,6 +45,7 @@ if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers and editors
     from .api import (  # noqa: F401
         FlashAttentionTriton,  # noqa: F401
         flash_attention,
+        flash_attention_fp8,
         flash_attention_varlen,
     )
     from .kvcache import flash_attention_with_kvcache  # noqa: F401

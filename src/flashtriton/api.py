@@ -3,6 +3,7 @@ autograd and torch.compile support, over the launchers (launch/).
 
 - `flash_attention`: (B, H, N, D) tensors.
 - `flash_attention_varlen`: a packed batch (total, H, D), as flash_attn's varlen API lays it out.
+- `flash_attention_fp8`: float8 e4m3 inputs with descale factors, forward only.
 - `FlashAttentionTriton.apply`: the article's interface on (..., N, d), over `flash_attention`.
 
 Everything here runs inside torch.compile's trace too: the checks read shapes, dtypes and flags only
@@ -15,8 +16,11 @@ import torch
 
 from . import ops
 from .launch import new_dropout_seed
+from .launch.gluon_forward import fp8_forward_gluon, fp8_gluon_supports
 from .validation import (
+    FP8_OUT_DTYPES,
     check_alibi_slopes,
+    check_descale,
     check_dropout,
     check_flags,
     check_inputs,
@@ -148,6 +152,73 @@ def flash_attention(
     q, k, v = last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v)
     o, lse = ops.attention(q, k, v, None, None, 0, 0, is_causal, *options, deterministic=deterministic)
     return outputs(o, lse, return_lse, attention_probs(q, k, is_causal, options) if return_attn_probs else None)
+
+
+def flash_attention_fp8(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention, forward only (inference), as FlashAttention-3's: q, k and v quantized to float8 e4m3,
+    each with a descale factor, so that the attention computed is that of q * q_descale, k * k_descale and
+    v * v_descale.
+
+    Args:
+        q: (B, Hq, Nq, D), k and v: (B, Hkv, Nk, D), torch.float8_e4m3fn; Hq a multiple of Hkv.
+        is_causal, scale: as in `flash_attention` (the scale applies to the descaled scores).
+        q_descale, k_descale, v_descale: float32, one element (per tensor) or (B, Hkv) (per batch and KV
+            head; q's per the KV head its query head reads); None is 1.
+        out_dtype: bfloat16 or float16, the output's.
+        return_lse: also return the logsumexp (B, Hq, Nq) float32.
+
+    Returns:
+        o: (B, Hq, Nq, D) in out_dtype, laid out like q; with `return_lse`, (o, lse).
+
+    On an sm_90 GPU with D = 64 or 128 and TMA-aligned strides (launch/gluon_forward.py), the Gluon kernel
+    runs with its products in FP8 (wgmma's e4m3 form; the probabilities rounded to e4m3 for P V, as
+    FlashAttention-3 does), at about twice the bf16 tensor-core rate. Anywhere else (other GPUs, head dims,
+    or the CPU's interpreter) the inputs are dequantized to float32 and `flash_attention` runs: the same
+    result up to that rounding of P, at float32 speed. No backward: the outputs carry no gradient.
+    """
+    check_inputs(q, k, v, is_causal=is_causal, fp8=True)
+    check_flags(return_lse=return_lse)
+    if q.dim() != 4:
+        raise ValueError(f"flash_attention_fp8 takes (batch, heads, seqlen, head_dim) tensors, got q of shape "
+                         f"{tuple(q.shape)}")
+    if out_dtype not in FP8_OUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+    batch, heads_kv = k.shape[0], k.shape[1]
+    for name, descale in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        check_descale(name, descale, q, heads_kv)
+    scale = check_scale(scale, q.shape[-1])
+    descale = _descale_table(q_descale, k_descale, v_descale, batch, heads_kv, q.device)
+    if fp8_gluon_supports(q, k, v):
+        o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype)
+    else:
+        group = q.shape[1] // heads_kv
+        per_head = [factors.repeat_interleave(group, dim=1) if i == 0 else factors
+                    for i, factors in enumerate(descale)]  # (B, Hq) for q, (B, Hkv) for k and v
+        q32, k32, v32 = (x.float() * d[:, :, None, None] for x, d in zip((q, k, v), per_head, strict=True))
+        o, lse = flash_attention(q32, k32, v32, is_causal=is_causal, scale=scale, return_lse=True)
+        o = o.to(out_dtype)
+    return (o, lse) if return_lse else o
+
+
+def _descale_table(q_descale, k_descale, v_descale, batch: int, heads_kv: int, device) -> torch.Tensor:
+    """The three factors as one float32 (3, B, Hkv) tensor, each None (1) or one element broadcast."""
+    table = torch.ones(3, batch, heads_kv, device=device, dtype=torch.float32)
+    for i, factor in enumerate((q_descale, k_descale, v_descale)):
+        if factor is not None:
+            table[i] = factor.reshape(-1)[0] if factor.numel() == 1 else factor
+    return table
 
 
 def flash_attention_varlen(

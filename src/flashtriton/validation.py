@@ -77,12 +77,14 @@ def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor, batch: int | None 
     return alibi_slopes if alibi_slopes.stride(-1) == 1 else alibi_slopes.contiguous()
 
 
-def check_inputs(q: object, k: object, v: object, *, is_causal: object, kernels: bool = True) -> None:
+def check_inputs(q: object, k: object, v: object, *, is_causal: object, kernels: bool = True,
+                 fp8: bool = False) -> None:
     """Validate q (..., Nq, D), k and v (..., Nk, D).
 
     Leading dims must match, except that for inputs of rank >= 4 dim -3 is the head dim and q may have
     a multiple of k's heads (grouped-query attention). `kernels=False` (the PyTorch implementations)
-    skips what only the Triton kernels need: a CUDA device, the head-dim and grid limits.
+    skips what only the Triton kernels need: a CUDA device, the head-dim and grid limits. `fp8`: the
+    inputs of flash_attention_fp8, float8 e4m3 instead of SUPPORTED_DTYPES.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -94,7 +96,10 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object, kernels:
         raise ValueError(f"q, k and v must have the same number of dims, got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
 
-    if q.dtype not in SUPPORTED_DTYPES:
+    if fp8 and q.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"q has dtype {q.dtype}; flash_attention_fp8 takes torch.float8_e4m3fn (quantize with "
+                        "(q / q_scale).to(torch.float8_e4m3fn) and pass q_descale=q_scale), or call flash_attention")
+    if not fp8 and q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"q has dtype {q.dtype}; supported are float16, bfloat16 and float32: "
                         f"convert it with q.to(torch.bfloat16)")
     for name, x in (("k", k), ("v", v)):
@@ -410,3 +415,21 @@ def check_grown_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if not isinstance(cache_seqlens, torch.Tensor):
         _check_int_length(cache_seqlens, 0 if k is None else k.shape[2], k_cache.shape[2])
     check_kvcache_values(q, k_cache, cache_seqlens, k, None, cache_batch_idx, cache_leftpad)
+
+
+FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_descale(name: str, descale: object, q: torch.Tensor, heads_kv: int) -> None:
+    """An FP8 call's descale factor `name`: None (1), or float32 on q's device, one per tensor (a single
+    element) or one per (batch, KV head), (B, Hkv), as FlashAttention-3 takes them."""
+    if descale is None:
+        return
+    if not isinstance(descale, torch.Tensor) or descale.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor (or None for 1), got "
+                        f"{descale.dtype if isinstance(descale, torch.Tensor) else type(descale).__name__}")
+    if descale.device != q.device:
+        raise ValueError(f"{name} is on {descale.device} but q is on {q.device}; put it on q's device")
+    if descale.numel() != 1 and tuple(descale.shape) != (q.shape[0], heads_kv):
+        raise ValueError(f"{name} must hold one factor per tensor (one element) or one per (batch, KV head), "
+                         f"shape ({q.shape[0]}, {heads_kv}); got shape {tuple(descale.shape)}")

@@ -54,24 +54,28 @@ def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL: gl.const
 
 
 @gluon.jit
-def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count):
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, TRANSPOSED: gl.constexpr = False):
     """Key block `block` of K or V into its ring's stage count % NUM_STAGES (`count`: the ring's fills so
     far, over every tile of the program), once every softmax partition has released that stage's previous
     fill. A fresh mbarrier counts as having completed the phase before its first, so the first pass
-    through the ring does not wait."""
+    through the ring does not wait. TRANSPOSED: the tensor is V^T, (B, Hkv, D, Nk), keys last (FP8)."""
     NUM_STAGES: gl.constexpr = smem.type.shape[0]
-    BLOCK_N: gl.constexpr = smem.type.shape[3]
+    BLOCK_N: gl.constexpr = smem.type.shape[4] if TRANSPOSED else smem.type.shape[3]
     stage = count % NUM_STAGES
     mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
     mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [off_b, off_hkv, block * BLOCK_N, 0], ready.index(stage),
-                                    smem.index(stage))
+    if TRANSPOSED:
+        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, block * BLOCK_N], ready.index(stage),
+                                        smem.index(stage))
+    else:
+        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, block * BLOCK_N, 0], ready.index(stage),
+                                        smem.index(stage))
 
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
                     v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-                    IS_CAUSAL: gl.constexpr):
+                    IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j."""
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
@@ -93,7 +97,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
         for j in range(n_blocks):
             if j + 1 < n_blocks:
                 _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1)
-            _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j)
+            _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, FP8)
         fills += n_blocks
         tiles_done += 1
 
@@ -124,9 +128,20 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
 
 
 @gluon.jit
+def _values(v_smem, stage, FP8: gl.constexpr):
+    """V's block in ring stage `stage` as the B operand of P V, (BLOCK_N, D). In FP8 the ring holds V^T
+    tiles, read here transposed: wgmma takes 8-bit operands with the reduced dim (the keys) contiguous."""
+    tile = v_smem.index(stage).reshape([v_smem.type.shape[3], v_smem.type.shape[4]])
+    if FP8:
+        tile = tile.permute((1, 0))
+    return tile
+
+
+@gluon.jit
 def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base, lse_base,
-            stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, fills, turn, WG: gl.constexpr,
-            WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+            stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr,
+            WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+            FP8: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
     Q K^T is issued before block j-1's P V and the softmax of block j runs while that P V is still on the
@@ -134,7 +149,8 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     and softmax run in turn. With PINGPONG (OVERLAP only), the warpgroups take turns, in a cycle, to issue
     their products (`turns`: mbarrier i lets warpgroup i issue), so that one's softmax runs while another's
     products hold the tensor cores (FlashAttention-3's inter-warpgroup ping-pong). WG is this warpgroup's
-    index of WARPGROUPS."""
+    index of WARPGROUPS. FP8: Q, K and V^T in float8 e4m3, P rounded to it for P V, O multiplied by
+    `v_descale` (the scores' descales are in qk_scale_log2)."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -144,12 +160,14 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     HEAD_DIM: gl.constexpr = q.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
     dtype: gl.constexpr = q.dtype
-    # wgmma's accumulator layouts (one warpgroup, m64 instructions), and P as the A operand of P V.
+    # wgmma's accumulator layouts (one warpgroup, m64 instructions, each reducing 32 bytes of K: 16
+    # elements, 32 in FP8), and P as the A operand of P V (4 bytes of K per register either way).
+    INSTR_K: gl.constexpr = 32 if FP8 else 16
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                       instr_shape=[16, HEAD_DIM, INSTR_K])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
@@ -183,7 +201,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                     mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
-                acc = warpgroup_mma(p_op, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+                acc = warpgroup_mma(p_op, _values(v_smem, prev, FP8), acc, is_async=True)
                 if PINGPONG:
                     mbarrier.arrive(turns.index(NEXT), count=1)
                 qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
@@ -199,7 +217,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
-            acc = warpgroup_mma(p_op, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma(p_op, _values(v_smem, last, FP8), acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -221,17 +239,17 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc = warpgroup_mma(p_op, v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma(p_op, _values(v_smem, stage, FP8), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(stage), count=1)
         mbarrier.arrive(q_empty, count=1)
 
     no_key = l_i == 0.0
     l_safe = gl.where(no_key, 1.0, l_i)
-    o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
+    o = acc * (v_descale / gl.convert_layout(l_safe, o_rows))[:, None]
     rows_o = rows0 + gl.arange(0, BLOCK_M, layout=o_rows)
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(dtype),
+    gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(O.dtype.element_ty),
              mask=rows_o[:, None] < seqlen_q)
     lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     gl.store(LSE + lse_base + rows, lse, mask=rows < seqlen_q)
@@ -240,11 +258,11 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
 
 @gluon.jit
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                       PINGPONG: gl.constexpr):
+                       PINGPONG: gl.constexpr, FP8: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
-     stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q, seqlen_k, qk_scale_log2) = shared
+     stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -257,27 +275,38 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
         off_b, off_h, bh, first_row, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL,
                                                       WARPGROUPS * BLOCK_M, BLOCK_N)
         o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+        tile_scale = qk_scale_log2
+        v_descale = 1.0
+        if FP8:  # DESCALE: float32 (3, B, Hkv), Q's, K's and V's factor per (batch, KV head)
+            kv_head = off_b * (num_heads // group) + off_h // group
+            kv_heads = num_tiles // num_m_blocks // group  # B x Hkv
+            tile_scale = qk_scale_log2 * gl.load(DESCALE + kv_head) * gl.load(DESCALE + kv_heads + kv_head)
+            v_descale = gl.load(DESCALE + 2 * kv_heads + kv_head)
         mbarrier.wait(q_ready, tiles_done & 1)
         fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
                               bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, seqlen_k,
-                              n_blocks, qk_scale_log2, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG)
+                              n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP,
+                              PINGPONG, FP8)
         tiles_done += 1
 
 
 @gluon.jit
 def attn_fwd_gluon_kernel(
-    # q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with a (1, 1, rows, D) box;
-    # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous.
-    q_desc, k_desc, v_desc, O, LSE,
+    # q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with a (1, 1, rows, D) box
+    # (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N) box); O like q (strides given), LSE
+    # (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv).
+    q_desc, k_desc, v_desc, O, LSE, DESCALE,
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr,
+    PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x num_m_blocks (WARPGROUPS
     x 64 query rows each) for a grid of P programs: persistent when P is the SM count, one tile each when
-    P = num_tiles. WARPGROUPS softmax warpgroups (2 or 3) share each key block."""
+    P = num_tiles. WARPGROUPS softmax warpgroups (2 or 3) share each key block. FP8: float8 e4m3 Q, K and
+    V, each with its factor per (batch, KV head) in DESCALE, FlashAttention-3's q/k/v_descale; O in O's
+    dtype."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -285,7 +314,9 @@ def attn_fwd_gluon_kernel(
 
     q_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    V_ROWS: gl.constexpr = v_desc.block_type.shape[2]  # BLOCK_N keys, or in FP8 (V^T) the D dims
+    V_COLS: gl.constexpr = v_desc.block_type.shape[3]
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -308,19 +339,20 @@ def attn_fwd_gluon_kernel(
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
+             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, IS_CAUSAL, FP8)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
-              stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, seqlen_q, seqlen_k, qk_scale_log2)
+              stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2,
+              DESCALE)
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, loads),
-                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
-                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG)),
-                            (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG))],
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
+                            (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
         gl.warp_specialize([(_load_partition, loads),
-                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG)),
-                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG))],
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

@@ -73,15 +73,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     return o, lse
 
 
-def empty_in_order(x: torch.Tensor) -> torch.Tensor:
-    """An uninitialised dense tensor shaped like x whose dims lie in memory in the order of x's strides.
-    That is x's own layout when x is dense, as torch.empty_like keeps it; for a slice of a bigger tensor
-    (q out of a (B, N, 3, H, D) qkv, seen as (B, H, N, D)) it is the dense layout in the same order, here
-    (B, N, H, D), where empty_like would fall back to (B, H, N, D)."""
+def empty_in_order(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised dense tensor shaped like x (in `dtype`, default x's) whose dims lie in memory in the
+    order of x's strides. That is x's own layout when x is dense, as torch.empty_like keeps it; for a slice
+    of a bigger tensor (q out of a (B, N, 3, H, D) qkv, seen as (B, H, N, D)) it is the dense layout in the
+    same order, here (B, N, H, D), where empty_like would fall back to (B, H, N, D)."""
     if x.is_contiguous():  # the common case, without the sort (this runs on every call's host path)
-        return torch.empty_like(x)
+        return torch.empty_like(x, dtype=dtype)
     order = sorted(range(x.dim()), key=lambda d: -x.stride(d))  # stable: equal strides keep their order
-    dense = torch.empty([x.shape[d] for d in order], device=x.device, dtype=x.dtype)
+    dense = torch.empty([x.shape[d] for d in order], device=x.device, dtype=dtype or x.dtype)
     return dense.permute(sorted(range(x.dim()), key=order.__getitem__))
 
 

@@ -57,11 +57,12 @@ def gluon_available() -> bool:
     return True
 
 
-def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the Gluon forward takes this (B, H, N, D) call with no variant flag: bf16 or fp16, D in
-    HEAD_DIMS, at least one key, every dim's stride but the last a multiple of 16 bytes and the last 1
-    (TMA), on an sm_90 GPU (any device when only compiled offline)."""
-    if q.dtype not in _DTYPES or q.dim() != 4 or q.shape[-1] not in HEAD_DIMS or k.shape[2] == 0:
+def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple = _DTYPES) -> bool:
+    """Whether the Gluon forward takes this (B, H, N, D) call with no variant flag: a dtype of `dtypes` (bf16
+    or fp16; the FP8 form float8 e4m3, fp8_gluon_supports), D in HEAD_DIMS, at least one key, every dim's
+    stride but the last a multiple of 16 bytes and the last 1 (TMA), on an sm_90 GPU (any device when only
+    compiled offline)."""
+    if q.dtype not in dtypes or q.dim() != 4 or q.shape[-1] not in HEAD_DIMS or k.shape[2] == 0:
         return False
     for x in (q, k, v):
         if x.stride(-1) != 1 or x.data_ptr() % 16 or any(s * x.element_size() % 16 for s in x.stride()[:-1]):
@@ -129,24 +130,32 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
-                         block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None) -> tuple:
+                         block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
+                         descale: torch.Tensor | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
-    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D])."""
+    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D]). FP8
+    (q in float8 e4m3): `v` is V^T, (B, Hkv, D, Nk rounded up to 16), and `descale` float32 (3, B, Hkv)
+    contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ..kernels.gluon_forward import attn_fwd_gluon_kernel
 
     batch, heads, seqlen_q, head_dim = q.shape
+    seqlen_k = k.shape[2]
     warpgroups = warpgroups or WARPGROUPS[head_dim]
-    element = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    fp8 = q.dtype == torch.float8_e4m3fn
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[q.dtype]
 
-    def descriptor(x: torch.Tensor, rows: int):
-        box = [1, 1, rows, head_dim]
+    def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):
+        box = [1, 1, rows, cols]
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
+    if fp8 and (descale is None or v.shape[2] != head_dim):
+        raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
+                         "(fp8_forward_gluon prepares both)")
     if pingpong and not overlap:
         raise ValueError("pingpong=True needs overlap=True: the turns are taken around the overlapped products")
     if warpgroups not in REGISTERS:
@@ -155,15 +164,16 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     max_registers, softmax_registers = REGISTERS[warpgroups]
     num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
-    args = (descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), o, lse,
-            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, k.shape[2],
+    args = (descriptor(q, BLOCK_M), descriptor(k, block_n),
+            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n), o, lse, descale,
+            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k,
             num_m_blocks, num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
-            softmax_registers)
+            softmax_registers, fp8)
     # Persistent, one program per SM (the stages' shared memory admits one), each looping over tiles;
     # but causal tiles differ in length, so the programs drift apart across heads, and once a head's K
     # and V pass PERSISTENT_CAUSAL_KV_BYTES the heads in flight no longer share L2: one program per tile
     # then, longest first (docs/performance.md, entries 47 and 55).
-    persistent = not is_causal or k.shape[2] * head_dim * k.element_size() * 2 <= PERSISTENT_CAUSAL_KV_BYTES
+    persistent = not is_causal or seqlen_k * head_dim * k.element_size() * 2 <= PERSISTENT_CAUSAL_KV_BYTES
     grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
@@ -183,5 +193,33 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
                                                       stages, warpgroups)
+    kernel[grid](*args, **kwargs)
+    return o, lse
+
+
+def fp8_gluon_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether flash_attention_fp8 runs this call on the Gluon kernel: a CUDA device and
+    gluon_forward_supports' conditions for float8 e4m3 (V's layout does not matter: it is transposed)."""
+    return q.device.type == "cuda" and gluon_forward_supports(q, k, k, dtypes=(torch.float8_e4m3fn, ))
+
+
+def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+                      descale: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
+    conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
+    and lse (B, Hq, Nq) float32. V is transposed here, keys last and padded to a multiple of 16 (TMA's row
+    alignment; the kernel masks keys past Nk): wgmma takes 8-bit operands only with the reduced dim
+    contiguous, and P V reduces over the keys. That copy is D x Nk bytes per KV head."""
+    from .forward import empty_in_order
+
+    batch, heads_kv, seqlen_k, head_dim = v.shape
+    vt = torch.zeros(batch, heads_kv, head_dim, cdiv(seqlen_k, 16) * 16, device=v.device, dtype=v.dtype)
+    vt[..., :seqlen_k].copy_(v.transpose(2, 3))
+    o = empty_in_order(q, dtype=out_dtype)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse
+    kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
+                                                      descale=descale)
     kernel[grid](*args, **kwargs)
     return o, lse

@@ -16,6 +16,7 @@ from pathlib import Path
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 DTYPES = ("bf16", "fp16", "fp32")
+INSPECT_DTYPES = (*DTYPES, "fp8")  # fp8: the Gluon forward's FP8 form (--gluon)
 
 
 def _comma_list(valid: tuple[str, ...] | None = None, kind=str):
@@ -118,8 +119,8 @@ def _parser() -> argparse.ArgumentParser:
                     "HGMMA (wgmma) and HMMA instruction counts of the SASS.")
     inspect.add_argument("--head-dims", default="64,128,256", type=_comma_list(kind=int),
                          help="comma-separated (default: %(default)s)")
-    inspect.add_argument("--dtypes", default="bf16", type=_comma_list(DTYPES),
-                         help="comma-separated: bf16, fp16, fp32 (default: %(default)s)")
+    inspect.add_argument("--dtypes", default="bf16", type=_comma_list(INSPECT_DTYPES),
+                         help="comma-separated: bf16, fp16, fp32, fp8 (with --gluon) (default: %(default)s)")
     inspect.add_argument("--no-tma", action="store_true", help="the forward on pointer loads instead of TMA")
     inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
     inspect.add_argument("--backward-tma", action="store_true",
@@ -182,7 +183,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
     from .inspect import inspect_defaults, inspect_gluon, inspect_gluon_backward, inspect_variants, markdown
 
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
+    if "fp8" in args.dtypes and not args.gluon:
+        raise SystemExit("--dtypes fp8 is the Gluon forward's FP8 form: add --gluon")
     reports = []
     for name in args.dtypes:
         for head_dim in args.head_dims:
@@ -192,7 +195,8 @@ def _inspect(args: argparse.Namespace) -> int:
                     continue
                 if args.gluon:
                     reports += inspect_gluon(head_dim, dtypes[name], causal)
-                    reports += inspect_gluon_backward(head_dim, dtypes[name], causal)
+                    if name != "fp8":  # (a forward only)
+                        reports += inspect_gluon_backward(head_dim, dtypes[name], causal)
                     continue
                 reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,
                                             qk_ahead=args.qk_ahead, backward_tma=args.backward_tma,

@@ -7,8 +7,9 @@ compiled exactly as on the H200 but not launched. From each compiled kernel it r
 
 - registers per thread, stack and local memory (spills) from `cuobjdump --dump-resource-usage`;
 - dynamic shared memory from the kernel's metadata;
-- how many matrix instructions of each kind the SASS holds: HGMMA is Hopper's warp-group MMA (wgmma),
-  HMMA the older per-warp tensor-core instruction. A Hopper attention kernel should show HGMMA only;
+- how many matrix instructions of each kind the SASS holds: HGMMA is Hopper's warp-group MMA (wgmma;
+  QGMMA its 8-bit form, counted with it), HMMA the older per-warp tensor-core instruction. A Hopper
+  attention kernel should show HGMMA only;
 - how many waits on them (`WARPGROUP.DEPBAR`), and whether ptxas serialised them: its advisory C7515,
   which Triton does not show, read by running ptxas on the PTX again. A serialised kernel waits after
   every HGMMA, so no matrix product overlaps anything (docs/performance.md).
@@ -139,7 +140,7 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
     sass = compiled.asm["sass"]
     return KernelReport(name, head_dim, str(dtype).removeprefix("torch."), causal, config,
                         usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
-                        compiled.metadata.shared, len(re.findall(r"\bHGMMA\.", sass)),
+                        compiled.metadata.shared, len(re.findall(r"\b[HQ]GMMA\.", sass)),
                         len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
                         _wgmma_serialized(compiled.asm["ptx"]), len(re.findall(r"\bUSETMAXREG\b", sass)),
                         hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12])
@@ -212,9 +213,21 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                   target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
     would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
-    D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs)."""
+    D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs). For
+    float8_e4m3fn, the FP8 forward as fp8_forward_gluon launches it."""
     from ..launch import gluon_forward
 
+    if dtype == torch.float8_e4m3fn:  # the FP8 form: the default schedule, V^T, a bf16 output
+        q = torch.randn(1, 2, seqlen, head_dim).to(dtype)
+        vt = torch.randn(1, 2, head_dim, seqlen).to(dtype)
+        o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, seqlen)
+        kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, vt, o, lse, causal, head_dim ** -0.5,
+                                                                        overlap=True, descale=torch.ones(3, 1, 2))
+        launch_registers, softmax_registers = gluon_forward.REGISTERS[gluon_forward.WARPGROUPS[head_dim]]
+        config = (f"M{gluon_forward.BLOCK_M}x{gluon_forward.WARPGROUPS[head_dim]}-N{gluon_forward.BLOCK_N}-"
+                  f"s{gluon_forward.NUM_STAGES}-r{launch_registers}/{softmax_registers}-overlap-fp8")
+        return [_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
+                        causal, config)]
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
     variants = [(form, flags, 2) for form, flags in gluon_forward.FORMS.items()]
