@@ -7,15 +7,12 @@ shape. docs/performance.md, entry 59.
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2]
 """
 
-import argparse
-import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
 
+import ab_runs
 from flashtriton import flash_attention, flash_attention_fp8
 from flashtriton.reference import attention_ref
 
@@ -49,24 +46,11 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             errors = {name: _errors(fn(), o64) for name, fn in providers.items()}
         del o64
-    times = {name: [] for name in providers}
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        for _ in range(ROUNDS):
-            for name, fn in providers.items():
-                times[name].append(do_bench(fn, warmup=10, rep=40))
+        ms = ab_runs.timed_rounds(providers, ROUNDS)
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
-    return dict(shape=f"B{batch} H{heads} N{n} D{head_dim} {'causal' if causal else 'full'}",
-                tflops={name: round(flops / statistics.median(t) / 1e9, 1) for name, t in times.items()},
-                ms={name: round(statistics.median(t), 4) for name, t in times.items()}, err=errors)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
-    args = parser.parse_args()
-    for shape in SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]:
-        print(json.dumps(race(*shape)), flush=True)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ms, err=errors)
 
 
 if __name__ == "__main__":
-    main()
+    ab_runs.main(race, SHAPES, __doc__.split("\n\n")[0])

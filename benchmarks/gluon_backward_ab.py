@@ -11,16 +11,13 @@ docs/performance.md, entry 57.
     PYTHONPATH=src python benchmarks/gluon_backward_ab.py [--shapes 0,2]
 """
 
-import argparse
-import json
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
 
+import ab_runs
 from flashtriton.launch import gluon_backward
 from flashtriton.launch.backward import attention_backward
 from flashtriton.launch.forward import attention_forward
@@ -77,23 +74,10 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         dq, dk, dv = providers[path]()
         errors[path] = {name: float(f"{(g.float() - r).abs().max().item():.1e}")
                         for name, g, r in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, strict=True)}
-    times = {name: [] for name in providers}
-    for _ in range(ROUNDS):
-        for name, fn in providers.items():
-            times[name].append(do_bench(fn, warmup=10, rep=40))
     flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
-    return dict(shape=f"B{batch} H{heads} N{n} D{head_dim} {'causal' if causal else 'full'}",
-                tflops={name: round(flops / statistics.median(t) / 1e9, 1) for name, t in times.items()},
-                ms={name: round(statistics.median(t), 4) for name, t in times.items()}, err=errors)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
-    args = parser.parse_args()
-    for shape in SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]:
-        print(json.dumps(race(*shape)), flush=True)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, ROUNDS),
+                              err=errors)
 
 
 if __name__ == "__main__":
-    main()
+    ab_runs.main(race, SHAPES, __doc__.split("\n\n")[0])

@@ -7,15 +7,12 @@ float32). docs/performance.md, entry 55.
     PYTHONPATH=src python benchmarks/gluon_grid_ab.py [--shapes 8,9,5]
 """
 
-import argparse
-import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
 
+import ab_runs
 from flashtriton.launch import gluon_forward
 from flashtriton.launch.arguments import sm_count
 from flashtriton.launch.forward import attention_forward
@@ -55,23 +52,10 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         del providers["gluon_tile"]
     reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     errors = {name: (fn().float() - reference).abs().max().item() for name, fn in providers.items()}
-    times = {name: [] for name in providers}
-    for _ in range(ROUNDS):
-        for name, fn in providers.items():
-            times[name].append(do_bench(fn, warmup=10, rep=40))
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
-    return dict(shape=f"B{batch} H{heads} N{n} D{head_dim} {'causal' if causal else 'full'}",
-                tflops={name: round(flops / statistics.median(t) / 1e9, 1) for name, t in times.items()},
-                err={name: float(f"{e:.1e}") for name, e in errors.items()})
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
-    args = parser.parse_args()
-    for shape in SHAPES if args.shapes is None else [SHAPES[int(i)] for i in args.shapes.split(",")]:
-        print(json.dumps(race(*shape)), flush=True)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, ROUNDS),
+                              err={name: float(f"{e:.1e}") for name, e in errors.items()})
 
 
 if __name__ == "__main__":
-    main()
+    ab_runs.main(race, SHAPES, __doc__.split("\n\n")[0])

@@ -1,0 +1,37 @@
+"""What the A/B scripts beside it share (gluon_grid_ab.py, gluon_backward_ab.py, fp8_forward.py): providers
+timed in interleaved rounds, a shape's JSON line, and the command line that picks shapes. Run as scripts
+(`python benchmarks/<name>.py`), they import this from their own folder."""
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+
+from triton.testing import do_bench
+
+
+def timed_rounds(providers: dict[str, Callable], rounds: int) -> dict[str, float]:
+    """Each provider's median ms over `rounds` rounds, one do_bench of each per round in turn, so that the
+    GPU's clock and heat drift alike for all."""
+    times = {name: [] for name in providers}
+    for _ in range(rounds):
+        for name, fn in providers.items():
+            times[name].append(do_bench(fn, warmup=10, rep=40))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def shape_line(batch: int, heads: int, n: int, head_dim: int, causal: bool, flops: float, ms: dict[str, float],
+               **extra) -> dict:
+    """One shape's result: its name, each provider's TFLOP/s on `flops` and ms, and `extra` entries."""
+    return dict(shape=f"B{batch} H{heads} N{n} D{head_dim} {'causal' if causal else 'full'}",
+                tflops={name: round(flops / t / 1e9, 1) for name, t in ms.items()},
+                ms={name: round(t, 4) for name, t in ms.items()}, **extra)
+
+
+def main(race: Callable[..., dict], shapes: list[tuple], description: str) -> None:
+    """Print race(*shape) as a JSON line for every shape, or for those --shapes picks by index."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shapes", default=None, help="indices into the script's SHAPES (default: all)")
+    args = parser.parse_args()
+    for shape in shapes if args.shapes is None else [shapes[int(i)] for i in args.shapes.split(",")]:
+        print(json.dumps(race(*shape)), flush=True)
