@@ -246,7 +246,10 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
 
     no_key = l_i == 0.0
     l_safe = gl.where(no_key, 1.0, l_i)
-    o = acc * (v_descale / gl.convert_layout(l_safe, o_rows))[:, None]
+    if FP8:
+        o = acc * (v_descale / gl.convert_layout(l_safe, o_rows))[:, None]
+    else:
+        o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
     rows_o = rows0 + gl.arange(0, BLOCK_M, layout=o_rows)
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(O.dtype.element_ty),
