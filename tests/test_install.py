@@ -60,7 +60,7 @@ def test_every_subcommand_and_option_explains_itself():
     (["bench", "--seqlens", "1k"], "'1k' is not a comma-separated list of ints"),
     (["bench", "--suite", "huge"], "invalid choice: 'huge'"),
     (["roofline", "--providers", "cudnn"], "unknown cudnn; choose from flashtriton"),
-    (["inspect", "--dtypes", "fp8"], "unknown fp8; choose from bf16, fp16, fp32"),
+    (["inspect", "--dtypes", "int8"], "unknown int8; choose from bf16, fp16, fp32, fp8"),
     (["inspect", "--head-dims", ""], "unknown empty list"),
 ])
 def test_unknown_choices_are_rejected_with_the_valid_ones(argv, message, capsys):
@@ -68,6 +68,12 @@ def test_unknown_choices_are_rejected_with_the_valid_ones(argv, message, capsys)
         cli.main(argv)
     assert exit.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_inspect_fp8_needs_gluon():
+    """fp8 is only the Gluon forward's form: without --gluon, a clear exit, not a crash in the Triton kernels."""
+    with pytest.raises(SystemExit, match="--dtypes fp8 is the Gluon forward's FP8 form: add --gluon"):
+        cli.main(["inspect", "--dtypes", "fp8"])
 
 
 def test_one_version():
