@@ -126,6 +126,7 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
         calls.append(args[0].dtype)
         return gluon_forward.fp8_forward_gluon(*args)
     monkeypatch.setattr(api, "fp8_forward_gluon", counted)
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "gluon")  # (auto waits for this test: FP8_AUTO)
     (q8, k8, v8), (qd, kd, vd), exact = _quantized(*shape, head_dim, per_head)
     o, lse = flashtriton.flash_attention_fp8(q8, k8, v8, is_causal=is_causal, q_descale=qd, k_descale=kd,
                                              v_descale=vd, return_lse=True)
@@ -133,3 +134,13 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     checks = _checks(o, lse, exact, is_causal, scale, _plain_fp8_error(exact, is_causal, scale))
     assert all(c.ok for c in checks), checks
     assert calls == [E4M3]
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
+def test_auto_keeps_the_fallback_until_fp8_is_validated(monkeypatch):
+    """FLASHTRITON_FORWARD unset: the Gluon FP8 form only with FP8_AUTO (off until its GPU tests have run)."""
+    monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)
+    (q8, k8, v8), _, _ = _quantized(1, 2, 2, 256, 256, 128, per_head=False)
+    assert gluon_forward.fp8_gluon_selected(q8, k8, v8) == gluon_forward.FP8_AUTO
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "gluon")
+    assert gluon_forward.fp8_gluon_selected(q8, k8, v8)

@@ -16,7 +16,7 @@ import torch
 
 from . import ops
 from .launch import new_dropout_seed
-from .launch.gluon_forward import fp8_forward_gluon, fp8_gluon_supports
+from .launch.gluon_forward import fp8_forward_gluon, fp8_gluon_selected
 from .validation import (
     FP8_OUT_DTYPES,
     check_alibi_slopes,
@@ -182,10 +182,11 @@ def flash_attention_fp8(
     Returns:
         o: (B, Hq, Nq, D) in out_dtype, laid out like q; with `return_lse`, (o, lse).
 
-    On an sm_90 GPU with D = 64 or 128 and TMA-aligned strides (launch/gluon_forward.py), the Gluon kernel
-    runs with its products in FP8 (wgmma's e4m3 form; the probabilities rounded to e4m3 for P V, as
-    FlashAttention-3 does), at about twice the bf16 tensor-core rate. Anywhere else (other GPUs, head dims,
-    or the CPU's interpreter) the inputs are dequantized to float32 and `flash_attention` runs: the same
+    On an sm_90 GPU with D = 64 or 128 and TMA-aligned strides, with FLASHTRITON_FORWARD=gluon for now
+    (launch/gluon_forward.py: fp8_gluon_selected; the kernel is compiled and checked offline, its GPU
+    tests have not run yet), the Gluon kernel runs with its products in FP8 (wgmma's e4m3 form; the
+    probabilities rounded to e4m3 for P V, as FlashAttention-3 does), at up to twice the bf16
+    tensor-core rate. Otherwise the inputs are dequantized to float32 and `flash_attention` runs: the same
     result up to that rounding of P, at float32 speed. No backward: the outputs carry no gradient.
     """
     check_inputs(q, k, v, is_causal=is_causal, fp8=True)
@@ -200,7 +201,7 @@ def flash_attention_fp8(
         check_descale(name, descale, q, heads_kv)
     scale = check_scale(scale, q.shape[-1])
     descale = _descale_table(q_descale, k_descale, v_descale, batch, heads_kv, q.device)
-    if fp8_gluon_supports(q, k, v):
+    if fp8_gluon_selected(q, k, v):
         o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype)
     else:
         group = q.shape[1] // heads_kv

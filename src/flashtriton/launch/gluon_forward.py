@@ -197,10 +197,21 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     return o, lse
 
 
-def fp8_gluon_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether flash_attention_fp8 runs this call on the Gluon kernel: a CUDA device and
-    gluon_forward_supports' conditions for float8 e4m3 (V's layout does not matter: it is transposed)."""
-    return q.device.type == "cuda" and gluon_forward_supports(q, k, k, dtypes=(torch.float8_e4m3fn, ))
+# Whether "auto" takes the FP8 form: not until its GPU tests have run (it is compiled and checked offline
+# only, docs/performance.md entry 59); FLASHTRITON_FORWARD=gluon takes it.
+FP8_AUTO = False
+
+
+def fp8_gluon_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether flash_attention_fp8 runs this call on the Gluon kernel: on a CUDA device, with
+    FLASHTRITON_FORWARD=gluon (or "auto" once FP8_AUTO is on), where gluon_forward_supports' conditions
+    hold for float8 e4m3 (V's layout does not matter: it is transposed)."""
+    if q.device.type != "cuda":
+        return False
+    path = forward_path()
+    if path == "triton" or (path == "auto" and not FP8_AUTO):
+        return False
+    return gluon_forward_supports(q, k, k, dtypes=(torch.float8_e4m3fn, ))
 
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
