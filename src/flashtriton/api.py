@@ -204,10 +204,9 @@ def flash_attention_fp8(
     if fp8_gluon_selected(q, k, v):
         o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype)
     else:
-        group = q.shape[1] // heads_kv
-        per_head = [factors.repeat_interleave(group, dim=1) if i == 0 else factors
-                    for i, factors in enumerate(descale)]  # (B, Hq) for q, (B, Hkv) for k and v
-        q32, k32, v32 = (x.float() * d[:, :, None, None] for x, d in zip((q, k, v), per_head, strict=True))
+        q_factors = descale[0].repeat_interleave(q.shape[1] // heads_kv, dim=1)  # (B, Hq): each head's KV head's
+        q32, k32, v32 = (x.float() * d[:, :, None, None]
+                         for x, d in zip((q, k, v), (q_factors, descale[1], descale[2]), strict=True))
         o, lse = flash_attention(q32, k32, v32, is_causal=is_causal, scale=scale, return_lse=True)
         o = o.to(out_dtype)
     return (o, lse) if return_lse else o

@@ -48,11 +48,6 @@ def _check_packed(name: str, x: object, dims: int, count: int, shape: str) -> No
         raise ValueError(f"{name} must be {shape}, with {count} at dim {x.dim() - 3}; got shape {tuple(x.shape)}")
 
 
-def _check_deterministic(deterministic: object) -> None:
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
-
-
 def _results(o: torch.Tensor, lse: torch.Tensor, probs: torch.Tensor | None, return_attn_probs: bool):
     return (o, lse, probs) if return_attn_probs else o
 
@@ -68,7 +63,6 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_layout(name, x, 4, "(batch, seqlen, heads, head_dim)")
-    _check_deterministic(deterministic)
     result = flash_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, scale=softmax_scale,
                              return_lse=True, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                              dropout_p=dropout_p, return_attn_probs=return_attn_probs, deterministic=deterministic)
@@ -103,7 +97,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         raise NotImplementedError("block_table (a paged KV cache) is not supported by flash_attn_varlen_func here; "
                                   "pass contiguous k and v")
-    _check_deterministic(deterministic)
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be True or False, got {return_attn_probs!r}")
     o, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

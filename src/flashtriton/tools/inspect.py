@@ -223,11 +223,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, seqlen)
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, vt, o, lse, causal, head_dim ** -0.5,
                                                                         overlap=True, descale=torch.ones(3, 1, 2))
-        launch_registers, softmax_registers = gluon_forward.REGISTERS[gluon_forward.WARPGROUPS[head_dim]]
-        config = (f"M{gluon_forward.BLOCK_M}x{gluon_forward.WARPGROUPS[head_dim]}-N{gluon_forward.BLOCK_N}-"
-                  f"s{gluon_forward.NUM_STAGES}-r{launch_registers}/{softmax_registers}-overlap-fp8")
         return [_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
-                        causal, config)]
+                        causal, _gluon_config(gluon_forward.WARPGROUPS[head_dim], "overlap-fp8"))]
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
     variants = [(form, flags, 2) for form, flags in gluon_forward.FORMS.items()]
@@ -238,11 +235,17 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, q, o, lse, causal, head_dim ** -0.5,
                                                                         overlap, pingpong, warpgroups=warpgroups)
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
-        launch_registers, softmax_registers = gluon_forward.REGISTERS[warpgroups]
-        config = (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{gluon_forward.BLOCK_N}-s{gluon_forward.NUM_STAGES}-"
-                  f"r{launch_registers}/{softmax_registers}-{form}")
-        reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
+        reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, _gluon_config(warpgroups, form)))
     return reports
+
+
+def _gluon_config(warpgroups: int, form: str) -> str:
+    """The Gluon forward's tiles, registers and form as a report's `config`, e.g. M64x2-N128-s2-r168/240-overlap."""
+    from ..launch import gluon_forward
+
+    launch_registers, softmax_registers = gluon_forward.REGISTERS[warpgroups]
+    return (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{gluon_forward.BLOCK_N}-s{gluon_forward.NUM_STAGES}-"
+            f"r{launch_registers}/{softmax_registers}-{form}")
 
 
 def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
