@@ -38,28 +38,55 @@ def _quantized(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, per_head,
     return quantized, descales, exact
 
 
-def _plain_fp8_error(exact, is_causal, scale):
-    """What plain attention makes in FP8 against the float64 one: scores from the quantized inputs in
-    float32, the probabilities rounded to e4m3 for P V, the output rounded to bf16."""
+def _plain_fp8_error(exact, is_causal, scale, quantized=None):
+    """What plain attention makes in FP8 against the float64 one: (O, L). Scores from the quantized inputs
+    in float32, or, given `quantized` ((q8, k8, v8), their descales) on a GPU, from cuBLAS's FP8 matmul with the tensor
+    cores' own accumulation (use_fast_accum), whose partial sums keep fewer bits than float32's (about
+    14, DeepSeek-V3's report, section 3.3.2) as wgmma's do; the probabilities rounded to e4m3 for P V,
+    the output rounded to bf16."""
     q, k, v = (x.float() for x in exact)
     group = q.shape[1] // k.shape[1]
     k, v = (x.repeat_interleave(group, 1) for x in (k, v))
-    s = q @ k.transpose(-1, -2) * scale
+    if quantized is None:
+        s = q @ k.transpose(-1, -2) * scale
+    else:  # each factor back per (batch, query head), as exact holds it: exact / quantized
+        (q8, k8, _), (qd, kd, _) = quantized
+        factors = [d.expand(q8.shape[0], -1) if d.numel() == 1 else d for d in (qd, kd)]
+        factors = [f.repeat_interleave(q8.shape[1] // f.shape[1], 1)[..., None, None] for f in factors]
+        s = _fp8_scores(q8, k8, group) * (scale * factors[0] * factors[1])
     if is_causal:
         rows, cols = s.shape[-2:]
         s = s.masked_fill(torch.ones(rows, cols, dtype=torch.bool, device=s.device).tril(cols - rows).logical_not(),
                           float("-inf"))
     p = torch.softmax(s, -1).nan_to_num(0.0)
-    return (p.to(E4M3).float() @ v).to(torch.bfloat16)
+    return (p.to(E4M3).float() @ v).to(torch.bfloat16), torch.logsumexp(s, -1)
 
 
-def _checks(o, lse, exact, is_causal, scale, low_o):
-    """O against the float64 attention of the dequantized inputs (bounded by twice `low_o`'s error), L
-    against float32's rounding where a row sees a key, and -inf exactly where none."""
+def _fp8_scores(q8, k8, group):
+    """q8 k8^T per (batch, head) in float32 through torch._scaled_mm (unit scales), as the tensor cores
+    accumulate it; rows and columns padded with zeros to multiples of 16, as the matmul needs."""
+    batch, heads, seqlen_q, head_dim = q8.shape
+    seqlen_k = k8.shape[2]
+    pad_q, pad_k = -seqlen_q % 16, -seqlen_k % 16
+    one = torch.ones((), device=q8.device)
+    s = torch.empty(batch, heads, seqlen_q, seqlen_k, device=q8.device)
+    for b in range(batch):
+        for h in range(heads):
+            a = torch.nn.functional.pad(q8[b, h].view(torch.uint8), (0, 0, 0, pad_q)).view(E4M3)
+            kt = torch.nn.functional.pad(k8[b, h // group].view(torch.uint8), (0, 0, 0, pad_k)).view(E4M3)
+            s[b, h] = torch._scaled_mm(a, kt.t(), one, one, out_dtype=torch.float32,
+                                       use_fast_accum=True)[:seqlen_q, :seqlen_k]
+    return s
+
+
+def _checks(o, lse, exact, is_causal, scale, low, extra_l=0.0):
+    """O and L against the float64 attention of the dequantized inputs, each bounded by twice the error of
+    `low` (a plain attention's (O, L)), L where a row sees a key (plus `extra_l`); and L = -inf exactly
+    where none."""
     o64, lse64 = attention_ref(*exact, is_causal=is_causal, scale=scale)
     finite = torch.isfinite(lse64)
-    return [bounded("O", o, o64, low_o, torch.bfloat16),
-            bounded("L", lse[finite], lse64[finite], lse64[finite].float(), torch.float32, extra=1e-3),
+    return [bounded("O", o, o64, low[0], torch.bfloat16),
+            bounded("L", lse[finite], lse64[finite], low[1][finite], torch.float32, extra=extra_l),
             Check("L=-inf rows", float((torch.isneginf(lse) != ~finite).sum().item()), 0.0, False)]
 
 
@@ -75,8 +102,8 @@ def test_matches_float64_reference(is_causal, per_head, shape):
                                              v_descale=vd, return_lse=True)
     assert o.dtype == torch.bfloat16 and o.shape == q8.shape and lse.shape == q8.shape[:3]
     scale = shape[-1] ** -0.5
-    low_o = attention_ref(*(x.float() for x in exact), is_causal=is_causal, scale=scale)[0]
-    checks = _checks(o, lse, exact, is_causal, scale, low_o)
+    low = attention_ref(*(x.float() for x in exact), is_causal=is_causal, scale=scale)
+    checks = _checks(o, lse, exact, is_causal, scale, low, extra_l=1e-3)
     assert all(c.ok for c in checks), checks
 
 
@@ -117,8 +144,9 @@ def test_errors(kwargs, error, match):
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (1, 8, 2, 1000, 1100)])
 def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, per_head, shape):
-    """On sm_90 the Gluon kernel's FP8 form runs (checked); O within twice plain FP8 attention's error (its
-    probabilities rounded to e4m3 for P V, as the kernel's are), L and the rows without keys as above."""
+    """On sm_90 the Gluon kernel's FP8 form runs (checked); O and L within twice plain FP8 attention's errors
+    (its scores accumulated by the tensor cores and its probabilities rounded to e4m3 for P V, as the
+    kernel's are), the rows without keys as above."""
     from flashtriton import api
     calls = []
 
@@ -127,11 +155,12 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
         return gluon_forward.fp8_forward_gluon(*args)
     monkeypatch.setattr(api, "fp8_forward_gluon", counted)
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "gluon")  # (auto waits for this test: FP8_AUTO)
-    (q8, k8, v8), (qd, kd, vd), exact = _quantized(*shape, head_dim, per_head)
-    o, lse = flashtriton.flash_attention_fp8(q8, k8, v8, is_causal=is_causal, q_descale=qd, k_descale=kd,
+    quantized, (qd, kd, vd), exact = _quantized(*shape, head_dim, per_head)
+    o, lse = flashtriton.flash_attention_fp8(*quantized, is_causal=is_causal, q_descale=qd, k_descale=kd,
                                              v_descale=vd, return_lse=True)
     scale = head_dim ** -0.5
-    checks = _checks(o, lse, exact, is_causal, scale, _plain_fp8_error(exact, is_causal, scale))
+    low = _plain_fp8_error(exact, is_causal, scale, (quantized, (qd, kd, vd)))
+    checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks
     assert calls == [E4M3]
 
