@@ -58,7 +58,8 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, TRANSPOS
     """Key block `block` of K or V into its ring's stage count % NUM_STAGES (`count`: the ring's fills so
     far, over every tile of the program), once every softmax partition has released that stage's previous
     fill. A fresh mbarrier counts as having completed the phase before its first, so the first pass
-    through the ring does not wait. TRANSPOSED: the tensor is V^T, (B, Hkv, D, Nk), keys last (FP8)."""
+    through the ring does not wait. TRANSPOSED: the tensor is V^T, (B, Hkv, D, Nk), keys last (FP8,
+    launch/gluon_forward.py's fp8_values_operand)."""
     NUM_STAGES: gl.constexpr = smem.type.shape[0]
     BLOCK_N: gl.constexpr = smem.type.shape[4] if TRANSPOSED else smem.type.shape[3]
     stage = count % NUM_STAGES
@@ -128,6 +129,21 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
 
 
 @gluon.jit
+def _probabilities_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+    """P (fp32, wgmma's accumulator layout) as the A operand of P V. In FP8 each thread's accumulator holds
+    keys 2t, 2t+1, 8+2t, 9+2t (t = lane % 4) of every 16, where the A operand wants 4t..4t+3 of every
+    32: rather than trade bytes across lanes, the keys are relabeled in each 32, and V^T's keys were
+    permuted alike on the host (fp8_values_operand), which leaves P V unchanged."""
+    p = p.to(dtype)
+    if FP8:
+        M: gl.constexpr = p.type.shape[0]
+        N: gl.constexpr = p.type.shape[1]
+        # key 16h + 8n + 2t + j becomes operand column 16h + 4t + 2n + j
+        p = p.reshape([M, N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([M, N])
+    return gl.convert_layout(p, p_layout)
+
+
+@gluon.jit
 def _values(v_smem, stage, FP8: gl.constexpr):
     """V's block in ring stage `stage` as the B operand of P V, (BLOCK_N, D). In FP8 the ring holds V^T
     tiles, read here transposed: wgmma takes 8-bit operands with the reduced dim (the keys) contiguous."""
@@ -191,7 +207,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
                 prev = (fills + j - 1) % NUM_STAGES
@@ -211,7 +227,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
             last = (fills + n_blocks - 1) % NUM_STAGES
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
@@ -238,7 +254,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                                                  qk_scale_log2, IS_CAUSAL)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             acc = warpgroup_mma(p_op, _values(v_smem, stage, FP8), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(stage), count=1)

@@ -137,8 +137,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
     key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D]). FP8
-    (q in float8 e4m3): `v` is V^T, (B, Hkv, D, Nk rounded up to 16), and `descale` float32 (3, B, Hkv)
-    contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both)."""
+    (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
+    float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -214,18 +214,27 @@ def fp8_gluon_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> boo
     return gluon_forward_supports(q, k, k, dtypes=(torch.float8_e4m3fn, ))
 
 
+def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
+    """V (B, Hkv, Nk, D) as the FP8 kernel reads it: transposed, (B, Hkv, D, Nk rounded up to 32), keys
+    padded with zeros (the kernel masks their probabilities) and relabeled in every 32 as the kernel
+    relabels P's (kernels/gluon_forward.py, _probabilities_operand): column 16h + 4t + 2n + j holds key
+    16h + 8n + 2t + j. wgmma takes 8-bit operands only with the reduced dim contiguous, and P V reduces
+    over the keys. One copy of D x Nk bytes per KV head."""
+    batch, heads_kv, seqlen_k, head_dim = v.shape
+    chunks = cdiv(seqlen_k, 32)
+    padded = torch.nn.functional.pad(v.view(torch.uint8), (0, 0, 0, chunks * 32 - seqlen_k))
+    relabeled = padded.view(batch, heads_kv, chunks, 2, 2, 4, 2, head_dim).permute(0, 1, 7, 2, 3, 5, 4, 6)
+    return relabeled.reshape(batch, heads_kv, head_dim, chunks * 32).view(v.dtype)
+
+
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       descale: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
-    and lse (B, Hq, Nq) float32. V is transposed here, keys last and padded to a multiple of 16 (TMA's row
-    alignment; the kernel masks keys past Nk): wgmma takes 8-bit operands only with the reduced dim
-    contiguous, and P V reduces over the keys. That copy is D x Nk bytes per KV head."""
+    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand)."""
     from .forward import empty_in_order
 
-    batch, heads_kv, seqlen_k, head_dim = v.shape
-    vt = torch.zeros(batch, heads_kv, head_dim, cdiv(seqlen_k, 16) * 16, device=v.device, dtype=v.dtype)
-    vt[..., :seqlen_k].copy_(v.transpose(2, 3))
+    vt = fp8_values_operand(v)
     o = empty_in_order(q, dtype=out_dtype)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
