@@ -138,6 +138,36 @@ def test_errors(kwargs, error, match):
         flashtriton.flash_attention_fp8(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
 
+@pytest.mark.parametrize("seqlen_k", [1, 17, 63, 97, 130])
+@pytest.mark.parametrize("head_dim", [16, 64])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_values_operand_relabels_keys(monkeypatch, seqlen_k, head_dim, transposed):
+    """fp8_values_operand (its Triton kernel, interpreted on CPU): V^T padded with zeros to 32 keys, column
+    16h + 4t + 2n + j of every 32 holding key 16h + 8n + 2t + j, from a contiguous V or one with D
+    outermost; every byte written (uint8 outputs poisoned); and P relabeled as the Gluon kernel relabels
+    it, times that V^T, is P V."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        return out.fill_(0x7F) if out.dtype == torch.uint8 else out  # 0x7F: NaN in e4m3
+    monkeypatch.setattr(torch, "empty", poisoned)
+    torch.manual_seed(seqlen_k)
+    v = torch.randn(2, 3, seqlen_k, head_dim, device=DEVICE)
+    if transposed:
+        v = torch.randn(head_dim, 2, 3, seqlen_k, device=DEVICE).permute(1, 2, 3, 0)
+    v8 = v.to(E4M3)
+    vt = gluon_forward.fp8_values_operand(v8)
+    padded_k = -(-seqlen_k // 32) * 32
+    keys = torch.arange(padded_k).view(-1, 2, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(-1)  # column -> key
+    expected = torch.nn.functional.pad(v8.float(), (0, 0, 0, padded_k - seqlen_k))[:, :, keys.to(DEVICE)]
+    assert vt.shape == (2, 3, head_dim, padded_k) and vt.dtype == E4M3
+    torch.testing.assert_close(vt.float(), expected.transpose(2, 3), rtol=0, atol=0)
+    p = torch.nn.functional.pad(torch.rand(2, 3, 5, seqlen_k, device=DEVICE), (0, padded_k - seqlen_k))
+    relabeled = p.unflatten(-1, (-1, 2, 2, 4, 2)).permute(0, 1, 2, 3, 4, 6, 5, 7).flatten(3)
+    torch.testing.assert_close(relabeled @ vt.float().transpose(2, 3), p[..., :seqlen_k] @ v8.float())
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -154,7 +184,7 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
         calls.append(args[0].dtype)
         return gluon_forward.fp8_forward_gluon(*args)
     monkeypatch.setattr(api, "fp8_forward_gluon", counted)
-    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "gluon")  # (auto waits for this test: FP8_AUTO)
+    monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)  # auto
     quantized, (qd, kd, vd), exact = _quantized(*shape, head_dim, per_head)
     o, lse = flashtriton.flash_attention_fp8(*quantized, is_causal=is_causal, q_descale=qd, k_descale=kd,
                                              v_descale=vd, return_lse=True)
@@ -165,11 +195,9 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     assert calls == [E4M3]
 
 
-@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
-def test_auto_keeps_the_fallback_until_fp8_is_validated(monkeypatch):
-    """FLASHTRITON_FORWARD unset: the Gluon FP8 form only with FP8_AUTO (off until its GPU tests have run)."""
-    monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)
+@pytest.mark.parametrize("path", ["auto", "gluon", "triton"])
+def test_forward_path_picks_the_fp8_form(monkeypatch, path):
+    """The Gluon FP8 form on sm_90 unless FLASHTRITON_FORWARD=triton; elsewhere (CPU too) never."""
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
     (q8, k8, v8), _, _ = _quantized(1, 2, 2, 256, 256, 128, per_head=False)
-    assert gluon_forward.fp8_gluon_selected(q8, k8, v8) == gluon_forward.FP8_AUTO
-    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "gluon")
-    assert gluon_forward.fp8_gluon_selected(q8, k8, v8)
+    assert gluon_forward.fp8_gluon_selected(q8, k8, v8) == (ON_HOPPER and path != "triton")

@@ -197,19 +197,13 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     return o, lse
 
 
-# Whether "auto" takes the FP8 form: not until its GPU tests have run (it is compiled and checked offline
-# only, docs/performance.md entry 59); FLASHTRITON_FORWARD=gluon takes it.
-FP8_AUTO = False
-
+FP8_VALUES_TILE = (128, 64)  # fp8_values_kernel's (keys, dims) per program
 
 def fp8_gluon_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether flash_attention_fp8 runs this call on the Gluon kernel: on a CUDA device, with
-    FLASHTRITON_FORWARD=gluon (or "auto" once FP8_AUTO is on), where gluon_forward_supports' conditions
-    hold for float8 e4m3 (V's layout does not matter: it is transposed)."""
-    if q.device.type != "cuda":
-        return False
-    path = forward_path()
-    if path == "triton" or (path == "auto" and not FP8_AUTO):
+    """Whether flash_attention_fp8 runs this call on the Gluon kernel: on a CUDA device, unless
+    FLASHTRITON_FORWARD=triton, where gluon_forward_supports' conditions hold for float8 e4m3 (V's layout
+    does not matter: it is copied). Else the inputs are dequantized for flash_attention."""
+    if q.device.type != "cuda" or forward_path() == "triton":
         return False
     return gluon_forward_supports(q, k, k, dtypes=(torch.float8_e4m3fn, ))
 
@@ -219,12 +213,17 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
     padded with zeros (the kernel masks their probabilities) and relabeled in every 32 as the kernel
     relabels P's (kernels/gluon_forward.py, _probabilities_operand): column 16h + 4t + 2n + j holds key
     16h + 8n + 2t + j. wgmma takes 8-bit operands only with the reduced dim contiguous, and P V reduces
-    over the keys. One copy of D x Nk bytes per KV head."""
+    over the keys. One pass of D x Nk bytes per KV head (fp8_values_kernel)."""
+    from ..kernels.fp8_values import fp8_values_kernel
+
     batch, heads_kv, seqlen_k, head_dim = v.shape
-    chunks = cdiv(seqlen_k, 32)
-    padded = torch.nn.functional.pad(v.view(torch.uint8), (0, 0, 0, chunks * 32 - seqlen_k))
-    relabeled = padded.view(batch, heads_kv, chunks, 2, 2, 4, 2, head_dim).permute(0, 1, 7, 2, 3, 5, 4, 6)
-    return relabeled.reshape(batch, heads_kv, head_dim, chunks * 32).view(v.dtype)
+    padded_k = cdiv(seqlen_k, 32) * 32
+    vt = torch.empty(batch, heads_kv, head_dim, padded_k, device=v.device, dtype=torch.uint8)
+    if vt.numel():
+        grid = (batch * heads_kv, cdiv(padded_k, FP8_VALUES_TILE[0]), cdiv(head_dim, FP8_VALUES_TILE[1]))
+        fp8_values_kernel[grid](v.view(torch.uint8), vt, *v.stride(), heads_kv, seqlen_k,
+                                padded_k, head_dim, *FP8_VALUES_TILE)
+    return vt.view(v.dtype)
 
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
