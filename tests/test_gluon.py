@@ -239,13 +239,12 @@ def test_persistent_programs_take_several_tiles(head_dim, form, is_causal):
     assert_matches_reference(q, k, v, is_causal, head_dim ** -0.5, o, lse)
 
 
-@pytest.mark.parametrize("seqlen_k, head_dim, persistent", [(8192, 128, True), (8193, 128, False), (16384, 64, True),
-                                                           (16385, 64, False)])
-def test_causal_grid_is_persistent_while_a_head_fits_the_budget(seqlen_k, head_dim, persistent):
+@pytest.mark.parametrize("seqlen_k, head_dim, persistent", [(8192, 128, True), (8193, 128, False), (8192, 64, True),
+                                                           (16384, 64, False)])
+def test_causal_grid_is_persistent_up_to_its_keys(seqlen_k, head_dim, persistent):
     """The launch's grid (no GPU needed: off the GPU it is sized for an H200's 132 SMs): one program per SM
-    without a mask at any length, and with a causal mask while one head's K and V take at most
-    PERSISTENT_CAUSAL_KV_BYTES (bf16: Nk = 8192 at D = 128, 16384 at D = 64); one program per tile
-    past it."""
+    without a mask at any length, and with a causal mask up to PERSISTENT_CAUSAL_MAX_KEYS keys (8192) at
+    any head dim; one program per tile past it."""
     def grid(is_causal):
         q = torch.empty(4, 8, 4096, head_dim, dtype=torch.bfloat16)
         k = torch.empty(4, 8, seqlen_k, head_dim, dtype=torch.bfloat16)

@@ -182,12 +182,11 @@ def flash_attention_fp8(
     Returns:
         o: (B, Hq, Nq, D) in out_dtype, laid out like q; with `return_lse`, (o, lse).
 
-    On an sm_90 GPU with D = 64 or 128 and TMA-aligned strides, with FLASHTRITON_FORWARD=gluon for now
-    (launch/gluon_forward.py: fp8_gluon_selected; the kernel is compiled and checked offline, its GPU
-    tests have not run yet), the Gluon kernel runs with its products in FP8 (wgmma's e4m3 form; the
-    probabilities rounded to e4m3 for P V, as FlashAttention-3 does), at up to twice the bf16
-    tensor-core rate. Otherwise the inputs are dequantized to float32 and `flash_attention` runs: the same
-    result up to that rounding of P, at float32 speed. No backward: the outputs carry no gradient.
+    On an sm_90 GPU with D = 64 or 128 and TMA-aligned strides (launch/gluon_forward.py:
+    fp8_gluon_selected; FLASHTRITON_FORWARD=triton turns it off), the Gluon kernel runs with its products
+    in FP8 (wgmma's e4m3 form; the probabilities rounded to e4m3 for P V, as FlashAttention-3 does).
+    Otherwise the inputs are dequantized to float32 and `flash_attention` runs: the same result up to that
+    rounding of P, at float32 speed. No backward: the outputs carry no gradient.
     """
     check_inputs(q, k, v, is_causal=is_causal, fp8=True)
     check_flags(return_lse=return_lse)
@@ -213,12 +212,12 @@ def flash_attention_fp8(
 
 
 def _descale_table(q_descale, k_descale, v_descale, batch: int, heads_kv: int, device) -> torch.Tensor:
-    """The three factors as one float32 (3, B, Hkv) tensor, each None (1) or one element broadcast."""
-    table = torch.ones(3, batch, heads_kv, device=device, dtype=torch.float32)
-    for i, factor in enumerate((q_descale, k_descale, v_descale)):
-        if factor is not None:
-            table[i] = factor.reshape(-1)[0] if factor.numel() == 1 else factor
-    return table
+    """The three factors as one float32 (3, B, Hkv) tensor, each None (1) or one element broadcast: one
+    stack (a kernel or two per call, where a fill per factor cost up to 60 µs in launches on the H200)."""
+    factors = (q_descale, k_descale, v_descale)
+    one = torch.ones(1, device=device) if any(f is None for f in factors) else None
+    return torch.stack([(one if f is None else f).reshape(-1).expand(batch * heads_kv) for f in factors]
+                       ).view(3, batch, heads_kv)
 
 
 def flash_attention_varlen(

@@ -86,9 +86,10 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # GPU time is shorter than the host's keeps the Triton path.
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 4096}
 AUTO_MIN_WORK = 2 ** 33
-# A causal call's grid is persistent while one head's K and V take at most this many bytes (Nk = 8192 at
-# D = 128 in bf16: 1.02-1.08x one program per tile from 1024 to 8192 keys; 0.69x at 16384; entry 55).
-PERSISTENT_CAUSAL_KV_BYTES = 4 * 2 ** 20
+# A causal call's grid is persistent up to this many keys: at D = 128 in bf16, 1.02-1.08x one program per
+# tile from 1024 to 8192 keys and 0.69x at 16384 (entry 55); in FP8, 1.01x at 8192 and 0.66x at 16384,
+# and at D = 64 0.91x at 16384 (entry 60), though a head's K and V take half the bytes or less there.
+PERSISTENT_CAUSAL_MAX_KEYS = 8192
 
 
 def path_from_environment(variable: str, what: str) -> str:
@@ -170,10 +171,10 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             num_m_blocks, num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
             softmax_registers, fp8)
     # Persistent, one program per SM (the stages' shared memory admits one), each looping over tiles;
-    # but causal tiles differ in length, so the programs drift apart across heads, and once a head's K
-    # and V pass PERSISTENT_CAUSAL_KV_BYTES the heads in flight no longer share L2: one program per tile
-    # then, longest first (docs/performance.md, entries 47 and 55).
-    persistent = not is_causal or seqlen_k * head_dim * k.element_size() * 2 <= PERSISTENT_CAUSAL_KV_BYTES
+    # but causal tiles differ in length, so the programs drift apart across heads, and past
+    # PERSISTENT_CAUSAL_MAX_KEYS the heads in flight no longer share L2: one program per tile then,
+    # longest first (docs/performance.md, entries 47, 55 and 60).
+    persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
     grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
