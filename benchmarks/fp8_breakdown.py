@@ -1,6 +1,6 @@
 """Where the FP8 forward's time goes on an sm_90 GPU, beside the whole call: V's copy into the kernel's
 layout, the descale table, and the kernel alone in each grid (persistent, one program per tile) and with
-two or three softmax warpgroups; the bf16 Gluon kernel on the same shape for scale. One JSON line per
+key blocks of 128 or 256; the bf16 Gluon kernel on the same shape for scale. One JSON line per
 shape (ms, and TFLOP/s of the attention's FLOPs, which mean nothing for the copies). docs/performance.md,
 entry 60.
 
@@ -32,10 +32,10 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     lse = torch.empty(batch, heads, n, device="cuda")
     tiles = batch * heads * -(-n // (gluon_forward.WARPGROUPS[head_dim] * gluon_forward.BLOCK_M))
 
-    def kernel(grid=None, warpgroups=None, fp8=True):
+    def kernel(grid=None, warpgroups=None, fp8=True, block_n=gluon_forward.BLOCK_N):
         args = (q8, k8, vt) if fp8 else (qb, kb, vb)
         launch, default_grid, params, options = gluon_forward.gluon_forward_launch(
-            *args, o, lse, causal, head_dim ** -0.5, overlap=True, warpgroups=warpgroups,
+            *args, o, lse, causal, head_dim ** -0.5, overlap=True, warpgroups=warpgroups, block_n=block_n,
             descale=table if fp8 else None)
         return lambda: launch[grid or default_grid](*params, **options)
     providers = {
@@ -48,8 +48,10 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         "kernel_per_tile": kernel((tiles, )),
         "bf16_kernel": kernel(fp8=False),
     }
-    if head_dim == 128:  # three softmax warpgroups (FA3's D = 64 tile) spill 48 bytes here offline
-        providers["kernel_3_warpgroups"] = kernel(warpgroups=3)
+    # Half as many blocks, so half the per-block rescales and waits (FA3 takes 224 keys in FP8 at D = 128), with
+    # two softmax warpgroups (three do not fit at D = 64; at D = 128 they lost, entry 60). Offline: 48 bytes of
+    # stack at D = 128, none at D = 64.
+    providers["kernel_256_keys"] = kernel(block_n=256, warpgroups=2)
     ms = ab_runs.timed_rounds(providers, ROUNDS)
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
     return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ms)
