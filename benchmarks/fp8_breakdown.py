@@ -52,9 +52,14 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     # two softmax warpgroups (three do not fit at D = 64; at D = 128 they lost, entry 60). Offline: 48 bytes of
     # stack at D = 128, none at D = 64.
     providers["kernel_256_keys"] = kernel(block_n=256, warpgroups=2)
+    # 256-key blocks must give the 128-key kernel's O (the same sums, in another order)
+    providers["kernel"]()
+    o128 = o.clone()
+    providers["kernel_256_keys"]()
+    check = float(f"{(o.float() - o128.float()).abs().max().item():.2e}")
     ms = ab_runs.timed_rounds(providers, ROUNDS)
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
-    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ms)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ms, max_diff_256_keys=check)
 
 
 if __name__ == "__main__":
