@@ -38,7 +38,7 @@ def _quantized(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, per_head,
     return quantized, descales, exact
 
 
-def _plain_fp8_error(exact, is_causal, scale, quantized=None):
+def _plain_fp8_attention(exact, is_causal, scale, quantized=None):
     """What plain attention makes in FP8 against the float64 one: (O, L). Scores from the quantized inputs
     in float32, or, given `quantized` ((q8, k8, v8), their descales) on a GPU, from cuBLAS's FP8 matmul with the tensor
     cores' own accumulation (use_fast_accum), whose partial sums keep fewer bits than float32's (about
@@ -189,7 +189,7 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     o, lse = flashtriton.flash_attention_fp8(*quantized, is_causal=is_causal, q_descale=qd, k_descale=kd,
                                              v_descale=vd, return_lse=True)
     scale = head_dim ** -0.5
-    low = _plain_fp8_error(exact, is_causal, scale, (quantized, (qd, kd, vd)))
+    low = _plain_fp8_attention(exact, is_causal, scale, (quantized, (qd, kd, vd)))
     checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks
     assert calls == [E4M3]

@@ -200,6 +200,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 
 FP8_VALUES_TILE = (128, 64)  # fp8_values_kernel's (keys, dims) per program
 
+
 def fp8_gluon_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether flash_attention_fp8 runs this call on the Gluon kernel: on a CUDA device, unless
     FLASHTRITON_FORWARD=triton, where gluon_forward_supports' conditions hold for float8 e4m3 (V's layout
