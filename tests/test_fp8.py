@@ -39,11 +39,11 @@ def _quantized(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, per_head,
 
 
 def _plain_fp8_attention(exact, is_causal, scale, quantized=None):
-    """What plain attention makes in FP8 against the float64 one: (O, L). Scores from the quantized inputs
-    in float32, or, given `quantized` ((q8, k8, v8), their descales) on a GPU, from cuBLAS's FP8 matmul with the tensor
-    cores' own accumulation (use_fast_accum), whose partial sums keep fewer bits than float32's (about
-    14, DeepSeek-V3's report, section 3.3.2) as wgmma's do; the probabilities rounded to e4m3 for P V,
-    the output rounded to bf16."""
+    """Plain attention in FP8, (O, L), the bound for the kernels' errors against the float64 one. Scores from
+    the quantized inputs in float32, or, given `quantized` ((q8, k8, v8), their descales) on a GPU, from
+    cuBLAS's FP8 matmul with the tensor cores' own accumulation (use_fast_accum), whose partial sums keep
+    fewer bits than float32's (about 14, DeepSeek-V3's report, section 3.3.2) as wgmma's do; the
+    probabilities rounded to e4m3 for P V, the output rounded to bf16."""
     q, k, v = (x.float() for x in exact)
     group = q.shape[1] // k.shape[1]
     k, v = (x.repeat_interleave(group, 1) for x in (k, v))
