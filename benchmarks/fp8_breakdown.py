@@ -11,7 +11,7 @@ import torch
 
 import ab_runs
 from flashtriton import flash_attention_fp8
-from flashtriton.api import _descale_table
+from flashtriton.api import descale_table
 from flashtriton.launch import gluon_forward
 from flashtriton.launch.arguments import sm_count
 
@@ -27,7 +27,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     q8, k8, v8 = ((x / d).to(torch.float8_e4m3fn) for x, d in zip(exact, descales, strict=True))
     qb, kb, vb = (x.to(torch.bfloat16) for x in exact)
     vt = gluon_forward.fp8_values_operand(v8)
-    table = _descale_table(*descales, batch, heads, q8.device)
+    table = descale_table(tuple(descales), batch, heads, q8.device)
     o = torch.empty(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(batch, heads, n, device="cuda")
     tiles = batch * heads * -(-n // (gluon_forward.WARPGROUPS[head_dim] * gluon_forward.BLOCK_M))
@@ -42,7 +42,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         "call": lambda: flash_attention_fp8(q8, k8, v8, is_causal=causal, q_descale=descales[0],
                                             k_descale=descales[1], v_descale=descales[2]),
         "values_copy": lambda: gluon_forward.fp8_values_operand(v8),
-        "descale_table": lambda: _descale_table(*descales, batch, heads, q8.device),
+        "descale_table": lambda: descale_table(tuple(descales), batch, heads, q8.device),
         "kernel": kernel(),
         "kernel_persistent": kernel((min(tiles, sm_count(q8)), )),
         "kernel_per_tile": kernel((tiles, )),

@@ -16,6 +16,7 @@ from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded
 
 CAPACITY = 130 if not ON_GPU else 1100  # a contiguous cache's positions per sequence
+E4M3 = torch.float8_e4m3fn
 
 
 def _lengths(capacity: int, batch: int = 4) -> list[int]:
@@ -453,8 +454,14 @@ def test_decode_op_opcheck_and_compile():
     q = torch.randn(2, 4, 2, 32, device=DEVICE, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 64, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
     seqlens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
-    torch.library.opcheck(ops.decode, (q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 2))
-    torch.library.opcheck(ops.decode, (q, k, v, None, 33, None, None, None, False, 0.2, 3, 0, 0.0, None, 1))
+    torch.library.opcheck(ops.decode, (q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 2, None))
+    torch.library.opcheck(ops.decode, (q, k, v, None, 33, None, None, None, False, 0.2, 3, 0, 0.0, None, 1, None))
+    k8, v8 = (x.to(E4M3) for x in (k, v))
+    descale = torch.rand(2, 2, 2, device=DEVICE) + 0.5
+    # (test_schema compares the inputs before and after with arithmetic PyTorch has no float8 CPU kernel for)
+    torch.library.opcheck(ops.decode, (q, k8, v8, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 2,
+                                       descale),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     k_new, v_new = (torch.randn(2, 2, 2, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
 
     def step(q, k_cache, v_cache, k_new, v_new, seqlens):
@@ -518,3 +525,137 @@ def test_lengths_marked_checked_skip_the_read_back(monkeypatch):
     for b, n in enumerate((40, 17)):
         ref, _ = attention_ref(q[b:b + 1].double(), k[b:b + 1, :, :n].double(), v[b:b + 1, :, :n].double())
         torch.testing.assert_close(o[b:b + 1].double(), ref, atol=2e-2, rtol=0)
+
+
+def _quantized_cache(k, v, per_head, powers_of_two):
+    """The logical cache in e4m3 with its descales, (k8, v8, k_descale, v_descale, k, v dequantized in k's
+    dtype): per (batch, KV head) or per tensor, scaled to e4m3's range. Powers of two keep the dequantized
+    values exact in bf16, so that the reference sees what the cache holds. NaN stays NaN."""
+    factors = []
+    for x in (k, v):
+        amax = x.nan_to_num().abs().float().amax(dim=(2, 3) if per_head else (0, 1, 2, 3), keepdim=True) / 448
+        factors.append(torch.exp2(torch.log2(amax).ceil()) if powers_of_two else amax)
+    k8, v8 = ((x.float() / f).to(E4M3) for x, f in zip((k, v), factors, strict=True))
+    dequantized = [(x8.float() * f).to(k.dtype) for x8, f in zip((k8, v8), factors, strict=True)]
+    descales = [f.reshape(f.shape[:2]) if per_head else f.reshape(1) for f in factors]
+    return k8, v8, *descales, *dequantized
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged16", "paged64"])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("dtype,per_head", [(torch.bfloat16, True), (torch.float32, False)], ids=["bf16-per-head",
+                                                                                                  "fp32-per-tensor"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fp8_cache_matches_reference(layout, seqlen_q, dtype, per_head, num_splits):
+    """An FP8 cache (k_descale, v_descale): GQA 4/2, causal, ragged lengths with 0 and the full cache,
+    against the float64 attention of the dequantized cache, bounded by plain attention's error on it in
+    q's dtype. bf16 with per-head power-of-two factors (its dequantized cache is exact in bf16), float32
+    with a per-tensor factor of any value."""
+    block = 1 if layout == "contiguous" else int(layout.removeprefix("paged"))
+    capacity = math.ceil(CAPACITY / block) * block
+    lengths = _lengths(capacity)
+    q = torch.randn(4, 4, seqlen_q, 32, device=DEVICE, dtype=dtype)
+    k, v = _cache(4, 2, capacity, 32, dtype, lengths)
+    k8, v8, k_descale, v_descale, k_dq, v_dq = _quantized_cache(k * 3, v, per_head,
+                                                                powers_of_two=dtype != torch.float32)
+    o, lse = _run(layout, q, k8, v8, lengths, num_splits, dict(is_causal=True, k_descale=k_descale,
+                                                               v_descale=v_descale))
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    _check(o, lse, q, k_dq, v_dq, lengths, is_causal=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_fp8_cache_append_quantizes(layout):
+    """New k, v in q's dtype are written as k / k_descale in e4m3, saturated at 448 (one value past the
+    range lands there, not at NaN), and attended: the output equals a call on the cache appended by hand."""
+    block = 1 if layout == "contiguous" else 16
+    capacity = math.ceil(CAPACITY / block) * block
+    lengths, new = [0, 5, capacity - 2], 2
+    q = torch.randn(3, 4, new, 32, device=DEVICE, dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(3, 2, new, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    k_new[0, 0, 0, 0] = 1e4  # past 448 * k_descale
+    k, v = _cache(3, 2, capacity, 32, torch.bfloat16, lengths)
+    k8, v8, k_descale, v_descale, _, _ = _quantized_cache(k, v, per_head=True, powers_of_two=False)
+    by_hand = [x.clone() for x in (k8, v8)]
+    for b, n in enumerate(lengths):
+        for x, x_new, d in ((by_hand[0], k_new, k_descale), (by_hand[1], v_new, v_descale)):
+            x[b, :, n:n + new] = (x_new[b].float() / d[b][:, None, None]).clamp(-448, 448).to(E4M3)
+    assert by_hand[0][0, 0, 0, 0].float() == 448
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    scales = dict(k_descale=k_descale, v_descale=v_descale, is_causal=True)
+    with torch.no_grad():
+        if layout == "contiguous":
+            o = flash_attention_with_kvcache(q, k8, v8, seqlens, k_new, v_new, **scales)
+            for got, want in zip((k8, v8), by_hand, strict=True):
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+            again = flash_attention_with_kvcache(q, *by_hand, seqlens + new, **scales)
+        else:
+            k_pages, v_pages, table = _paged(k8, v8, block)
+            o = flash_attention_with_kvcache(q, k_pages, v_pages, seqlens, k_new, v_new, block_table=table, **scales)
+            hand_pages = _paged(*by_hand, block)
+            again = flash_attention_with_kvcache(q, k_pages, v_pages, seqlens + new, block_table=table, **scales)
+            by_table = flash_attention_with_kvcache(q, hand_pages[0], hand_pages[1], seqlens + new,
+                                                    block_table=hand_pages[2], **scales)
+            assert torch.equal(again, by_table)
+    assert torch.equal(o, again)
+
+
+def test_fp8_cache_descales_are_values_not_signature():
+    """A call with a remembered signature (kvcache._signature) still reads its own descales: doubling
+    v_descale doubles O, and k_descale scales the scores as the scale does."""
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k8, v8 = (torch.randn(2, 2, 64, 32, device=DEVICE).to(E4M3) for _ in range(2))
+    one, two = (torch.full((1,), x, device=DEVICE) for x in (1.0, 2.0))
+    with torch.no_grad():
+        base = flash_attention_with_kvcache(q, k8, v8, 40, k_descale=one, v_descale=one)
+        doubled = flash_attention_with_kvcache(q, k8, v8, 40, k_descale=one, v_descale=two)
+        sharper = flash_attention_with_kvcache(q, k8, v8, 40, k_descale=two, v_descale=one)
+        by_scale = flash_attention_with_kvcache(q, k8, v8, 40, k_descale=one, v_descale=one, scale=2 * 32 ** -0.5)
+    torch.testing.assert_close(doubled, 2 * base, rtol=0, atol=0)
+    torch.testing.assert_close(sharper, by_scale, rtol=1e-2, atol=1e-2)
+
+
+FP8_ERRORS = {
+    "fp8 new k": (lambda q, k8, s: flash_attention_with_kvcache(q, k8, k8, 3, k8[:, :, :1], k8[:, :, :1]),
+                  TypeError, "come in q's dtype"),
+    "descale on a bf16 cache": (lambda q, k8, s: flash_attention_with_kvcache(
+        q, k8.bfloat16(), k8.bfloat16(), 3, k_descale=s), ValueError, "leave them None"),
+    "descale shape": (lambda q, k8, s: flash_attention_with_kvcache(
+        q, k8, k8, 3, v_descale=torch.ones(3, device=DEVICE)), ValueError, r"v_descale .* shape \(2, 2\)"),
+    "descale dtype": (lambda q, k8, s: flash_attention_with_kvcache(q, k8, k8, 3, k_descale=s.double()),
+                      TypeError, "k_descale must be a float32"),
+    "v_cache not fp8": (lambda q, k8, s: flash_attention_with_kvcache(q, k8, k8.bfloat16(), 3),
+                        TypeError, "float8_e4m3fn in both"),
+    "fp8 q": (lambda q, k8, s: flash_attention_with_kvcache(q.to(E4M3), k8, k8, 3), TypeError, "q has dtype"),
+}
+
+
+@pytest.mark.parametrize("case", list(FP8_ERRORS))
+def test_fp8_cache_errors(case):
+    fn, error, match = FP8_ERRORS[case]
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k8 = torch.randn(2, 2, 64, 32, device=DEVICE).to(E4M3)
+    with pytest.raises(error, match=match):
+        fn(q, k8, torch.ones(1, device=DEVICE))
+
+
+def test_fp8_cache_step_compiles():
+    """A decode step on an FP8 cache (quantizing append, attend) compiles with fullgraph=True and gives the
+    eager result, cache bytes included."""
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k8, v8 = (torch.randn(2, 2, 64, 32, device=DEVICE).to(E4M3) for _ in range(2))
+    k_new, v_new = (torch.randn(2, 2, 1, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    k_descale, v_descale = torch.rand(2, 2, device=DEVICE) + 0.5, torch.full((1,), 0.25, device=DEVICE)
+    seqlens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k_cache, v_cache, k_new, v_new, seqlens):
+        return flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k_new, v_new, is_causal=True,
+                                            k_descale=k_descale, v_descale=v_descale)
+    eager_caches, compiled_caches = [(k8.clone(), v8.clone()) for _ in range(2)]
+    with torch.no_grad():
+        eager = step(q, *eager_caches, k_new, v_new, seqlens)
+        compiled = torch.compile(step, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")(
+            q, *compiled_caches, k_new, v_new, seqlens)
+    assert torch.equal(compiled, eager)
+    for got, want in zip(compiled_caches, eager_caches, strict=True):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

@@ -199,7 +199,7 @@ def flash_attention_fp8(
     for name, descale in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         check_descale(name, descale, q, heads_kv)
     scale = check_scale(scale, q.shape[-1])
-    descale = _descale_table(q_descale, k_descale, v_descale, batch, heads_kv, q.device)
+    descale = descale_table((q_descale, k_descale, v_descale), batch, heads_kv, q.device)
     if fp8_gluon_selected(q, k, v):
         o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype)
     else:
@@ -211,13 +211,13 @@ def flash_attention_fp8(
     return (o, lse) if return_lse else o
 
 
-def _descale_table(q_descale, k_descale, v_descale, batch: int, heads_kv: int, device) -> torch.Tensor:
-    """The three factors as one float32 (3, B, Hkv) tensor, each None (1) or one element broadcast: one
-    stack (a kernel or two per call, where a fill per factor cost up to 60 µs in launches on the H200)."""
-    factors = (q_descale, k_descale, v_descale)
+def descale_table(factors: tuple, batch: int, heads_kv: int, device) -> torch.Tensor:
+    """FP8 descale factors as one float32 (len(factors), B, Hkv) tensor, each None (1), one element
+    (broadcast) or (B, Hkv): one stack (a kernel or two per call, where a fill per factor cost up to 60 µs
+    in launches on the H200)."""
     one = torch.ones(1, device=device) if any(f is None for f in factors) else None
     return torch.stack([(one if f is None else f).reshape(-1).expand(batch * heads_kv) for f in factors]
-                       ).view(3, batch, heads_kv)
+                       ).view(len(factors), batch, heads_kv)
 
 
 def flash_attention_varlen(

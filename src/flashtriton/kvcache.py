@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .api import op_options
+from .api import descale_table, op_options
 from .cache import CACHE, remember
 from .launch import append_to_cache
 from .launch.arguments import input_precision
@@ -36,6 +36,8 @@ def flash_attention_with_kvcache(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     num_splits: int = 0,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens per sequence against its cached keys and values, with the new
@@ -64,6 +66,12 @@ def flash_attention_with_kvcache(
             heuristic); n > 0 forces n. A call with at least DENSE_FROM_QUERIES queries on a contiguous
             cache with an int length and no cache_batch_idx or cache_leftpad (a chunked prefill) runs the
             dense forward kernel instead, and ignores it.
+        k_descale, v_descale: for an FP8 cache (k_cache and v_cache torch.float8_e4m3fn, q in bf16, fp16
+            or float32): the cache holds K / k_descale and V / v_descale, and the attention is that of K and
+            V. Each float32, one element (per tensor) or (B, Hkv) (per sequence and KV head, as
+            FlashAttention-3's), or None for 1. New k, v come in q's dtype and are written divided by them
+            (saturated to e4m3's largest value, 448). The kernel reads half the bytes of a bf16 cache and
+            widens each tile to q's dtype in registers.
         return_lse: also return the logsumexp (B, Hq, Nq) float32.
 
     Returns:
@@ -75,7 +83,7 @@ def flash_attention_with_kvcache(
     under CUDA graph capture and torch.compile, which both work.
     """
     arguments = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad, alibi_slopes,
-                 is_causal, scale, window_size, softcap, num_splits, return_lse)
+                 is_causal, scale, window_size, softcap, num_splits, return_lse, k_descale, v_descale)
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else _signature(arguments)
     call = None if signature is None else CACHE.kvcache_calls.get(signature)
@@ -86,7 +94,7 @@ def flash_attention_with_kvcache(
             check_grown_kvcache(q, k_cache, v_cache, cache_seqlens, k, cache_batch_idx, cache_leftpad)
         else:
             check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
-                          is_causal=is_causal)
+                          is_causal=is_causal, k_descale=k_descale, v_descale=v_descale)
             if family is not None:
                 remember(CACHE.kvcache_families, family, True)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
@@ -105,12 +113,15 @@ def flash_attention_with_kvcache(
         if alibi_slopes is not None:
             alibi_slopes = last_dim_contiguous(alibi_slopes)  # as op_options returned them
     q = last_dim_contiguous(q)
+    descale = None
+    if k_cache.dtype == torch.float8_e4m3fn:
+        descale = descale_table((k_descale, v_descale), q.shape[0], k_cache.shape[1], q.device)
     if k is not None:
-        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx)
+        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, descale)
         cache_seqlens = cache_seqlens + k.shape[2]
     tensor_lengths = isinstance(cache_seqlens, torch.Tensor)
     if call is None and (q.shape[2] >= DENSE_FROM_QUERIES and not tensor_lengths and block_table is None
-                         and cache_batch_idx is None and cache_leftpad is None):
+                         and cache_batch_idx is None and cache_leftpad is None and descale is None):
         # A chunked prefill on a plain cache: the dense forward's tiles (TMA, unmasked interior) beat the
         # decode kernel's once the query tile is full; the masks are aligned the same way.
         keys, values = k_cache[:, :, :cache_seqlens], v_cache[:, :, :cache_seqlens]
@@ -120,17 +131,17 @@ def flash_attention_with_kvcache(
     if compiling:
         o, lse = ops.decode(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None,
                             0 if tensor_lengths else int(cache_seqlens), block_table, cache_batch_idx, cache_leftpad,
-                            is_causal, scale, window_left, window_right, softcap, alibi_slopes, num_splits)
+                            is_causal, scale, window_left, window_right, softcap, alibi_slopes, num_splits, descale)
         return (o, lse) if return_lse else o
     if call is None:
         call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal,
                               window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                               block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                              num_splits=num_splits, return_lse=return_lse)
+                              num_splits=num_splits, return_lse=return_lse, descale=descale)
         if signature is not None:
             remember(CACHE.kvcache_calls, signature, call)
     o, lse = call.launch(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None, cache_batch_idx,
-                         cache_leftpad, block_table, alibi_slopes)
+                         cache_leftpad, block_table, alibi_slopes, descale)
     return (o, lse) if return_lse else o
 
 

@@ -78,13 +78,14 @@ def check_alibi_slopes(alibi_slopes: object, q: torch.Tensor, batch: int | None 
 
 
 def check_inputs(q: object, k: object, v: object, *, is_causal: object, kernels: bool = True,
-                 fp8: bool = False) -> None:
+                 fp8: bool = False, kv_fp8: bool = False) -> None:
     """Validate q (..., Nq, D), k and v (..., Nk, D).
 
     Leading dims must match, except that for inputs of rank >= 4 dim -3 is the head dim and q may have
     a multiple of k's heads (grouped-query attention). `kernels=False` (the PyTorch implementations)
     skips what only the Triton kernels need: a CUDA device, the head-dim and grid limits. `fp8`: the
-    inputs of flash_attention_fp8, float8 e4m3 instead of SUPPORTED_DTYPES.
+    inputs of flash_attention_fp8, float8 e4m3 instead of SUPPORTED_DTYPES; `kv_fp8`: k and v alone in
+    float8 e4m3 (an FP8 KV cache), q in SUPPORTED_DTYPES.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -103,7 +104,10 @@ def check_inputs(q: object, k: object, v: object, *, is_causal: object, kernels:
         raise TypeError(f"q has dtype {q.dtype}; supported are float16, bfloat16 and float32: "
                         f"convert it with q.to(torch.bfloat16)")
     for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
+        if kv_fp8 and x.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{name} has dtype {x.dtype}; an FP8 cache holds torch.float8_e4m3fn in both k_cache and "
+                            "v_cache")
+        if not kv_fp8 and x.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {x.dtype} but q has {q.dtype}; convert with {name}.to(q.dtype)")
 
     for name, x in (("k", k), ("v", v)):
@@ -267,14 +271,22 @@ def mark_kvcache_checked(cache_seqlens: torch.Tensor | None, k_cache: torch.Tens
 
 
 def check_kvcache(q: object, k_cache: object, v_cache: object, cache_seqlens: object, k: object, v: object,
-                  block_table: object, cache_batch_idx: object, cache_leftpad: object, *, is_causal: object) -> None:
+                  block_table: object, cache_batch_idx: object, cache_leftpad: object, *, is_causal: object,
+                  k_descale: object = None, v_descale: object = None) -> None:
     """Validate a call against a KV cache, in flashtriton's layout: q (B, Hq, Nq, D); the caches
     (B_cache, Hkv, Nmax, D), or with `block_table` (B, max_blocks) int32 paged (num_blocks, Hkv,
-    block_size, D); `cache_seqlens` an int or int32 (B,); new k, v (B, Hkv, N_new, D) or both None;
-    `cache_batch_idx` and `cache_leftpad` int32 (B,) or None. Then the index tensors' values, as
+    block_size, D), in q's dtype or float8 e4m3 (then with `k_descale` and `v_descale` as check_descale
+    takes them); `cache_seqlens` an int or int32 (B,); new k, v (B, Hkv, N_new, D) in q's dtype or both
+    None; `cache_batch_idx` and `cache_leftpad` int32 (B,) or None. Then the index tensors' values, as
     check_kvcache_values."""
     _check_kvcache_layout(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad,
                           is_causal)
+    if k_cache.dtype == torch.float8_e4m3fn:
+        for name, descale in (("k_descale", k_descale), ("v_descale", v_descale)):
+            check_descale(name, descale, q, k_cache.shape[1])
+    elif k_descale is not None or v_descale is not None:
+        raise ValueError(f"k_descale and v_descale are an FP8 cache's factors (torch.float8_e4m3fn); this cache is "
+                         f"{k_cache.dtype}: leave them None")
     check_kvcache_values(q, k_cache, cache_seqlens, k, block_table, cache_batch_idx, cache_leftpad)
 
 
@@ -348,7 +360,8 @@ def _check_kvcache_layout(q: object, k_cache: object, v_cache: object, cache_seq
     # when it has one row per sequence: the views cost microseconds on every decoding step)
     rows = ((k_cache, v_cache) if k_cache.shape[0] == q.shape[0] else
             tuple(x[:1].expand(q.shape[0], -1, -1, -1) for x in (k_cache, v_cache)))
-    check_inputs(q, *rows, is_causal=is_causal)
+    fp8 = torch.float8_e4m3fn in (k_cache.dtype, v_cache.dtype)
+    check_inputs(q, *rows, is_causal=is_causal, kv_fp8=fp8)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new keys and values to append) must be given together, or both be None")
     new = 0
@@ -359,7 +372,11 @@ def _check_kvcache_layout(q: object, k_cache: object, v_cache: object, cache_seq
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ValueError(f"{name} (new entries to append) must be (batch, heads_kv, new_tokens, head_dim) = "
                                  f"{expected[:2]} + (N_new, {expected[3]}), got {got}")
-            if x.dtype != k_cache.dtype or x.device != k_cache.device:
+            if fp8 and x.dtype != q.dtype:
+                raise TypeError(f"{name} is {x.dtype}, but new entries for an FP8 cache come in q's dtype "
+                                f"({q.dtype}) and are quantized as they are written; convert it with "
+                                f"{name}.to(q.dtype)")
+            if (not fp8 and x.dtype != k_cache.dtype) or x.device != k_cache.device:
                 raise TypeError(f"{name} is {x.dtype} on {x.device} but the cache is {k_cache.dtype} on "
                                 f"{k_cache.device}; convert it with {name}.to(k_cache)")
         if k.shape != v.shape:

@@ -18,7 +18,8 @@ block of sequence b's keys [j * PAGE_SIZE, (j + 1) * PAGE_SIZE). Sequence b has 
 (or `cache_seqlen` for all; at most what the cache holds), starting at CACHE_LEFTPAD[b] (left padding).
 Its Nq queries are its last Nq positions: query i sits at position seqlen - Nq + i, and the causal mask
 and the window are aligned there (bottom-right, as everywhere in this library). Rows that see no key
-give O = 0 and L = -inf.
+give O = 0 and L = -inf. An FP8 cache (e4m3, with DESCALE) is widened to q's dtype tile by tile: the
+kernel then reads half the bytes, and the factors scale the scores and the output in fp32.
 """
 
 import triton
@@ -59,8 +60,9 @@ def attn_decode_kernel(
     # Q (B, Hq, Nq, D); K, V the cache; O (B, Hq, Nq, D) and LSE (B, Hq, Nq) or None without SPLIT, else the
     # partials O_PART (B, Hq, Nq, num_splits, BLOCK_D) and LSE_PART (B, Hq, Nq, num_splits), fp32 and
     # contiguous. CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD (B,) int32, BLOCK_TABLE (B, max_blocks)
-    # int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used.
-    Q, K, V, O, LSE, CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ALIBI_SLOPES,
+    # int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used. DESCALE: an FP8 cache's factors, float32
+    # (2, B, Hkv) contiguous (K's, then V's; the attention is that of K * k_descale and V * v_descale), or None.
+    Q, K, V, O, LSE, CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ALIBI_SLOPES, DESCALE,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,  # (cache row or block, head, row within it)
     stride_vb, stride_vh, stride_vn,
@@ -131,6 +133,13 @@ def attn_decode_kernel(
     if ALIBI:
         alibi_log2 = (tl.load(ALIBI_SLOPES + b64 * stride_alibi_b + head, mask=row_in, other=0.0) * LOG2E)[:, None]
 
+    k_descale = 1.0
+    v_descale = 1.0
+    if DESCALE is not None:  # per (batch, KV head): folded into the scores and the output, in fp32
+        heads_kv = num_heads_q // GROUP_SIZE
+        k_descale = tl.load(DESCALE + b64 * heads_kv + off_hkv)
+        v_descale = tl.load(DESCALE + (tl.num_programs(2) + b64) * heads_kv + off_hkv)
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -149,8 +158,12 @@ def attn_decode_kernel(
         k_offsets, v_offsets = _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_kb,
                                             stride_kn, stride_vb, stride_vn, BLOCK_N, PAGED, PAGE_SIZE)
         kv_mask = key_in[:, None] & d_in[None, :]
-        k = tl.load(k_base + k_offsets[:, None], mask=kv_mask, other=0.0)
+        # An FP8 cache's tiles are widened to q's dtype in registers: half the bytes from memory, where
+        # decoding spends its time
+        k = tl.load(k_base + k_offsets[:, None], mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if DESCALE is not None:
+            qk = qk * k_descale
         score_scale = qk_scale_log2
         if SOFTCAP or ALIBI:
             qk, _ = modified_scores(qk, position[:, None], offs_n[None, :], 0, qk_scale_log2, softcap_scale,
@@ -163,13 +176,15 @@ def attn_decode_kernel(
             visible = visible & (offs_n[None, :] >= position[:, None] - window_left)
         qk = tl.where(visible, qk, float("-inf"))
         p, alpha, l_i, m_new = softmax_update(l_i, m_i, qk, score_scale, True)
-        v = tl.load(v_base + v_offsets[:, None], mask=kv_mask, other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
+        v = tl.load(v_base + v_offsets[:, None], mask=kv_mask, other=0.0).to(q.dtype)
+        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
 
     no_key = l_i == 0.0
     l_safe = tl.where(no_key, 1.0, l_i)
     o = acc / l_safe[:, None]
+    if DESCALE is not None:
+        o = o * v_descale
     lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(l_safe))  # log2 units
     row = (b64 * num_heads_q + head) * seqlen_q + token  # (b, head, token) in a contiguous (B, Hq, Nq)
     if not SPLIT:

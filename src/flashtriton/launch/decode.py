@@ -81,9 +81,11 @@ def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cache_seqlens: torch.Tensor | int, block_table: torch.Tensor | None,
-                    cache_batch_idx: torch.Tensor | None) -> None:
+                    cache_batch_idx: torch.Tensor | None, descale: torch.Tensor | None = None) -> None:
     """Write k, v (B, Hkv, N_new, D) into the caches in place at positions cache_seqlens[b] + [0, N_new) of
-    each sequence b (through the block table when paged). The caller checked that they fit."""
+    each sequence b (through the block table when paged). The caller checked that they fit. An FP8 cache
+    (`descale` its float32 (2, B, Hkv) factors) takes k / k_descale and v / v_descale, saturated to e4m3's
+    largest value and rounded to nearest."""
     batch, _, new, _ = k.shape
     positions = torch.arange(new, device=k.device)[None, :] + (
         cache_seqlens[:, None].long() if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens)
@@ -97,7 +99,10 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         cols = positions
     # (rows, cols) index dims 0 and 2 of the cache; seen as (.., N, H, D) they are adjacent, and the
     # indexed result is (B, N_new, H, D), as k.transpose(1, 2) is.
-    for cache, x in ((k_cache, k), (v_cache, v)):
+    for i, (cache, x) in enumerate(((k_cache, k), (v_cache, v))):
+        if descale is not None:
+            largest = torch.finfo(cache.dtype).max
+            x = (x.float() / descale[i][:, :, None, None]).clamp(-largest, largest)
         cache.transpose(1, 2)[rows, cols] = x.transpose(1, 2).to(cache.dtype)
 
 
@@ -124,10 +129,11 @@ class DecodeCall:
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
                cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
-               block_table: torch.Tensor | None,
-               alibi_slopes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+               block_table: torch.Tensor | None, alibi_slopes: torch.Tensor | None,
+               descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(o like q, lse (B, Hq, Nq) float32, or None when prepared without return_lse) for tensors laid
-        out as the prepared call's; `seqlens` None when the lengths were an int."""
+        out as the prepared call's; `seqlens` None when the lengths were an int; `descale` an FP8 cache's
+        float32 (2, B, Hkv) factors (kvcache_descales), None otherwise, as prepared."""
         o = empty_in_order(q)
         lse = q.new_empty(self.sizes, dtype=torch.float32) if self.return_lse else None
         if o.numel() == 0:
@@ -137,7 +143,7 @@ class DecodeCall:
             outs = (q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
                     q.new_empty((*self.sizes, self.splits), dtype=torch.float32))
         decode_tensors = (q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
-                          alibi_slopes)
+                          alibi_slopes, descale)
         combine_tensors = (*outs, o, lse)
         key = self.key
         if key is not None and replay.replayable(q.device):
@@ -173,10 +179,12 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                    alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                    cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
-                   num_splits: int = 0, tiles: TileConfig | None = None, return_lse: bool = True) -> DecodeCall:
+                   num_splits: int = 0, tiles: TileConfig | None = None, return_lse: bool = True,
+                   descale: torch.Tensor | None = None) -> DecodeCall:
     """The DecodeCall of attention_decode with these arguments: everything but the tensors' contents and
     addresses (beyond their 16-byte alignment). Without `return_lse` its launch allocates and writes no
-    logsumexp (a decoding step through the public API wants o alone)."""
+    logsumexp (a decoding step through the public API wants o alone). `descale`: an FP8 cache's factors,
+    float32 (2, B, Hkv), given to the launches too."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 0
@@ -203,7 +211,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
                         k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
         key = replay.plan_key(replay.current_device_and_stream()[0],
-                              (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes),
+                              (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes, descale),
                               "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
                               is_causal, scale, tuple(window), softcap, tiles, return_lse)
     meta = dict(GROUP_SIZE=heads_q // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=tiles.block_m,
@@ -221,13 +229,15 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                      cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
-                     num_splits: int = 0, tiles: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_splits: int = 0, tiles: TileConfig | None = None,
+                     descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q and lse (B, Hq, Nq) float32 of q against each sequence's first cache_seqlens[b] cached
     keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits;
-    `tiles` forces (BLOCK_M, BLOCK_N, warps, stages), None takes decode_tiles (sweeps and tests)."""
+    `tiles` forces (BLOCK_M, BLOCK_N, warps, stages), None takes decode_tiles (sweeps and tests);
+    `descale`: an FP8 cache's float32 (2, B, Hkv) factors (kvcache_descales)."""
     call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal, window=window,
                           softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table,
                           cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, num_splits=num_splits,
-                          tiles=tiles)
+                          tiles=tiles, descale=descale)
     return call.launch(q, k_cache, v_cache, cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
-                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes)
+                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, descale)
