@@ -600,9 +600,11 @@ def test_fp8_cache_append_quantizes(layout):
     assert torch.equal(o, again)
 
 
+@pytest.mark.usefixtures("replays_through_the_interpreter")
 def test_fp8_cache_descales_are_values_not_signature():
-    """A call with a remembered signature (kvcache._signature) still reads its own descales: doubling
-    v_descale doubles O, and k_descale scales the scores as the scale does."""
+    """A call with a remembered signature (kvcache._signature), whose launch replays the recorded plan, still
+    reads its own descales: doubling v_descale doubles O, and k_descale scales the scores as the scale
+    does."""
     q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
     k8, v8 = (torch.randn(2, 2, 64, 32, device=DEVICE).to(E4M3) for _ in range(2))
     one, two = (torch.full((1,), x, device=DEVICE) for x in (1.0, 2.0))
