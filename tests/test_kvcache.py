@@ -276,7 +276,10 @@ def test_flash_attn_with_kvcache_signature():
     names = [p.name for p in inspect.signature(fai.flash_attn_with_kvcache).parameters.values()]
     assert names == ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
                      "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
-                     "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
+                     "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse",
+                     "q_descale", "k_descale", "v_descale"]  # the last three FlashAttention-3's, keywords only
+    kinds = {p.name: p.kind for p in inspect.signature(fai.flash_attn_with_kvcache).parameters.values()}
+    assert {kinds[name] for name in names[-3:]} == {inspect.Parameter.KEYWORD_ONLY}
 
 
 def test_split_heuristic():
@@ -629,6 +632,9 @@ FP8_ERRORS = {
     "v_cache not fp8": (lambda q, k8, s: flash_attention_with_kvcache(q, k8, k8.bfloat16(), 3),
                         TypeError, "float8_e4m3fn in both"),
     "fp8 q": (lambda q, k8, s: flash_attention_with_kvcache(q.to(E4M3), k8, k8, 3), TypeError, "q has dtype"),
+    "flash_attn q_descale": (lambda q, k8, s: fai.flash_attn_with_kvcache(
+        q.transpose(1, 2), k8.transpose(1, 2), k8.transpose(1, 2), cache_seqlens=3, q_descale=s),
+        NotImplementedError, "q_descale"),
 }
 
 
@@ -661,3 +667,18 @@ def test_fp8_cache_step_compiles():
     assert torch.equal(compiled, eager)
     for got, want in zip(compiled_caches, eager_caches, strict=True):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_flash_attn_with_kvcache_fp8_cache():
+    """flash_attn's layout with FlashAttention-3's keywords: the same result as flashtriton's function."""
+    q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k8, v8 = (torch.randn(2, 2, 64, 32, device=DEVICE).to(E4M3) for _ in range(2))
+    k_descale, v_descale = torch.rand(2, 2, device=DEVICE) + 0.5, torch.full((1,), 0.25, device=DEVICE)
+    seqlens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        ours = flash_attention_with_kvcache(q, k8, v8, seqlens, is_causal=True, k_descale=k_descale,
+                                            v_descale=v_descale)
+        theirs = fai.flash_attn_with_kvcache(q.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2),
+                                             cache_seqlens=seqlens, causal=True, k_descale=k_descale,
+                                             v_descale=v_descale)
+    assert torch.equal(theirs.transpose(1, 2), ours)

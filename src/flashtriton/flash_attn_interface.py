@@ -15,7 +15,8 @@ slices of a stacked qkv. Differences:
 - `return_attn_probs=True` returns (out, softmax_lse, probs) where probs are the (B, H, Nq, Nk) float32
   probabilities after dropout, 0 where dropped. flash_attn returns its S_dmask, padded to its tiles,
   with dropped entries negative. Both are testing aids; ours materialises them, so keep it small.
-- `flash_attn_with_kvcache` takes contiguous and paged caches, but not rotary embeddings inside the call.
+- `flash_attn_with_kvcache` takes contiguous and paged caches, but not rotary embeddings inside the call;
+  and, as FlashAttention-3's does, an FP8 cache with `k_descale` and `v_descale` (keywords).
 - Not supported, each a NotImplementedError: `block_table` (paged KV) in `flash_attn_varlen_func`, and
   `rotary_cos`/`rotary_sin` in `flash_attn_with_kvcache`.
 
@@ -129,7 +130,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            q_descale=None, k_descale=None, v_descale=None):
     """Decoding against a KV cache, as flash_attn's: q (B, Nq, Hq, D); k_cache, v_cache (B_cache, Nmax,
     Hkv, D), or with `block_table` (B, max_blocks) int32 paged (num_blocks, block_size, Hkv, D); new k, v
     (B, N_new, Hkv, D) written into the cache in place at `cache_seqlens` (int32 (B,) or an int; None: the
@@ -137,10 +139,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns out (B, Nq, Hq, D), and with `return_softmax_lse` (out, softmax_lse (B, Hq, Nq)).
     `flashtriton.flash_attention_with_kvcache` documents the rest; `num_splits` > 0 forces the split-KV
     count as flash_attn's does. Rotary embeddings inside the call (`rotary_cos`, `rotary_sin`) are not
-    supported: apply them to q and k first."""
+    supported: apply them to q and k first. `k_descale`, `v_descale` (keywords, as FlashAttention-3's
+    function takes them): an FP8 cache's factors, (B, Hkv) or one element; q stays in bf16, fp16 or
+    float32, so `q_descale` must be None."""
     if rotary_cos is not None or rotary_sin is not None:
         raise NotImplementedError("rotary_cos/rotary_sin (rotary embedding inside the call) are not supported by "
                                   "flashtriton: apply the rotary embedding to q and k before the call")
+    if q_descale is not None:
+        raise NotImplementedError("q_descale: flashtriton's KV-cache attention takes q in bf16, fp16 or float32 "
+                                  "(only the cache in FP8); pass q dequantized and q_descale=None")
     check_flags(rotary_interleaved=rotary_interleaved)  # ignored without rotary
     _check_layout("q", q, 4, "(batch, seqlen, heads, head_dim)")
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -157,7 +164,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _heads_first(q), _heads_first(k_cache), _heads_first(v_cache), cache_seqlens, _heads_first(k),
         _heads_first(v), block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
         is_causal=causal, scale=softmax_scale, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-        num_splits=num_splits, return_lse=True)
+        num_splits=num_splits, k_descale=k_descale, v_descale=v_descale, return_lse=True)
     o = o.transpose(1, 2)
     return (o, lse) if return_softmax_lse else o
 
