@@ -22,7 +22,8 @@ ROUNDS = 5
 # (batch, heads, N, head dim, causal)
 SHAPES = [(32, 16, 512, 128, False), (32, 16, 512, 128, True), (16, 16, 1024, 128, True), (8, 16, 2048, 128, True),
           (4, 16, 4096, 128, True), (2, 16, 8192, 128, True), (32, 32, 512, 64, False), (16, 32, 1024, 64, False),
-          (1, 16, 16384, 128, True), (1, 32, 8192, 128, True)]
+          (1, 16, 16384, 128, True), (1, 32, 8192, 128, True),
+          (1, 16, 16384, 64, True), (4, 32, 4096, 64, True)]  # D = 64 causal: may auto take Gluon (entry 60)?
 
 
 def gluon(q, k, v, causal: bool, scale: float, persistent: bool) -> torch.Tensor:
