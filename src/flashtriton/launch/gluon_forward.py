@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from ..kernels.fp8_values import fp8_values_kernel
 from .arguments import LOG2E, cdiv, cuda_properties, sm_count
 
 BLOCK_M = 64
@@ -216,8 +217,6 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
     relabels P's (kernels/gluon_forward.py, _probabilities_operand): column 16h + 4t + 2n + j holds key
     16h + 8n + 2t + j. wgmma takes 8-bit operands only with the reduced dim contiguous, and P V reduces
     over the keys. One pass of D x Nk bytes per KV head (fp8_values_kernel)."""
-    from ..kernels.fp8_values import fp8_values_kernel
-
     batch, heads_kv, seqlen_k, head_dim = v.shape
     padded_k = cdiv(seqlen_k, 32) * 32
     vt = torch.empty(batch, heads_kv, head_dim, padded_k, device=v.device, dtype=torch.uint8)
