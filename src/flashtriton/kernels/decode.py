@@ -18,8 +18,9 @@ block of sequence b's keys [j * PAGE_SIZE, (j + 1) * PAGE_SIZE). Sequence b has 
 (or `cache_seqlen` for all; at most what the cache holds), starting at CACHE_LEFTPAD[b] (left padding).
 Its Nq queries are its last Nq positions: query i sits at position seqlen - Nq + i, and the causal mask
 and the window are aligned there (bottom-right, as everywhere in this library). Rows that see no key
-give O = 0 and L = -inf. An FP8 cache (e4m3, with DESCALE) is widened to q's dtype tile by tile: the
-kernel then reads half the bytes, and the factors scale the scores and the output in fp32.
+give O = 0 and L = -inf. An FP8 cache (e4m3, with DESCALE) is widened tile by tile to q's dtype, or to fp16
+for a bf16 q (scaled into fp16's range by a power of two): the kernel then reads half the bytes, and the
+factors scale the scores and the output in fp32.
 """
 
 import triton
@@ -139,6 +140,16 @@ def attn_decode_kernel(
         heads_kv = num_heads_q // GROUP_SIZE
         k_descale = tl.load(DESCALE + b64 * heads_kv + off_hkv)
         v_descale = tl.load(DESCALE + (tl.num_programs(2) + b64) * heads_kv + off_hkv)
+        if q.dtype == tl.bfloat16:
+            # The products run in fp16, which holds every e4m3 value exactly and takes one conversion per
+            # two (bf16 takes three per two, and the conversion unit, not memory, bounded the loop:
+            # docs/performance.md, entry 62). q is scaled by a power of two that puts its largest element
+            # in [2^14, 2^15), so that none overflows fp16 and its bf16 bits are kept; the scores take it
+            # back. (fp16 and float32 queries keep their own dtype.)
+            q32 = q.to(tl.float32)
+            q_scale = tl.exp2(14.0 - tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(q32)), 1e-30))))
+            q = (q32 * q_scale).to(tl.float16)
+            k_descale = k_descale / q_scale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -158,7 +169,7 @@ def attn_decode_kernel(
         k_offsets, v_offsets = _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_kb,
                                             stride_kn, stride_vb, stride_vn, BLOCK_N, PAGED, PAGE_SIZE)
         kv_mask = key_in[:, None] & d_in[None, :]
-        # An FP8 cache's tiles are widened to q's dtype in registers: half the bytes from memory, where
+        # An FP8 cache's tiles are widened in registers: half the bytes from memory, where
         # decoding spends its time
         k = tl.load(k_base + k_offsets[:, None], mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)

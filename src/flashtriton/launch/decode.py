@@ -35,11 +35,15 @@ MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
 
 
-def decode_tiles(rows: int, head_dim: int) -> TileConfig:
+def decode_tiles(rows: int, head_dim: int, fp8: bool = False) -> TileConfig:
     """A row tile that holds the group's query heads times the query tokens (16 at least, tl.dot's
     minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
-    H200 sweep of docs/performance.md, "Decoding": two stages, four warps)."""
+    H200 sweep of docs/performance.md, "Decoding": two stages, four warps). An FP8 cache (`fp8`) gathers
+    V's bytes into registers, which leaves fewer programs per SM, so it keeps more bytes in flight in each:
+    a third stage at D = 128, keys tiles of 256 at D = 64 (entry 62)."""
     block_m = max(16, min(next_power_of_2(rows), 64))
+    if fp8 and head_dim <= 128:
+        return TileConfig(block_m, 256 if head_dim <= 64 else 64, num_warps=4, num_stages=2 if head_dim <= 64 else 3)
     if head_dim <= 128:
         return TileConfig(block_m, 128 if head_dim <= 64 else 64, num_warps=4, num_stages=2)
     return TileConfig(block_m, 32, num_warps=4, num_stages=3)
@@ -65,13 +69,14 @@ class DecodeGeometry(NamedTuple):
 
 @functools.lru_cache(maxsize=4096)
 def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head_dim: int, max_keys: int,
-                    page_size: int, sms: int, num_splits: int = 0, tiles: TileConfig | None = None) -> DecodeGeometry:
+                    page_size: int, sms: int, num_splits: int = 0, tiles: TileConfig | None = None,
+                    fp8: bool = False) -> DecodeGeometry:
     """The launch's shape for a call with these sizes (`max_keys`: the longest sequence's keys, or the
-    cache's capacity; `page_size` 0 for a contiguous cache) on a GPU of `sms` SMs; `num_splits` and `tiles`
-    force what they name (0, None: decode_splits, decode_tiles). Memoised: a decoding loop asks for the
-    same one in every layer."""
+    cache's capacity; `page_size` 0 for a contiguous cache; `fp8`: an FP8 cache) on a GPU of `sms` SMs;
+    `num_splits` and `tiles` force what they name (0, None: decode_splits, decode_tiles). Memoised: a
+    decoding loop asks for the same one in every layer."""
     group = heads_q // heads_kv
-    tiles = tiles or decode_tiles(group * seqlen_q, head_dim)
+    tiles = tiles or decode_tiles(group * seqlen_q, head_dim, fp8)
     m_tiles = cdiv(group * seqlen_q, tiles.block_m)
     splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
                                          0 < page_size < tiles.block_n)
@@ -191,7 +196,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
     tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
-                                                       max_keys, page_size, sm_count(q), num_splits, tiles)
+                                                       max_keys, page_size, sm_count(q), num_splits, tiles,
+                                                       descale is not None)
     seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     cache_seqlen = 0 if seqlens is not None else cache_seqlens  # the kernel's length for every sequence
     mask_left, mask_right, window_left, window_right = band(is_causal, window)
