@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton.launch import gluon_forward
-from flashtriton.launch.arguments import sm_count
+from flashtriton.launch.arguments import cdiv, sm_count
 from flashtriton.launch.forward import attention_forward
 from flashtriton.launch.kernel_set import DEFAULT_KERNELS
 
@@ -31,7 +31,8 @@ def gluon(q, k, v, causal: bool, scale: float, persistent: bool) -> torch.Tensor
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, False)
-    num_tiles = args[13]
+    batch, heads, n, head_dim = q.shape
+    num_tiles = batch * heads * cdiv(n, gluon_forward.WARPGROUPS[head_dim] * gluon_forward.BLOCK_M)
     kernel[(min(num_tiles, sm_count(q)) if persistent else num_tiles, )](*args, **kwargs)
     return o
 
