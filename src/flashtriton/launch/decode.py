@@ -40,10 +40,10 @@ def decode_tiles(rows: int, head_dim: int, fp8: bool = False) -> TileConfig:
     minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
     H200 sweep of docs/performance.md, "Decoding": two stages, four warps). An FP8 cache (`fp8`) gathers
     V's bytes into registers, which leaves fewer programs per SM, so it keeps more bytes in flight in each:
-    a third stage at D = 128, keys tiles of 256 at D = 64 (entry 62)."""
+    key tiles twice as long (16 KB of K at D = 128, as bf16's) in three stages (entry 62)."""
     block_m = max(16, min(next_power_of_2(rows), 64))
     if fp8 and head_dim <= 128:
-        return TileConfig(block_m, 256 if head_dim <= 64 else 64, num_warps=4, num_stages=2 if head_dim <= 64 else 3)
+        return TileConfig(block_m, 256 if head_dim <= 64 else 128, num_warps=4, num_stages=3)
     if head_dim <= 128:
         return TileConfig(block_m, 128 if head_dim <= 64 else 64, num_warps=4, num_stages=2)
     return TileConfig(block_m, 32, num_warps=4, num_stages=3)
