@@ -13,7 +13,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton import flash_attention_with_kvcache, launch
-from flashtriton.api import descale_table
 from flashtriton.launch.decode import decode_tiles
 
 ROUNDS = 5
@@ -42,9 +41,9 @@ def race(batch: int, heads_q: int, heads_kv: int, seqlen_k: int, head_dim: int, 
     providers = {"bf16": ours(k, v), "fp8": ours(k8, v8, k_descale=k_descale, v_descale=v_descale)}
     # The FP8 cache on the tiles a bf16 cache takes, for the record of what its own tiles buy (entry 62)
     tiles = decode_tiles(heads_q // heads_kv, head_dim)
-    table8 = descale_table((k_descale, v_descale), batch, heads_kv, q.device)
     providers["fp8_bf16_tiles"] = lambda: launch.attention_decode(q, k8, v8, lengths, head_dim ** -0.5,
-                                                                   block_table=table, tiles=tiles, descale=table8)[0]
+                                                                   block_table=table, tiles=tiles,
+                                                                   k_descale=k_descale, v_descale=v_descale)[0]
     if not block:
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

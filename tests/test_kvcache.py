@@ -457,13 +457,15 @@ def test_decode_op_opcheck_and_compile():
     q = torch.randn(2, 4, 2, 32, device=DEVICE, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 64, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
     seqlens = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
-    torch.library.opcheck(ops.decode, (q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 2, None))
-    torch.library.opcheck(ops.decode, (q, k, v, None, 33, None, None, None, False, 0.2, 3, 0, 0.0, None, 1, None))
+    torch.library.opcheck(ops.decode, (q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 2, None,
+                                       None))
+    torch.library.opcheck(ops.decode, (q, k, v, None, 33, None, None, None, False, 0.2, 3, 0, 0.0, None, 1, None,
+                                       None))
     k8, v8 = (x.to(E4M3) for x in (k, v))
-    descale = torch.rand(2, 2, 2, device=DEVICE) + 0.5
+    k_descale, v_descale = torch.rand(2, 2, device=DEVICE) + 0.5, torch.rand(1, device=DEVICE) + 0.5
     # (test_schema compares the inputs before and after with arithmetic PyTorch has no float8 CPU kernel for)
     torch.library.opcheck(ops.decode, (q, k8, v8, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 2,
-                                       descale),
+                                       k_descale, v_descale),
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     k_new, v_new = (torch.randn(2, 2, 2, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
 
@@ -565,6 +567,24 @@ def test_fp8_cache_matches_reference(layout, seqlen_q, dtype, per_head, num_spli
                                                                v_descale=v_descale))
     assert o.dtype == dtype and lse.dtype == torch.float32
     _check(o, lse, q, k_dq, v_dq, lengths, is_causal=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_fp8_cache_mixed_descales(layout):
+    """k_descale per (batch, KV head) as a strided view, v_descale one per tensor, or None (1): the kernel
+    reads each factor at its own strides."""
+    capacity = math.ceil(CAPACITY / 16) * 16
+    lengths = _lengths(capacity)
+    q = torch.randn(4, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(4, 2, capacity, 32, torch.bfloat16, lengths)
+    k8, _, k_descale, _, k_dq, _ = _quantized_cache(k, v, True, powers_of_two=True)
+    _, v8, _, v_descale, _, v_dq = _quantized_cache(k, v, False, powers_of_two=True)
+    k_strided = k_descale.t().contiguous().t()  # (B, Hkv) at strides (1, B)
+    o, lse = _run(layout, q, k8, v8, lengths, 2, dict(k_descale=k_strided, v_descale=v_descale))
+    _check(o, lse, q, k_dq, v_dq, lengths)
+    v_plain = v.nan_to_num().clamp(-448, 448).to(E4M3)  # V held unscaled: v_descale None
+    o, lse = _run(layout, q, k8, v_plain, lengths, 2, dict(k_descale=k_strided))
+    _check(o, lse, q, k_dq, v_plain.to(torch.bfloat16), lengths)
 
 
 @pytest.mark.parametrize("magnitude", [1e-6, 1e5])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .api import descale_table, op_options
+from .api import op_options
 from .cache import CACHE, remember
 from .launch import append_to_cache
 from .launch.arguments import input_precision
@@ -113,15 +113,13 @@ def flash_attention_with_kvcache(
         if alibi_slopes is not None:
             alibi_slopes = last_dim_contiguous(alibi_slopes)  # as op_options returned them
     q = last_dim_contiguous(q)
-    descale = None
-    if k_cache.dtype == torch.float8_e4m3fn:
-        descale = descale_table((k_descale, v_descale), q.shape[0], k_cache.shape[1], q.device)
     if k is not None:
-        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, descale)
+        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, k_descale, v_descale)
         cache_seqlens = cache_seqlens + k.shape[2]
     tensor_lengths = isinstance(cache_seqlens, torch.Tensor)
     if call is None and (q.shape[2] >= DENSE_FROM_QUERIES and not tensor_lengths and block_table is None
-                         and cache_batch_idx is None and cache_leftpad is None and descale is None):
+                         and cache_batch_idx is None and cache_leftpad is None
+                         and k_cache.dtype != torch.float8_e4m3fn):
         # A chunked prefill on a plain cache: the dense forward's tiles (TMA, unmasked interior) beat the
         # decode kernel's once the query tile is full; the masks are aligned the same way.
         keys, values = k_cache[:, :, :cache_seqlens], v_cache[:, :, :cache_seqlens]
@@ -131,17 +129,18 @@ def flash_attention_with_kvcache(
     if compiling:
         o, lse = ops.decode(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None,
                             0 if tensor_lengths else int(cache_seqlens), block_table, cache_batch_idx, cache_leftpad,
-                            is_causal, scale, window_left, window_right, softcap, alibi_slopes, num_splits, descale)
+                            is_causal, scale, window_left, window_right, softcap, alibi_slopes, num_splits, k_descale,
+                            v_descale)
         return (o, lse) if return_lse else o
     if call is None:
         call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal,
                               window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                               block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                              num_splits=num_splits, return_lse=return_lse, descale=descale)
+                              num_splits=num_splits, return_lse=return_lse, k_descale=k_descale, v_descale=v_descale)
         if signature is not None:
             remember(CACHE.kvcache_calls, signature, call)
     o, lse = call.launch(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None, cache_batch_idx,
-                         cache_leftpad, block_table, alibi_slopes, descale)
+                         cache_leftpad, block_table, alibi_slopes, k_descale, v_descale)
     return (o, lse) if return_lse else o
 
 

@@ -11,7 +11,7 @@ API with no graph break; CUDA graphs capture the kernels the op launches.
     flashtriton::dropout_mask(seed, batch, heads, seqlen_q, seqlen_k, dropout_p) -> keep
     flashtriton::decode(q, k_cache, v_cache, cache_seqlens, cache_seqlen, block_table, cache_batch_idx,
                         cache_leftpad, is_causal, scale, window_left, window_right, softcap, alibi_slopes,
-                        num_splits, descale) -> (o, lse)
+                        num_splits, k_descale, v_descale) -> (o, lse)
 
 A call is dense when cu_seqlens_q is None: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), lse (B, Hq, Nq),
 and max_seqlen_* are ignored. Otherwise it is a packed batch: q (total_q, Hq, D), k and v (total_k,
@@ -233,11 +233,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_s
 def _decode_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None, cache_seqlen: int,
                  block_table: Tensor | None, cache_batch_idx: Tensor | None, cache_leftpad: Tensor | None,
                  is_causal: bool, scale: float, window_left: int, window_right: int, softcap: float,
-                 alibi_slopes: Tensor | None, num_splits: int, descale: Tensor | None) -> tuple[Tensor, Tensor]:
+                 alibi_slopes: Tensor | None, num_splits: int, k_descale: Tensor | None,
+                 v_descale: Tensor | None) -> tuple[Tensor, Tensor]:
     return attention_decode(q, k_cache, v_cache, cache_seqlen if cache_seqlens is None else cache_seqlens, scale,
                             is_causal=is_causal, window=(window_left, window_right), softcap=softcap,
                             alibi_slopes=alibi_slopes, block_table=block_table, cache_batch_idx=cache_batch_idx,
-                            cache_leftpad=cache_leftpad, num_splits=num_splits, descale=descale)
+                            cache_leftpad=cache_leftpad, num_splits=num_splits, k_descale=k_descale,
+                            v_descale=v_descale)
 
 
 def _decode_fake(q, *_):
@@ -245,6 +247,6 @@ def _decode_fake(q, *_):
 
 
 # Attention of q (B, Hq, Nq, D) against a KV cache (launch.attention_decode), forward only: (o, lse).
-# cache_seqlens None means every sequence has cache_seqlen keys; descale, an FP8 cache's (2, B, Hkv) factors.
+# cache_seqlens None means every sequence has cache_seqlen keys; k_descale, v_descale: an FP8 cache's factors.
 decode = _define("decode", _decode_impl, _decode_fake)
 

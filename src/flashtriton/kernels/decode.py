@@ -61,9 +61,10 @@ def attn_decode_kernel(
     # Q (B, Hq, Nq, D); K, V the cache; O (B, Hq, Nq, D) and LSE (B, Hq, Nq) or None without SPLIT, else the
     # partials O_PART (B, Hq, Nq, num_splits, BLOCK_D) and LSE_PART (B, Hq, Nq, num_splits), fp32 and
     # contiguous. CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD (B,) int32, BLOCK_TABLE (B, max_blocks)
-    # int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used. DESCALE: an FP8 cache's factors, float32
-    # (2, B, Hkv) contiguous (K's, then V's; the attention is that of K * k_descale and V * v_descale), or None.
-    Q, K, V, O, LSE, CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ALIBI_SLOPES, DESCALE,
+    # int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used. K_DESCALE, V_DESCALE: an FP8 cache's
+    # float32 factors per (batch, KV head) at strides (stride_kdb, stride_kdh) and (stride_vdb, stride_vdh),
+    # 0 for one per tensor (the attention is that of K * k_descale and V * v_descale), or None for 1.
+    Q, K, V, O, LSE, CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ALIBI_SLOPES, K_DESCALE, V_DESCALE,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,  # (cache row or block, head, row within it)
     stride_vb, stride_vh, stride_vn,
@@ -74,6 +75,7 @@ def attn_decode_kernel(
     capacity,  # the keys a sequence's cache can hold: Nmax, or the block table's width x PAGE_SIZE
     window_left, window_right,
     qk_scale_log2, softcap_scale, softcap_log2, stride_alibi_b,
+    stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     num_splits,  # programs along the keys (grid axis 0)
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,  # SPLIT: num_splits > 1
@@ -136,20 +138,21 @@ def attn_decode_kernel(
 
     k_descale = 1.0
     v_descale = 1.0
-    if DESCALE is not None:  # per (batch, KV head): folded into the scores and the output, in fp32
-        heads_kv = num_heads_q // GROUP_SIZE
-        k_descale = tl.load(DESCALE + b64 * heads_kv + off_hkv)
-        v_descale = tl.load(DESCALE + (tl.num_programs(2) + b64) * heads_kv + off_hkv)
-        if q.dtype == tl.bfloat16:
-            # The products run in fp16, which holds every e4m3 value exactly and takes one conversion per
-            # two (bf16 takes three per two, and the conversion unit, not memory, bounded the loop:
-            # docs/performance.md, entry 62). q is scaled by a power of two that puts its largest element
-            # in [2^14, 2^15), so that none overflows fp16 and its bf16 bits are kept; the scores take it
-            # back. (fp16 and float32 queries keep their own dtype.)
-            q32 = q.to(tl.float32)
-            q_scale = tl.exp2(14.0 - tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(q32)), 1e-30))))
-            q = (q32 * q_scale).to(tl.float16)
-            k_descale = k_descale / q_scale
+    if K_DESCALE is not None:  # per (batch, KV head), folded into the scores in fp32
+        k_descale = tl.load(K_DESCALE + b64 * stride_kdb + off_hkv * stride_kdh)
+    if V_DESCALE is not None:  # and into the output
+        v_descale = tl.load(V_DESCALE + b64 * stride_vdb + off_hkv * stride_vdh)
+    FP8: tl.constexpr = K.dtype.element_ty == tl.float8e4nv
+    if FP8 and q.dtype == tl.bfloat16:
+        # The products run in fp16, which holds every e4m3 value exactly and takes one conversion per two
+        # (bf16 takes three per two, and the conversion unit, not memory, bounded the loop:
+        # docs/performance.md, entry 62). q is scaled by a power of two that puts its largest element in
+        # [2^14, 2^15), so that none overflows fp16 and its bf16 bits are kept; the scores take it back.
+        # (fp16 and float32 queries keep their own dtype.)
+        q32 = q.to(tl.float32)
+        q_scale = tl.exp2(14.0 - tl.floor(tl.log2(tl.maximum(tl.max(tl.abs(q32)), 1e-30))))
+        q = (q32 * q_scale).to(tl.float16)
+        k_descale = k_descale / q_scale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -173,7 +176,7 @@ def attn_decode_kernel(
         # decoding spends its time
         k = tl.load(k_base + k_offsets[:, None], mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
-        if DESCALE is not None:
+        if FP8:
             qk = qk * k_descale
         score_scale = qk_scale_log2
         if SOFTCAP or ALIBI:
@@ -194,7 +197,7 @@ def attn_decode_kernel(
     no_key = l_i == 0.0
     l_safe = tl.where(no_key, 1.0, l_i)
     o = acc / l_safe[:, None]
-    if DESCALE is not None:
+    if V_DESCALE is not None:
         o = o * v_descale
     lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(l_safe))  # log2 units
     row = (b64 * num_heads_q + head) * seqlen_q + token  # (b, head, token) in a contiguous (B, Hq, Nq)

@@ -86,11 +86,12 @@ def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cache_seqlens: torch.Tensor | int, block_table: torch.Tensor | None,
-                    cache_batch_idx: torch.Tensor | None, descale: torch.Tensor | None = None) -> None:
+                    cache_batch_idx: torch.Tensor | None, k_descale: torch.Tensor | None = None,
+                    v_descale: torch.Tensor | None = None) -> None:
     """Write k, v (B, Hkv, N_new, D) into the caches in place at positions cache_seqlens[b] + [0, N_new) of
     each sequence b (through the block table when paged). The caller checked that they fit. An FP8 cache
-    (`descale` its float32 (2, B, Hkv) factors) takes k / k_descale and v / v_descale, saturated to e4m3's
-    largest value and rounded to nearest."""
+    takes k / k_descale and v / v_descale (float32, one element or (B, Hkv); None for 1), saturated to
+    e4m3's largest value and rounded to nearest."""
     batch, _, new, _ = k.shape
     positions = torch.arange(new, device=k.device)[None, :] + (
         cache_seqlens[:, None].long() if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens)
@@ -104,11 +105,18 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         cols = positions
     # (rows, cols) index dims 0 and 2 of the cache; seen as (.., N, H, D) they are adjacent, and the
     # indexed result is (B, N_new, H, D), as k.transpose(1, 2) is.
-    for i, (cache, x) in enumerate(((k_cache, k), (v_cache, v))):
-        if descale is not None:
+    for cache, x, factor in ((k_cache, k, k_descale), (v_cache, v, v_descale)):
+        if cache.dtype == torch.float8_e4m3fn:
             largest = torch.finfo(cache.dtype).max
-            x = (x.float() / descale[i][:, :, None, None]).clamp(-largest, largest)
+            if factor is not None:
+                x = x.float() / (factor.reshape(()) if factor.numel() == 1 else factor[:, :, None, None])
+            x = x.float().clamp(-largest, largest)
         cache.transpose(1, 2)[rows, cols] = x.transpose(1, 2).to(cache.dtype)
+
+
+def _descale_strides(factor: torch.Tensor | None) -> tuple[int, int]:
+    """The kernel's (batch, KV head) strides of an FP8 descale factor: 0 for one per tensor (or None)."""
+    return (0, 0) if factor is None or factor.numel() == 1 else factor.stride()
 
 
 class DecodeCall:
@@ -135,10 +143,11 @@ class DecodeCall:
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
                cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
                block_table: torch.Tensor | None, alibi_slopes: torch.Tensor | None,
-               descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               k_descale: torch.Tensor | None = None,
+               v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(o like q, lse (B, Hq, Nq) float32, or None when prepared without return_lse) for tensors laid
-        out as the prepared call's; `seqlens` None when the lengths were an int; `descale` an FP8 cache's
-        float32 (2, B, Hkv) factors (kvcache_descales), None otherwise, as prepared."""
+        out as the prepared call's; `seqlens` None when the lengths were an int; `k_descale`, `v_descale`
+        an FP8 cache's float32 factors (one element or (B, Hkv)), or None, as prepared."""
         o = empty_in_order(q)
         lse = q.new_empty(self.sizes, dtype=torch.float32) if self.return_lse else None
         if o.numel() == 0:
@@ -148,7 +157,7 @@ class DecodeCall:
             outs = (q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
                     q.new_empty((*self.sizes, self.splits), dtype=torch.float32))
         decode_tensors = (q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
-                          alibi_slopes, descale)
+                          alibi_slopes, k_descale, v_descale)
         combine_tensors = (*outs, o, lse)
         key = self.key
         if key is not None and replay.replayable(q.device):
@@ -185,11 +194,11 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                    cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                    num_splits: int = 0, tiles: TileConfig | None = None, return_lse: bool = True,
-                   descale: torch.Tensor | None = None) -> DecodeCall:
+                   k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None) -> DecodeCall:
     """The DecodeCall of attention_decode with these arguments: everything but the tensors' contents and
     addresses (beyond their 16-byte alignment). Without `return_lse` its launch allocates and writes no
-    logsumexp (a decoding step through the public API wants o alone). `descale`: an FP8 cache's factors,
-    float32 (2, B, Hkv), given to the launches too."""
+    logsumexp (a decoding step through the public API wants o alone). `k_descale`, `v_descale`: an FP8
+    cache's factors (their layouts; the launches take the tensors)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 0
@@ -197,7 +206,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
     tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
                                                        max_keys, page_size, sm_count(q), num_splits, tiles,
-                                                       descale is not None)
+                                                       k_cache.dtype == torch.float8_e4m3fn)
     seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     cache_seqlen = 0 if seqlens is not None else cache_seqlens  # the kernel's length for every sequence
     mask_left, mask_right, window_left, window_right = band(is_causal, window)
@@ -206,7 +215,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides,
                0 if block_table is None else block_table.stride(0), heads_q, seqlen_q,
                cache_seqlen, capacity,
-               window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b, splits)
+               window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b,
+               *_descale_strides(k_descale), *_descale_strides(v_descale), splits)
     combine_scalars = (*o_strides, heads_q, seqlen_q, splits)
     key = None
     if replay.replayable(q.device):
@@ -217,7 +227,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
                         k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
         key = replay.plan_key(replay.current_device_and_stream()[0],
-                              (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes, descale),
+                              (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes, k_descale,
+                               v_descale),
                               "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
                               is_causal, scale, tuple(window), softcap, tiles, return_lse)
     meta = dict(GROUP_SIZE=heads_q // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=tiles.block_m,
@@ -235,15 +246,15 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                      cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
-                     num_splits: int = 0, tiles: TileConfig | None = None,
-                     descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     num_splits: int = 0, tiles: TileConfig | None = None, k_descale: torch.Tensor | None = None,
+                     v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q and lse (B, Hq, Nq) float32 of q against each sequence's first cache_seqlens[b] cached
     keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits;
     `tiles` forces (BLOCK_M, BLOCK_N, warps, stages), None takes decode_tiles (sweeps and tests);
-    `descale`: an FP8 cache's float32 (2, B, Hkv) factors (kvcache_descales)."""
+    `k_descale`, `v_descale`: an FP8 cache's float32 factors, one element or (B, Hkv), or None for 1."""
     call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal, window=window,
                           softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table,
                           cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, num_splits=num_splits,
-                          tiles=tiles, descale=descale)
+                          tiles=tiles, k_descale=k_descale, v_descale=v_descale)
     return call.launch(q, k_cache, v_cache, cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
-                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, descale)
+                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, k_descale, v_descale)
