@@ -120,7 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--head-dims", default="64,128,256", type=_comma_list(kind=int),
                          help="comma-separated (default: %(default)s)")
     inspect.add_argument("--dtypes", default="bf16", type=_comma_list(INSPECT_DTYPES),
-                         help="comma-separated: bf16, fp16, fp32, fp8 (with --gluon) (default: %(default)s)")
+                         help="comma-separated: bf16, fp16, fp32, fp8 (with --gluon or --decode) "
+                              "(default: %(default)s)")
     inspect.add_argument("--no-tma", action="store_true", help="the forward on pointer loads instead of TMA")
     inspect.add_argument("--qk-ahead", action="store_true", help="the experimental q k^T-ahead forward")
     inspect.add_argument("--backward-tma", action="store_true",
@@ -132,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--gluon", action="store_true",
                          help="the Gluon kernels (FlashAttention-3 structure: the forward in its forms, the dK/dV "
                               "kernel; D = 64 and 128, bf16 and fp16) instead")
+    inspect.add_argument("--decode", action="store_true",
+                         help="the decode kernel instead, a bf16 q against a cache in each dtype (bf16, fp8: an "
+                              "FP8 cache); without and with a causal mask over 4 query tokens")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
     return parser
 
@@ -181,15 +185,26 @@ def _inspect(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .inspect import inspect_defaults, inspect_gluon, inspect_gluon_backward, inspect_variants, markdown
+    from .inspect import (
+        inspect_decode,
+        inspect_defaults,
+        inspect_gluon,
+        inspect_gluon_backward,
+        inspect_variants,
+        markdown,
+    )
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
-    if "fp8" in args.dtypes and not args.gluon:
-        raise SystemExit("--dtypes fp8 is the Gluon forward's FP8 form: add --gluon")
+    if "fp8" in args.dtypes and not (args.gluon or args.decode):
+        raise SystemExit("--dtypes fp8 is the Gluon forward's FP8 form or the decode kernel's FP8 cache: add "
+                         "--gluon or --decode")
     reports = []
     for name in args.dtypes:
         for head_dim in args.head_dims:
             for causal in (False, True):
+                if args.decode:
+                    reports += inspect_decode(head_dim, dtypes[name], causal)
+                    continue
                 if args.variants:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
                     continue

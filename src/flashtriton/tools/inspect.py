@@ -109,6 +109,7 @@ class KernelReport:
     wgmma_waits: int
     wgmma_serialized: bool
     register_reallocations: int  # USETMAXREG in the SASS: warp-specialised partitions trading registers
+    f2f: int  # F2F in the SASS: float conversions on the SM's slow conversion unit (16 per clock)
     sass_sha1: str  # of the SASS without the kernel's name: equal hashes, same machine code (--json only)
 
 
@@ -143,6 +144,7 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         compiled.metadata.shared, len(re.findall(r"\b[HQ]GMMA\.", sass)),
                         len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
                         _wgmma_serialized(compiled.asm["ptx"]), len(re.findall(r"\bUSETMAXREG\b", sass)),
+                        len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12])
 
 
@@ -209,6 +211,31 @@ def _compile_offline(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPU
     return sink["kernel"]
 
 
+def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen: int = 8192,
+                   target: GPUTarget = HOPPER) -> list[KernelReport]:
+    """Compile the decode kernel (launch/decode.py) as a decoding step launches it: a bf16 q, one token
+    for each of 32 query heads over 8 KV heads (Nq = 4 with `causal`), against a contiguous cache of
+    `seqlen` keys in `cache_dtype` (bf16, or float8_e4m3fn with descales), on its decode_tiles."""
+    from ..kernels.decode import attn_decode_kernel
+    from ..launch.decode import prepare_decode
+
+    tokens = 4 if causal else 1
+    q = torch.randn(8, 32, tokens, head_dim, dtype=torch.bfloat16)
+    k, v = (torch.randn(8, 8, seqlen, head_dim).to(cache_dtype) for _ in range(2))
+    fp8 = cache_dtype == torch.float8_e4m3fn
+    k_descale, v_descale = (torch.ones(8, 8), torch.ones(1)) if fp8 else (None, None)
+    lengths = torch.full((8,), seqlen, dtype=torch.int32)
+    call = prepare_decode(q, k, v, lengths, head_dim ** -0.5, is_causal=causal, k_descale=k_descale,
+                          v_descale=v_descale)
+    outs = (torch.empty(8, 32, tokens, call.splits, call.block_d), torch.empty(8, 32, tokens, call.splits))
+    tensors = (q, k, v, *outs, lengths, None, None, None, None, k_descale, v_descale)
+    compiled = _compile_offline(attn_decode_kernel, call.grid, (*tensors, *call.scalars),
+                                {**call.meta, **call.config}, target)
+    tiles = f"{call.meta['BLOCK_M']}x{call.meta['BLOCK_N']}, {call.config['num_warps']} warps, " \
+            f"{call.config['num_stages']} stages"
+    return [_report("attn_decode_kernel", compiled, head_dim, cache_dtype, causal, tiles)]
+
+
 def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                   target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
@@ -272,9 +299,9 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
 
 def markdown(reports: list[KernelReport]) -> str:
     lines = ["| kernel | D | dtype | causal | tiles | regs | spill (stack+local B) | smem B | HGMMA | HMMA "
-             "| wgmma waits | serialised | USETMAXREG |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| wgmma waits | serialised | USETMAXREG | F2F |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.kernel} | {r.head_dim} | {r.dtype} | {r.causal} | {r.config} | {r.registers} | "
               f"{r.stack_bytes + r.local_bytes} | {r.shared_bytes} | {r.hgmma} | {r.hmma} | {r.wgmma_waits} | "
-              f"{'yes' if r.wgmma_serialized else 'no'} | {r.register_reallocations} |" for r in reports]
+              f"{'yes' if r.wgmma_serialized else 'no'} | {r.register_reallocations} | {r.f2f} |" for r in reports]
     return "\n".join(lines)
