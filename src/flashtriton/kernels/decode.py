@@ -18,9 +18,9 @@ block of sequence b's keys [j * PAGE_SIZE, (j + 1) * PAGE_SIZE). Sequence b has 
 (or `cache_seqlen` for all; at most what the cache holds), starting at CACHE_LEFTPAD[b] (left padding).
 Its Nq queries are its last Nq positions: query i sits at position seqlen - Nq + i, and the causal mask
 and the window are aligned there (bottom-right, as everywhere in this library). Rows that see no key
-give O = 0 and L = -inf. An FP8 cache (e4m3, with DESCALE) is widened tile by tile to q's dtype, or to fp16
-for a bf16 q (scaled into fp16's range by a power of two): the kernel then reads half the bytes, and the
-factors scale the scores and the output in fp32.
+give O = 0 and L = -inf. An FP8 cache (e4m3, with K_DESCALE and V_DESCALE) is widened tile by tile to
+q's dtype, or to fp16 for a bf16 q (scaled into fp16's range by a power of two): the kernel then reads
+half the bytes, and the factors scale the scores and the output in fp32.
 """
 
 import triton
