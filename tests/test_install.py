@@ -70,9 +70,11 @@ def test_unknown_choices_are_rejected_with_the_valid_ones(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
-def test_inspect_fp8_needs_gluon():
-    """fp8 is only the Gluon forward's form: without --gluon, a clear exit, not a crash in the Triton kernels."""
-    with pytest.raises(SystemExit, match="--dtypes fp8 is the Gluon forward's FP8 form: add --gluon"):
+def test_inspect_fp8_needs_gluon_or_decode():
+    """fp8 is only the Gluon forward's form and the decode kernel's FP8 cache: without --gluon or --decode,
+    a clear exit, not a crash in the Triton kernels."""
+    with pytest.raises(SystemExit, match="--dtypes fp8 is the Gluon forward's FP8 form or the decode kernel's "
+                                         "FP8 cache: add --gluon or --decode"):
         cli.main(["inspect", "--dtypes", "fp8"])
 
 
