@@ -591,10 +591,9 @@ def test_fp8_cache_mixed_descales(layout):
 def test_fp8_cache_bf16_query_magnitudes(magnitude):
     """A bf16 q against an FP8 cache runs its products in fp16 (kernels/decode.py): queries far below
     fp16's smallest normal and far past its largest are scaled into its range, not flushed or overflowed."""
-    capacity = CAPACITY
-    lengths = _lengths(capacity)
+    lengths = _lengths(CAPACITY)
     q = torch.randn(4, 4, 2, 32, device=DEVICE, dtype=torch.bfloat16) * magnitude
-    k, v = _cache(4, 2, capacity, 32, torch.bfloat16, lengths)
+    k, v = _cache(4, 2, CAPACITY, 32, torch.bfloat16, lengths)
     k8, v8, k_descale, v_descale, k_dq, v_dq = _quantized_cache(k, v, True, powers_of_two=True)
     o, lse = _run("contiguous", q, k8, v8, lengths, 1, dict(k_descale=k_descale, v_descale=v_descale))
     assert torch.isfinite(o).all()

@@ -71,7 +71,8 @@ def flash_attention_with_kvcache(
             V. Each float32, one element (per tensor) or (B, Hkv) (per sequence and KV head, as
             FlashAttention-3's), or None for 1. New k, v come in q's dtype and are written divided by them
             (saturated to e4m3's largest value, 448). The kernel reads half the bytes of a bf16 cache and
-            widens each tile to q's dtype in registers.
+            widens each tile in registers, to q's dtype, or to fp16 for a bf16 q (which holds every e4m3
+            value exactly).
         return_lse: also return the logsumexp (B, Hq, Nq) float32.
 
     Returns:

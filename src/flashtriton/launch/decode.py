@@ -108,9 +108,10 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     for cache, x, factor in ((k_cache, k, k_descale), (v_cache, v, v_descale)):
         if cache.dtype == torch.float8_e4m3fn:
             largest = torch.finfo(cache.dtype).max
+            x = x.float()
             if factor is not None:
-                x = x.float() / (factor.reshape(()) if factor.numel() == 1 else factor[:, :, None, None])
-            x = x.float().clamp(-largest, largest)
+                x = x / (factor.reshape(()) if factor.numel() == 1 else factor[:, :, None, None])
+            x = x.clamp(-largest, largest)
         cache.transpose(1, 2)[rows, cols] = x.transpose(1, 2).to(cache.dtype)
 
 
