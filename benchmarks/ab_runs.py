@@ -7,16 +7,17 @@ import json
 import statistics
 from collections.abc import Callable
 
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 
-def timed_rounds(providers: dict[str, Callable], rounds: int) -> dict[str, float]:
+def timed_rounds(providers: dict[str, Callable], rounds: int, graphs: bool = False) -> dict[str, float]:
     """Each provider's median ms over `rounds` rounds, one do_bench of each per round in turn, so that the
-    GPU's clock and heat drift alike for all."""
+    GPU's clock and heat drift alike for all; with `graphs`, do_bench_cudagraph (the GPU time alone; it
+    runs on a side stream, so the inputs must be ready: synchronise first)."""
     times = {name: [] for name in providers}
     for _ in range(rounds):
         for name, fn in providers.items():
-            times[name].append(do_bench(fn, warmup=10, rep=40))
+            times[name].append(do_bench_cudagraph(fn, rep=30) if graphs else do_bench(fn, warmup=10, rep=40))
     return {name: statistics.median(t) for name, t in times.items()}
 
 

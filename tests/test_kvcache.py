@@ -237,6 +237,48 @@ def test_lengths_past_the_cache_read_only_the_cache(lengths_as):
         assert torch.equal(o, expected) and torch.equal(lse, expected_lse)
 
 
+@pytest.mark.parametrize("variant", ["full", "causal", "window", "causal+softcap+alibi"])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("layout", ["contiguous", "paged256"])
+def test_tma_tiles_match_reference(layout, seqlen_q, variant):
+    """The tiles through tensor descriptors (taken by large calls, forced here): the same results as the
+    reference on ragged lengths with 0 and the full cache, left padding and NaN everywhere a sequence does
+    not reach, so that an unmasked row of V would show; and bitwise those of the pointer loads."""
+    kwargs = dict(VARIANTS[variant])
+    capacity = 256 if layout == "paged256" else CAPACITY
+    lengths = _lengths(capacity)
+    leftpad = [0, 5, 0, 9]
+    q = torch.randn(4, 4, seqlen_q, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(4, 2, capacity, 32, torch.bfloat16, lengths, leftpad)
+    slopes = torch.rand(4, 4, device=DEVICE) if kwargs.pop("alibi", False) else None
+    lengths_t = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    pad = torch.tensor(leftpad, dtype=torch.int32, device=DEVICE)
+    logical, table = (k, v), None
+    if layout != "contiguous":
+        k, v, table = _paged(k, v, 256)
+    args = dict(is_causal=kwargs.get("is_causal", False), window=kwargs.get("window_size", (-1, -1)),
+                softcap=kwargs.get("softcap", 0.0), alibi_slopes=slopes, block_table=table, cache_leftpad=pad)
+    for splits in (1, 3):
+        o, lse = launch.attention_decode(q, k, v, lengths_t, 32 ** -0.5, num_splits=splits, tma=True, **args)
+        by_pointers = launch.attention_decode(q, k, v, lengths_t, 32 ** -0.5, num_splits=splits, tma=False, **args)
+        assert torch.equal(o, by_pointers[0]) and torch.equal(lse, by_pointers[1])
+    _check(o, lse, q, *logical, lengths, leftpad=leftpad, alibi_slopes=slopes, **kwargs)
+
+
+def test_tma_rule_and_its_refusal():
+    """Large calls on caches TMA can read take descriptors; blocks shorter than a key tile and FP8 caches
+    keep pointers, and forcing TMA there is an error that says why."""
+    uses = launch.decode.decode_uses_tma
+    big = launch.decode.TMA_FROM_BYTES
+    assert uses(big, 0, 64, False) and uses(big, 256, 64, False) and uses(big, 64, 64, False)
+    assert not uses(big - 1, 0, 64, False) and not uses(big, 16, 64, False) and not uses(big, 0, 64, True)
+    q = torch.randn(1, 2, 1, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(1, 1, 64, 32, torch.bfloat16, [64])
+    k_pages, v_pages, table = _paged(k, v, 16)
+    with pytest.raises(ValueError, match="tma=True needs a cache that TMA can read.*block size 16"):
+        launch.attention_decode(q, k_pages, v_pages, 64, 0.2, block_table=table, tma=True)
+
+
 def test_empty_sequences_give_zero():
     q = torch.randn(2, 4, 2, 32, device=DEVICE, dtype=torch.float16)
     k, v = _cache(2, 2, 64, 32, torch.float16, [0, 0])

@@ -26,7 +26,7 @@ half the bytes, and the factors scale the scores and the output in fp32.
 import triton
 import triton.language as tl
 
-from .common import LN2, LOG2E, modified_scores, softmax_update
+from .common import LN2, LOG2E, load_desc_rows, modified_scores, softmax_update
 
 
 @triton.jit
@@ -55,6 +55,15 @@ def _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_k
     return cache_row * stride_kb + rows * stride_kn, cache_row * stride_vb + rows * stride_vn
 
 
+@triton.jit
+def _tile_origin(BLOCK_TABLE, block_row, cache_row, start_n, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The (cache row or block, row within it) of key row `start_n` of a contiguous cache, or of a paged
+    one whose blocks hold whole key tiles: where a tensor descriptor's tile starts (32-bit coordinates)."""
+    if PAGED:
+        return tl.load(BLOCK_TABLE + block_row + start_n // PAGE_SIZE), start_n % PAGE_SIZE
+    return cache_row.to(tl.int32), start_n
+
+
 @triton.jit(do_not_specialize=["seqlen_q", "cache_seqlen", "window_left", "window_right", "stride_alibi_b",
                                "capacity"])
 def attn_decode_kernel(
@@ -64,7 +73,10 @@ def attn_decode_kernel(
     # int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used. K_DESCALE, V_DESCALE: an FP8 cache's
     # float32 factors per (batch, KV head) at strides (stride_kdb, stride_kdh) and (stride_vdb, stride_vdh),
     # 0 for one per tensor (the attention is that of K * k_descale and V * v_descale), or None for 1.
+    # DESC_K, DESC_V: (cache rows or blocks, Hkv, rows, D) tensor descriptors of K and V with [1, 1, BLOCK_N,
+    # BLOCK_D] boxes, or None to read the tiles through pointers (launch/decode.py says when).
     Q, K, V, O, LSE, CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ALIBI_SLOPES, K_DESCALE, V_DESCALE,
+    DESC_K, DESC_V,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,  # (cache row or block, head, row within it)
     stride_vb, stride_vh, stride_vn,
@@ -160,6 +172,7 @@ def attn_decode_kernel(
     # Blocks shorter than a key tile: each row's address waits on its block-table entry, so the entries
     # of the next tile are loaded while this one streams (docs/performance.md, entry 49).
     GATHERED: tl.constexpr = PAGED and PAGE_SIZE % BLOCK_N != 0
+    USE_TMA: tl.constexpr = DESC_K is not None
     next_pages = tl.zeros([BLOCK_N], dtype=tl.int64)
     if GATHERED:
         next_pages = _row_pages(BLOCK_TABLE, block_row, start, end, BLOCK_N, PAGE_SIZE)
@@ -169,12 +182,17 @@ def attn_decode_kernel(
         row_pages = next_pages
         if GATHERED:
             next_pages = _row_pages(BLOCK_TABLE, block_row, start_n + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
-        k_offsets, v_offsets = _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_kb,
-                                            stride_kn, stride_vb, stride_vn, BLOCK_N, PAGED, PAGE_SIZE)
-        kv_mask = key_in[:, None] & d_in[None, :]
+        if USE_TMA:
+            tile_b, tile_n = _tile_origin(BLOCK_TABLE, block_row, cache_row, start_n, PAGED, PAGE_SIZE)
+            k = load_desc_rows(DESC_K, tile_b, off_hkv, tile_n, BLOCK_N, BLOCK_D)
+        else:
+            k_offsets, v_offsets = _key_offsets(BLOCK_TABLE, block_row, cache_row, start_n, row_pages, stride_kb,
+                                                stride_kn, stride_vb, stride_vn, BLOCK_N, PAGED, PAGE_SIZE)
+            kv_mask = key_in[:, None] & d_in[None, :]
+            k = tl.load(k_base + k_offsets[:, None], mask=kv_mask, other=0.0)
         # An FP8 cache's tiles are widened in registers: half the bytes from memory, where
         # decoding spends its time
-        k = tl.load(k_base + k_offsets[:, None], mask=kv_mask, other=0.0).to(q.dtype)
+        k = k.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if FP8:
             qk = qk * k_descale
@@ -190,7 +208,14 @@ def attn_decode_kernel(
             visible = visible & (offs_n[None, :] >= position[:, None] - window_left)
         qk = tl.where(visible, qk, float("-inf"))
         p, alpha, l_i, m_new = softmax_update(l_i, m_i, qk, score_scale, True)
-        v = tl.load(v_base + v_offsets[:, None], mask=kv_mask, other=0.0).to(q.dtype)
+        if USE_TMA:
+            # The cache past a sequence's length (or before its left padding) may hold anything, NaN
+            # included, and a product with p = 0 would keep a NaN: those rows are zeroed here, as the
+            # pointer loads' mask does.
+            v = tl.where(key_in[:, None], load_desc_rows(DESC_V, tile_b, off_hkv, tile_n, BLOCK_N, BLOCK_D), 0.0)
+        else:
+            v = tl.load(v_base + v_offsets[:, None], mask=kv_mask, other=0.0)
+        v = v.to(q.dtype)
         acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
 

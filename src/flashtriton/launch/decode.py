@@ -18,6 +18,7 @@ from ..cache import CACHE
 from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
 from . import replay
 from .arguments import LOG2E, band, cdiv, input_precision, next_power_of_2, score_mods, sm_count
+from .descriptors import descriptor, tma_strides
 from .forward import empty_in_order
 from .replay import Recorded
 from .runner import LaunchSpec, run
@@ -33,6 +34,8 @@ from .tiles import TileConfig, block_d
 PROGRAMS_PER_SM = 3
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
+# Calls reading at least this many bytes of K and V take their tiles through TMA (decode_uses_tma).
+TMA_FROM_BYTES = 64 << 20
 
 
 def decode_tiles(rows: int, head_dim: int, fp8: bool = False) -> TileConfig:
@@ -55,6 +58,14 @@ def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered
     than a key tile (see the constants above)."""
     wanted = next_power_of_2(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))) * (2 if gathered else 1)
     return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
+
+
+def decode_uses_tma(kv_bytes: int, page_size: int, block_n: int, fp8: bool) -> bool:
+    """Whether a call whose sequences hold `kv_bytes` of K and V (at most) reads its tiles through TMA
+    rather than pointers, where its cache allows it (contiguous, or blocks of whole key tiles: TMA on
+    sm_90 has no row gather). Triton's launcher encodes the two descriptors on the host at every launch,
+    so calls that read less than TMA_FROM_BYTES keep pointers; FP8 caches keep them too (entry 63)."""
+    return kv_bytes >= TMA_FROM_BYTES and page_size % block_n == 0 and not fp8
 
 
 class DecodeGeometry(NamedTuple):
@@ -130,15 +141,16 @@ class DecodeCall:
     without looking the plan up."""
 
     __slots__ = ("sizes", "splits", "block_d", "grid", "scalars", "combine_scalars", "meta", "config",
-                 "combine_meta", "key", "return_lse", "launches")
+                 "combine_meta", "key", "return_lse", "tma", "launches")
 
     def __init__(self, sizes: tuple[int, int, int], splits: int, block_d: int, grid: tuple[int, int, int],
                  scalars: tuple, combine_scalars: tuple, meta: dict, config: dict, combine_meta: dict,
-                 key: tuple | None, return_lse: bool) -> None:
+                 key: tuple | None, return_lse: bool, tma: tuple | None = None) -> None:
         self.sizes, self.splits, self.block_d, self.grid = sizes, splits, block_d, grid  # sizes: (B, Hq, Nq)
         self.scalars, self.combine_scalars = scalars, combine_scalars
         self.meta, self.config, self.combine_meta = meta, config, combine_meta
         self.key, self.return_lse = key, return_lse
+        self.tma = tma  # (K's descriptor strides, V's, the box) when the tiles come through TMA, else None
         self.launches: tuple[Recorded, ...] | None = None
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
@@ -157,8 +169,12 @@ class DecodeCall:
         if self.splits > 1:
             outs = (q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
                     q.new_empty((*self.sizes, self.splits), dtype=torch.float32))
+        descs = (None, None)
+        if self.tma is not None:
+            k_strides, v_strides, box = self.tma
+            descs = (descriptor(k_cache, k_strides, box), descriptor(v_cache, v_strides, box))
         decode_tensors = (q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
-                          alibi_slopes, k_descale, v_descale)
+                          alibi_slopes, k_descale, v_descale, *descs)
         combine_tensors = (*outs, o, lse)
         key = self.key
         if key is not None and replay.replayable(q.device):
@@ -195,11 +211,13 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                    cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                    num_splits: int = 0, tiles: TileConfig | None = None, return_lse: bool = True,
-                   k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None) -> DecodeCall:
+                   k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
+                   tma: bool | None = None) -> DecodeCall:
     """The DecodeCall of attention_decode with these arguments: everything but the tensors' contents and
     addresses (beyond their 16-byte alignment). Without `return_lse` its launch allocates and writes no
     logsumexp (a decoding step through the public API wants o alone). `k_descale`, `v_descale`: an FP8
-    cache's factors (their layouts; the launches take the tensors)."""
+    cache's factors (their layouts; the launches take the tensors). `tma` forces the tiles through tensor
+    descriptors (True) or pointers (False); None: decode_uses_tma, where the cache's layout allows."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 0
@@ -208,6 +226,16 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
                                                        max_keys, page_size, sm_count(q), num_splits, tiles,
                                                        k_cache.dtype == torch.float8_e4m3fn)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    strides = tma_strides(k_cache, v_cache) if page_size % tiles.block_n == 0 else None
+    if tma is None:
+        kv_bytes = 2 * batch * k_cache.shape[1] * max_keys * head_dim * k_cache.element_size()
+        tma = strides is not None and decode_uses_tma(kv_bytes, page_size, tiles.block_n, fp8)
+    elif tma and strides is None:
+        raise ValueError(f"tma=True needs a cache that TMA can read: 16-byte aligned strides and base, on sm_90 or "
+                         f"later, and blocks of whole key tiles (block size {page_size}, key tile {tiles.block_n}); "
+                         f"pass tma=None to let the launcher choose")
+    box = [1, 1, tiles.block_n, bd]
     seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     cache_seqlen = 0 if seqlens is not None else cache_seqlens  # the kernel's length for every sequence
     mask_left, mask_right, window_left, window_right = band(is_causal, window)
@@ -226,7 +254,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         # specialises them, so that each step replays the plan and passes its own (replay.int_specialization).
         varying = (*k_cache.stride()[:3], *v_cache.stride()[:3], cache_seqlen, capacity, splits)
         cache_layout = (k_cache.dtype, v_cache.dtype, k_cache.shape[1], k_cache.shape[3], paged and k_cache.shape[2],
-                        k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0)
+                        k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0, tma)
         key = replay.plan_key(replay.current_device_and_stream()[0],
                               (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes, k_descale,
                                v_descale),
@@ -239,7 +267,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                 SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
     return DecodeCall((batch, heads_q, seqlen_q), splits, bd, grid, scalars, combine_scalars, meta,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
-                      dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key, return_lse)
+                      dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key, return_lse,
+                      (*strides, box) if tma else None)
 
 
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -248,14 +277,16 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      alibi_slopes: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                      cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                      num_splits: int = 0, tiles: TileConfig | None = None, k_descale: torch.Tensor | None = None,
-                     v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     v_descale: torch.Tensor | None = None,
+                     tma: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q and lse (B, Hq, Nq) float32 of q against each sequence's first cache_seqlens[b] cached
     keys (all in the cache already); `num_splits` > 0 forces the split count, 0 takes decode_splits;
     `tiles` forces (BLOCK_M, BLOCK_N, warps, stages), None takes decode_tiles (sweeps and tests);
-    `k_descale`, `v_descale`: an FP8 cache's float32 factors, one element or (B, Hkv), or None for 1."""
+    `k_descale`, `v_descale`: an FP8 cache's float32 factors, one element or (B, Hkv), or None for 1;
+    `tma` forces the tiles' path (prepare_decode)."""
     call = prepare_decode(q, k_cache, v_cache, cache_seqlens, scale, is_causal=is_causal, window=window,
                           softcap=softcap, alibi_slopes=alibi_slopes, block_table=block_table,
                           cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, num_splits=num_splits,
-                          tiles=tiles, k_descale=k_descale, v_descale=v_descale)
+                          tiles=tiles, k_descale=k_descale, v_descale=v_descale, tma=tma)
     return call.launch(q, k_cache, v_cache, cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
                        cache_batch_idx, cache_leftpad, block_table, alibi_slopes, k_descale, v_descale)

@@ -212,12 +212,14 @@ def _compile_offline(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPU
 
 
 def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen: int = 8192,
-                   target: GPUTarget = HOPPER) -> list[KernelReport]:
+                   target: GPUTarget = HOPPER, tma: bool | None = None) -> list[KernelReport]:
     """Compile the decode kernel (launch/decode.py) as a decoding step launches it: a bf16 q, one token
     for each of 32 query heads over 8 KV heads (Nq = 4 with `causal`), against a contiguous cache of
-    `seqlen` keys in `cache_dtype` (bf16, or float8_e4m3fn with descales), on its decode_tiles."""
+    `seqlen` keys in `cache_dtype` (bf16, or float8_e4m3fn with descales), on its decode_tiles; `tma`
+    forces the tiles' path (None: the launcher's rule)."""
     from ..kernels.decode import attn_decode_kernel
     from ..launch.decode import prepare_decode
+    from ..launch.descriptors import descriptor
 
     tokens = 4 if causal else 1
     q = torch.randn(8, 32, tokens, head_dim, dtype=torch.bfloat16)
@@ -226,13 +228,15 @@ def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen
     k_descale, v_descale = (torch.ones(8, 8), torch.ones(1)) if fp8 else (None, None)
     lengths = torch.full((8,), seqlen, dtype=torch.int32)
     call = prepare_decode(q, k, v, lengths, head_dim ** -0.5, is_causal=causal, k_descale=k_descale,
-                          v_descale=v_descale)
+                          v_descale=v_descale, tma=tma)
     outs = (torch.empty(8, 32, tokens, call.splits, call.block_d), torch.empty(8, 32, tokens, call.splits))
-    tensors = (q, k, v, *outs, lengths, None, None, None, None, k_descale, v_descale)
+    descs = (None, None) if call.tma is None else (descriptor(k, call.tma[0], call.tma[2]),
+                                                   descriptor(v, call.tma[1], call.tma[2]))
+    tensors = (q, k, v, *outs, lengths, None, None, None, None, k_descale, v_descale, *descs)
     compiled = _compile_offline(attn_decode_kernel, call.grid, (*tensors, *call.scalars),
                                 {**call.meta, **call.config}, target)
     tiles = f"{call.meta['BLOCK_M']}x{call.meta['BLOCK_N']}, {call.config['num_warps']} warps, " \
-            f"{call.config['num_stages']} stages"
+            f"{call.config['num_stages']} stages{', TMA' if call.tma else ''}"
     return [_report("attn_decode_kernel", compiled, head_dim, cache_dtype, causal, tiles)]
 
 
