@@ -268,7 +268,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                 INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                 SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
     return DecodeCall((batch, heads_q, seqlen_q), splits, bd, grid, scalars, combine_scalars, meta,
-                      dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+                      dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, maxnreg=tiles.max_registers),
                       dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key, return_lse,
                       (*strides, box) if tma else None)
 
