@@ -45,8 +45,12 @@ def decode_tiles(rows: int, head_dim: int, fp8: bool = False) -> TileConfig:
     minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
     H200 sweep of docs/performance.md, "Decoding": two stages, four warps). An FP8 cache (`fp8`) gathers
     V's bytes into registers, which leaves fewer programs per SM, so it keeps more bytes in flight in each:
-    key tiles twice as long (16 KB of K at D = 128, as bf16's) in three stages (entry 62)."""
+    key tiles twice as long (16 KB of K at D = 128, as bf16's) in three stages (entry 62). At D = 64 with one
+    16-row tile, 128 keys under a cap of 128 registers instead (no spill) let four programs share an SM
+    where two did: 1.08-1.09x on the H200; the same at D = 128 won one row and lost another (entry 63)."""
     block_m = max(16, min(next_power_of_2(rows), 64))
+    if fp8 and head_dim <= 64 and block_m == 16:
+        return TileConfig(16, 128, num_warps=4, num_stages=3, max_registers=128)
     if fp8 and head_dim <= 128:
         return TileConfig(block_m, 256 if head_dim <= 64 else 128, num_warps=4, num_stages=3)
     if head_dim <= 128:
