@@ -466,14 +466,18 @@ def test_a_growing_cache_runs_the_layout_checks_once(monkeypatch, lengths_as):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_cuda_graph_decode_step():
+@pytest.mark.parametrize("heads_kv,capacity", [(2, 2048), (8, 32768)], ids=["pointers", "tma"])
+def test_cuda_graph_decode_step(heads_kv, capacity):
     """A decode step (append one token, attend) captured once and replayed with the lengths advanced in
-    place, as serving engines run decode, equals eager calls."""
-    batch, capacity = 4, 2048
-    q = torch.randn(batch, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
-    k_new, v_new = (torch.randn(batch, 2, 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(batch, 2, capacity, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    seqlens = torch.tensor([0, 100, 1000, 2000], dtype=torch.int32, device="cuda")
+    place, as serving engines run decode, equals eager calls; a small cache, and one large enough for
+    the tiles to come through TMA descriptors (encoded once, at capture)."""
+    batch = 4
+    kv_bytes = 2 * batch * heads_kv * capacity * 128 * 2
+    assert launch.decode.decode_uses_tma(kv_bytes, 0, 64, False) == (capacity > 2048)
+    q = torch.randn(batch, 4 * heads_kv, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(batch, heads_kv, 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(batch, heads_kv, capacity, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.tensor([0, 100, capacity // 2, capacity - 48], dtype=torch.int32, device="cuda")
     with torch.no_grad():
         def step():
             return flash_attention_with_kvcache(q, k, v, seqlens, k_new, v_new, is_causal=True)
