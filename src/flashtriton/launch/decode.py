@@ -229,10 +229,9 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     page_size = k_cache.shape[2] if paged else 0
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
-    tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
-                                                       max_keys, page_size, sm_count(q), num_splits, tiles,
-                                                       k_cache.dtype == torch.float8_e4m3fn)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
+                                                       max_keys, page_size, sm_count(q), num_splits, tiles, fp8)
     strides = tma_strides(k_cache, v_cache) if page_size % tiles.block_n == 0 else None
     if tma is None:
         kv_bytes = 2 * batch * k_cache.shape[1] * max_keys * head_dim * k_cache.element_size()
