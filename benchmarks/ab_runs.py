@@ -7,6 +7,7 @@ import json
 import statistics
 from collections.abc import Callable
 
+import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 
@@ -36,3 +37,11 @@ def main(race: Callable[..., dict], shapes: list[tuple], description: str) -> No
     args = parser.parse_args()
     for shape in shapes if args.shapes is None else [shapes[int(i)] for i in args.shapes.split(",")]:
         print(json.dumps(race(*shape)), flush=True)
+
+
+def fp8_cache(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(k_fp8, v_fp8, k_descale, v_descale): a bf16 cache in e4m3 with one factor per tensor (its largest
+    magnitude maps to e4m3's 448), as the decode A/B scripts race it."""
+    k_descale, v_descale = (x.abs().amax().float().reshape(1) / 448 for x in (k, v))
+    k8, v8 = ((x.float() / s).to(torch.float8_e4m3fn) for x, s in ((k, k_descale), (v, v_descale)))
+    return k8, v8, k_descale, v_descale

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ab_runs import main, timed_rounds
+from ab_runs import fp8_cache, main, timed_rounds
 from flashtriton import launch
 from flashtriton.launch.tiles import TileConfig
 from flashtriton.tools.decode_bench import DecodeShape, _inputs
@@ -36,8 +36,7 @@ def race(batch, heads_q, heads_kv, seqlen_k, head_dim, layout, fp8) -> dict:
     q, k, v, table = _inputs(shape)
     k_descale = v_descale = None
     if fp8:
-        k_descale, v_descale = (x.abs().amax().float().reshape(1) / 448 for x in (k, v))
-        k, v = ((x.float() / s).to(torch.float8_e4m3fn) for x, s in ((k, k_descale), (v, v_descale)))
+        k, v, k_descale, v_descale = fp8_cache(k, v)
     lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()  # do_bench_cudagraph's side stream does not wait for the inputs
 

@@ -8,7 +8,7 @@ through TMA. CUDA-graph µs, median of ROUNDS interleaved rounds, the bf16 cache
 
 import torch
 
-from ab_runs import main, timed_rounds
+from ab_runs import fp8_cache, main, timed_rounds
 from flashtriton import launch
 from flashtriton.launch.tiles import TileConfig
 
@@ -27,8 +27,7 @@ def race(batch, heads_q, heads_kv, seqlen_k, head_dim) -> dict:
     torch.manual_seed(0)
     q = torch.randn(batch, heads_q, 1, head_dim, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(batch, heads_kv, seqlen_k, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k_descale, v_descale = (x.abs().amax().float().reshape(1) / 448 for x in (k, v))
-    k8, v8 = ((x.float() / s).to(torch.float8_e4m3fn) for x, s in ((k, k_descale), (v, v_descale)))
+    k8, v8, k_descale, v_descale = fp8_cache(k, v)
     lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()  # do_bench_cudagraph's side stream does not wait for the inputs
 

@@ -11,6 +11,7 @@ Shape: B64, 32 query heads over 8 KV heads, 8192 keys, D = 128, one query token,
 
 import torch
 
+from ab_runs import fp8_cache
 from flashtriton import launch
 
 BATCH, HEADS_Q, HEADS_KV, KEYS, HEAD_DIM = 64, 32, 8, 8192, 128
@@ -20,8 +21,7 @@ def main() -> None:
     torch.manual_seed(0)
     q = torch.randn(BATCH, HEADS_Q, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(BATCH, HEADS_KV, KEYS, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k_descale, v_descale = (x.abs().amax().float().reshape(1) / 448 for x in (k, v))
-    k8, v8 = ((x.float() / s).to(torch.float8_e4m3fn) for x, s in ((k, k_descale), (v, v_descale)))
+    k8, v8, k_descale, v_descale = fp8_cache(k, v)
     lengths = torch.full((BATCH,), KEYS, dtype=torch.int32, device="cuda")
     calls = [lambda: launch.attention_decode(q, k, v, lengths, HEAD_DIM ** -0.5),
              lambda: launch.attention_decode(q, k8, v8, lengths, HEAD_DIM ** -0.5, k_descale=k_descale,
