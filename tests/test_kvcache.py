@@ -279,6 +279,24 @@ def test_tma_rule_and_its_refusal():
         launch.attention_decode(q, k_pages, v_pages, 64, 0.2, block_table=table, tma=True)
 
 
+def test_fp8_tiles_and_the_one_token_mask():
+    """An FP8 cache at D = 64 with one 16-row tile and no mask takes 128-key tiles under a 128-register cap
+    (four programs per SM on the H200); masked kernels keep the uncapped tile, which Triton 3.9 does not
+    spill. One query token needs no right mask: causal or not, it sees every key of its sequence."""
+    tiles = launch.decode.decode_tiles
+    assert tiles(4, 64, True) == launch.decode.TileConfig(16, 128, num_warps=4, num_stages=3, max_registers=128)
+    assert tiles(4, 64, True, masked=True).max_registers is None and tiles(32, 64, True).max_registers is None
+    assert tiles(4, 128, True).max_registers is None and tiles(4, 64).max_registers is None
+    q = torch.randn(2, 8, 1, 64, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 64, 64, device=DEVICE).to(E4M3) for _ in range(2))
+    for window, mask_left in (((-1, -1), False), ((16, 3), True)):
+        call = launch.decode.prepare_decode(q, k, v, 64, 0.125, is_causal=True, window=window)
+        assert not call.meta["MASK_RIGHT"] and call.meta["MASK_LEFT"] == mask_left
+        assert (call.config["maxnreg"] == 128) == (not mask_left)
+    call = launch.decode.prepare_decode(q.expand(2, 8, 2, 64), k, v, 64, 0.125, is_causal=True)
+    assert call.meta["MASK_RIGHT"]
+
+
 def test_empty_sequences_give_zero():
     q = torch.randn(2, 4, 2, 32, device=DEVICE, dtype=torch.float16)
     k, v = _cache(2, 2, 64, 32, torch.float16, [0, 0])

@@ -40,16 +40,18 @@ MAX_SPLITS = 128
 TMA_FROM_BYTES = 256 << 20
 
 
-def decode_tiles(rows: int, head_dim: int, fp8: bool = False) -> TileConfig:
+def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = False) -> TileConfig:
     """A row tile that holds the group's query heads times the query tokens (16 at least, tl.dot's
     minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
     H200 sweep of docs/performance.md, "Decoding": two stages, four warps). An FP8 cache (`fp8`) gathers
     V's bytes into registers, which leaves fewer programs per SM, so it keeps more bytes in flight in each:
     key tiles twice as long (16 KB of K at D = 128, as bf16's) in three stages (entry 62). At D = 64 with one
-    16-row tile, 128 keys under a cap of 128 registers instead (no spill) let four programs share an SM
-    where two did: 1.08-1.09x on the H200; the same at D = 128 won one row and lost another (entry 63)."""
+    16-row tile and no mask (`masked`: a causal or window mask in the kernel), 128 keys under a cap of 128
+    registers instead let four programs share an SM where two did: 1.08-1.09x on the H200; the same at
+    D = 128 won one row and lost another (entry 63). Under the cap, Triton 3.9 spills the masked forms and
+    larger row tiles, so those keep the longer tile."""
     block_m = max(16, min(next_power_of_2(rows), 64))
-    if fp8 and head_dim <= 64 and block_m == 16:
+    if fp8 and head_dim <= 64 and block_m == 16 and not masked:
         return TileConfig(16, 128, num_warps=4, num_stages=3, max_registers=128)
     if fp8 and head_dim <= 128:
         return TileConfig(block_m, 256 if head_dim <= 64 else 128, num_warps=4, num_stages=3)
@@ -87,13 +89,14 @@ class DecodeGeometry(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head_dim: int, max_keys: int,
                     page_size: int, sms: int, num_splits: int = 0, tiles: TileConfig | None = None,
-                    fp8: bool = False) -> DecodeGeometry:
+                    fp8: bool = False, masked: bool = False) -> DecodeGeometry:
     """The launch's shape for a call with these sizes (`max_keys`: the longest sequence's keys, or the
-    cache's capacity; `page_size` 0 for a contiguous cache; `fp8`: an FP8 cache) on a GPU of `sms` SMs;
+    cache's capacity; `page_size` 0 for a contiguous cache; `fp8`: an FP8 cache; `masked`: the kernel
+    applies a causal or window mask) on a GPU of `sms` SMs;
     `num_splits` and `tiles` force what they name (0, None: decode_splits, decode_tiles). Memoised: a
     decoding loop asks for the same one in every layer."""
     group = heads_q // heads_kv
-    tiles = tiles or decode_tiles(group * seqlen_q, head_dim, fp8)
+    tiles = tiles or decode_tiles(group * seqlen_q, head_dim, fp8, masked)
     m_tiles = cdiv(group * seqlen_q, tiles.block_m)
     splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
                                          0 < page_size < tiles.block_n)
@@ -230,8 +233,13 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    mask_left, mask_right, window_left, window_right = band(is_causal, window)
+    # One query token sits at its sequence's end: no key lies right of it, so a causal mask or a window's
+    # right side hides nothing and the kernel needs no right mask (a decoding step's usual call).
+    mask_right = mask_right and seqlen_q > 1
     tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
-                                                       max_keys, page_size, sm_count(q), num_splits, tiles, fp8)
+                                                       max_keys, page_size, sm_count(q), num_splits, tiles, fp8,
+                                                       mask_left or mask_right)
     strides = tma_strides(k_cache, v_cache) if page_size % tiles.block_n == 0 else None
     if tma is None:
         kv_bytes = 2 * batch * k_cache.shape[1] * max_keys * head_dim * k_cache.element_size()
@@ -243,7 +251,6 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     box = [1, 1, tiles.block_n, bd]
     seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     cache_seqlen = 0 if seqlens is not None else cache_seqlens  # the kernel's length for every sequence
-    mask_left, mask_right, window_left, window_right = band(is_causal, window)
     softcap_scale, softcap_log2, stride_alibi_b = score_mods(scale, softcap, alibi_slopes)
     o_strides = empty_in_order(q).stride()[:3]  # the layout launch() allocates o in
     scalars = (*q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides,
