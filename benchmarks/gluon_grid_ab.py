@@ -14,7 +14,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton.launch import gluon_forward
-from flashtriton.launch.arguments import cdiv, sm_count
 from flashtriton.launch.forward import attention_forward
 from flashtriton.launch.kernel_set import DEFAULT_KERNELS
 
@@ -30,10 +29,9 @@ def gluon(q, k, v, causal: bool, scale: float, persistent: bool) -> torch.Tensor
     """The Gluon forward (overlapped form) on a grid of one program per SM or one per tile."""
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-    kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, False)
-    batch, heads, n, head_dim = q.shape
-    num_tiles = batch * heads * cdiv(n, gluon_forward.WARPGROUPS[head_dim] * gluon_forward.BLOCK_M)
-    kernel[(min(num_tiles, sm_count(q)) if persistent else num_tiles, )](*args, **kwargs)
+    kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, False,
+                                                                    persistent=persistent)
+    kernel[grid](*args, **kwargs)
     return o
 
 

@@ -162,6 +162,20 @@ class DecodeCall:
         self.tma = tma  # (K's descriptor strides, V's, the box) when the tiles come through TMA, else None
         self.launches: tuple[Recorded, ...] | None = None
 
+    def decode_tensors(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, outs: tuple,
+                       seqlens: torch.Tensor | None, cache_batch_idx: torch.Tensor | None,
+                       cache_leftpad: torch.Tensor | None, block_table: torch.Tensor | None,
+                       alibi_slopes: torch.Tensor | None, k_descale: torch.Tensor | None,
+                       v_descale: torch.Tensor | None) -> tuple:
+        """The decode kernel's tensor arguments in signature order: `outs` (o and lse, or with splits the
+        partials), the call's tensors, and K's and V's descriptors when prepared for TMA (else None)."""
+        descs = (None, None)
+        if self.tma is not None:
+            k_strides, v_strides, box = self.tma
+            descs = (descriptor(k_cache, k_strides, box), descriptor(v_cache, v_strides, box))
+        return (q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                k_descale, v_descale, *descs)
+
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
                cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
                block_table: torch.Tensor | None, alibi_slopes: torch.Tensor | None,
@@ -178,12 +192,8 @@ class DecodeCall:
         if self.splits > 1:
             outs = (q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
                     q.new_empty((*self.sizes, self.splits), dtype=torch.float32))
-        descs = (None, None)
-        if self.tma is not None:
-            k_strides, v_strides, box = self.tma
-            descs = (descriptor(k_cache, k_strides, box), descriptor(v_cache, v_strides, box))
-        decode_tensors = (q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table,
-                          alibi_slopes, k_descale, v_descale, *descs)
+        decode_tensors = self.decode_tensors(q, k_cache, v_cache, outs, seqlens, cache_batch_idx, cache_leftpad,
+                                             block_table, alibi_slopes, k_descale, v_descale)
         combine_tensors = (*outs, o, lse)
         key = self.key
         if key is not None and replay.replayable(q.device):

@@ -133,12 +133,13 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
-                         descale: torch.Tensor | None = None) -> tuple:
+                         descale: torch.Tensor | None = None, persistent: bool | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
-    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D]). FP8
+    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D]);
+    `persistent` forces the grid, one program per SM or one per tile (None: the rule below). FP8
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both)."""
     from triton.experimental.gluon import language as gl
@@ -175,7 +176,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     # but causal tiles differ in length, so the programs drift apart across heads, and past
     # PERSISTENT_CAUSAL_MAX_KEYS the heads in flight no longer share L2: one program per tile then,
     # longest first (docs/performance.md, entries 47, 55 and 60).
-    persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
+    if persistent is None:
+        persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
     grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 

@@ -219,7 +219,6 @@ def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen
     forces the tiles' path (None: the launcher's rule)."""
     from ..kernels.decode import attn_decode_kernel
     from ..launch.decode import prepare_decode
-    from ..launch.descriptors import descriptor
 
     tokens = 4 if causal else 1
     q = torch.randn(8, 32, tokens, head_dim, dtype=torch.bfloat16)
@@ -230,9 +229,7 @@ def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen
     call = prepare_decode(q, k, v, lengths, head_dim ** -0.5, is_causal=causal, k_descale=k_descale,
                           v_descale=v_descale, tma=tma)
     outs = (torch.empty(8, 32, tokens, call.splits, call.block_d), torch.empty(8, 32, tokens, call.splits))
-    descs = (None, None) if call.tma is None else (descriptor(k, call.tma[0], call.tma[2]),
-                                                   descriptor(v, call.tma[1], call.tma[2]))
-    tensors = (q, k, v, *outs, lengths, None, None, None, None, k_descale, v_descale, *descs)
+    tensors = call.decode_tensors(q, k, v, outs, lengths, None, None, None, None, k_descale, v_descale)
     compiled = _compile_offline(attn_decode_kernel, call.grid, (*tensors, *call.scalars),
                                 {**call.meta, **call.config}, target)
     tiles = f"{call.meta['BLOCK_M']}x{call.meta['BLOCK_N']}, {call.config['num_warps']} warps, " \
