@@ -1,0 +1,132 @@
+"""The decode rows still short of issue 20's targets, raced against kernel variants: CUDA-graph µs in
+interleaved rounds beside cuDNN (contiguous rows) or the same keys in a contiguous cache (paged rows).
+docs/performance.md, entry 64.
+
+Variants are the library's kernel with one change, built from its source at run time (a copy with the
+change, imported from a temporary folder), launched with the library's own prepared arguments:
+- `evict_first`: K and V loaded with the evict-first L2 policy (a streamed cache has no reuse);
+- `heads_fastest`: grid axes 0 and 1 swapped, so that neighbouring programs are neighbouring heads of one
+  key range rather than neighbouring key ranges of one head;
+and forced split counts and tiles through `attention_decode`'s own arguments.
+
+    PYTHONPATH=src python benchmarks/decode_gaps.py [--shapes 0,3]
+"""
+
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ab_runs import main, timed_rounds
+from flashtriton import launch
+from flashtriton.kernels import decode as decode_kernels
+from flashtriton.launch.decode import prepare_decode
+from flashtriton.launch.tiles import TileConfig
+from flashtriton.tools.decode_bench import DecodeShape, _inputs
+
+ROUNDS = 5
+# (B, Hq, Hkv, Nk, Nq, layout, forced split counts): the large contiguous rows that trailed cuDNN in the
+# suite at 7643f50, one that did not (B64 32/8 Nk8192), and paged block 16's worst rows.
+SHAPES = [(8, 32, 32, 8192, 1, "contiguous", (3, 4)), (8, 32, 32, 32768, 1, "contiguous", (4,)),
+          (1, 32, 32, 32768, 1, "contiguous", (8, 32)), (1, 32, 8, 131072, 1, "contiguous", (32, 128)),
+          (8, 32, 8, 8192, 1, "contiguous", (8, 32)), (8, 32, 8, 8192, 4, "contiguous", (8, 32)),
+          (256, 32, 32, 1024, 1, "contiguous", (2,)), (64, 32, 8, 8192, 1, "contiguous", (2,)),
+          (64, 32, 8, 1024, 1, "paged16", (1, 4)), (256, 32, 8, 1024, 1, "paged16", (1, 4))]
+# Paged block 16 with 32-key tiles in four stages (entry 44's best single-split tile).
+SHORT_TILES = TileConfig(16, 32, num_warps=4, num_stages=4)
+
+EDITS = {
+    "evict_first": [(f"{x} = tl.load({x}_base + {x}_offsets[:, None], mask=kv_mask, other=0.0)",
+                     f"{x} = tl.load({x}_base + {x}_offsets[:, None], mask=kv_mask, other=0.0, "
+                     "eviction_policy='evict_first')") for x in "kv"],
+    "heads_fastest": [("split = tl.program_id(0)", "split = tl.program_id(1)"),
+                      ("off_hkv = tl.program_id(1) // m_tiles", "off_hkv = tl.program_id(0) // m_tiles"),
+                      ("start_m = (tl.program_id(1) % m_tiles)", "start_m = (tl.program_id(0) % m_tiles)")],
+}
+
+
+def variant_kernel(name: str, folder: Path):
+    """attn_decode_kernel with EDITS[name] applied, from a copy of kernels/decode.py in `folder`."""
+    source = Path(decode_kernels.__file__).read_text().replace("from .common import",
+                                                               "from flashtriton.kernels.common import")
+    for old, new in EDITS[name]:
+        if source.count(old) != 1:
+            raise RuntimeError(f"variant {name}: {old!r} is not in kernels/decode.py exactly once")
+        source = source.replace(old, new)
+    path = folder / f"decode_{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"decode_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.attn_decode_kernel
+
+
+def variant_call(kernel, swap: bool, q, k, v, lengths, table):
+    """A decoding call through `kernel` with the library's prepared arguments (its split rule and tiles)."""
+    call = prepare_decode(q, k, v, lengths, q.shape[-1] ** -0.5, block_table=table, return_lse=False)
+    config = {key: value for key, value in call.config.items() if value is not None}
+    grid = (call.grid[1], call.grid[0], call.grid[2]) if swap else call.grid
+    batch, heads_q, seqlen_q = call.sizes
+
+    def run():
+        o = torch.empty_like(q)
+        outs = (o, None)
+        if call.splits > 1:
+            outs = (q.new_empty((*call.sizes, call.splits, call.block_d), dtype=torch.float32),
+                    q.new_empty((*call.sizes, call.splits), dtype=torch.float32))
+        tensors = call.decode_tensors(q, k, v, outs, lengths, None, None, table, None, None, None)
+        kernel[grid](*tensors, *call.scalars, **call.meta, **config)
+        if call.splits > 1:
+            decode_kernels.attn_decode_combine_kernel[(seqlen_q, heads_q, batch)](
+                *outs, o, None, *call.combine_scalars, **call.combine_meta, num_warps=4)
+        return o
+    return run
+
+
+def race(batch, heads_q, heads_kv, seqlen_k, seqlen_q, layout, splits) -> dict:
+    shape = DecodeShape(batch, heads_q, heads_kv, seqlen_k, 128, seqlen_q=seqlen_q, layout=layout)
+    torch.manual_seed(0)
+    q, k, v, table = _inputs(shape)
+    lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()  # do_bench_cudagraph's side stream does not wait for the inputs
+
+    def ours(**forced):
+        return lambda: launch.attention_decode(q, k, v, lengths, 128 ** -0.5, block_table=table, **forced)[0]
+    rule = prepare_decode(q, k, v, lengths, 128 ** -0.5, block_table=table)
+    providers = {f"rule ({rule.splits})": ours()}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in EDITS:
+            kernel = variant_kernel(name, Path(folder))
+            providers[name] = variant_call(kernel, name == "heads_fastest", q, k, v, lengths, table)
+        for count in splits:
+            providers[f"splits {count}"] = ours(num_splits=count)
+        if layout == "paged16":
+            for count in (1, 2, 4):
+                providers[f"32-key tiles, splits {count}"] = ours(num_splits=count, tiles=SHORT_TILES)
+            # the same keys in a contiguous cache: blocks (B, per sequence, Hkv, 16, D) -> (B, Hkv, Nk, D)
+            kc, vc = (x[table.long()].permute(0, 2, 1, 3, 4).reshape(batch, heads_kv, seqlen_k, 128).contiguous()
+                      for x in (k, v))
+            torch.cuda.synchronize()
+            providers["contiguous"] = lambda: launch.attention_decode(q, kc, vc, lengths, 128 ** -0.5)[0]
+        else:
+            def cudnn():
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=heads_q != heads_kv)
+            providers["cudnn"] = cudnn
+        with torch.no_grad():
+            expected = providers[f"rule ({rule.splits})"]()
+            same = {name: torch.equal(fn(), expected) for name, fn in providers.items() if name in EDITS}
+            close = {name: bool((fn().float() - expected.float()).abs().max() < 2e-2) for name, fn in providers.items()}
+            ms = timed_rounds(providers, ROUNDS, graphs=True)
+    base = ms["contiguous" if layout == "paged16" else "cudnn"]
+    return dict(shape=f"B{batch} H{heads_q}/{heads_kv} Nk{seqlen_k} Nq{seqlen_q} D128 {layout}",
+                us={name: round(t * 1e3, 1) for name, t in ms.items()},
+                vs_base={name: round(t / base, 4) for name, t in ms.items()},
+                bitwise_equal=same, close=close)
+
+
+if __name__ == "__main__":
+    main(race, SHAPES, __doc__)
