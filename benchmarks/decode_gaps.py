@@ -69,12 +69,20 @@ def variant_call(kernel, swap: bool, q, k, v, lengths, table):
     call = prepare_decode(q, k, v, lengths, q.shape[-1] ** -0.5, block_table=table, return_lse=False)
     config = {key: value for key, value in call.config.items() if value is not None}
     grid = (call.grid[1], call.grid[0], call.grid[2]) if swap else call.grid
+    batch, heads_q, seqlen_q = call.sizes
 
     def run():
-        outs = call.outputs(q)
+        o = torch.empty_like(q)
+        outs = (o, None)
+        if call.splits > 1:
+            outs = (q.new_empty((*call.sizes, call.splits, call.block_d), dtype=torch.float32),
+                    q.new_empty((*call.sizes, call.splits), dtype=torch.float32))
         tensors = call.decode_tensors(q, k, v, outs, lengths, None, None, table, None, None, None)
         kernel[grid](*tensors, *call.scalars, **call.meta, **config)
-        return outs[0]
+        if call.splits > 1:
+            decode_kernels.attn_decode_combine_kernel[(seqlen_q, heads_q, batch)](
+                *outs, o, None, *call.combine_scalars, **call.combine_meta, num_warps=4)
+        return o
     return run
 
 

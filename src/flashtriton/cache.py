@@ -16,8 +16,6 @@
   padding, keys written), while that very tensor lives unmodified: the layers of a step share them
   (integrations/transformers.py).
 - `last`: the tiles the latest forward and backward ran, and whether they were replayed (for logs).
-- `split_counters`: the zeroed counters of split decode calls, per (device, stream) (launch/decode.py).
-  `reset` keeps them: a captured CUDA graph holds their address.
 - `replays`: set False to launch every kernel through Triton's own launch path (A/B timing, tests).
 
 Pure functions of their arguments (device properties, the static tile tables) are memoised where they
@@ -41,7 +39,6 @@ class Cache:
         self.checked: dict = {}
         self.per_step: dict = {}
         self.last: dict = {}
-        self.split_counters: dict = {}
         self.replays = True
 
     def remember_plan(self, key, plan) -> None:

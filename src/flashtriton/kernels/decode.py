@@ -8,8 +8,7 @@ Decoding does almost no arithmetic per byte, so its limit is HBM bandwidth, and 
   rows of one tile (row r = token r // GROUP_SIZE of head r % GROUP_SIZE), so that each K/V element is
   read once per group;
 - split-KV: the keys of a sequence are split over num_splits programs (grid axis 0). Each writes a
-  partial O (normalised, fp32) and its logsumexp, then counts itself done on its row tile's counter;
-  the last of them to finish merges the partials exactly (`_merge_splits`), in the same launch:
+  partial O (normalised, fp32) and its logsumexp; `attn_decode_combine_kernel` merges them exactly:
 
       L = log2(sum_s 2^L_s),   O = sum_s 2^(L_s - L) O_s          (L_s in log2 units)
 
@@ -68,18 +67,15 @@ def _tile_origin(BLOCK_TABLE, block_row, cache_row, start_n, PAGED: tl.constexpr
 @triton.jit(do_not_specialize=["seqlen_q", "cache_seqlen", "window_left", "window_right", "stride_alibi_b",
                                "capacity"])
 def attn_decode_kernel(
-    # Q (B, Hq, Nq, D); K, V the cache; O (B, Hq, Nq, D) and LSE (B, Hq, Nq) or None. With SPLIT, the
+    # Q (B, Hq, Nq, D); K, V the cache; O (B, Hq, Nq, D) and LSE (B, Hq, Nq) or None without SPLIT, else the
     # partials O_PART (B, Hq, Nq, num_splits, BLOCK_D) and LSE_PART (B, Hq, Nq, num_splits), fp32 and
-    # contiguous, and SPLIT_COUNTS, int32 zeros, one counter per (grid axis 1, grid axis 2), which the
-    # merging program leaves at zero again; else None. CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD (B,)
-    # int32, BLOCK_TABLE (B, max_blocks) int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used.
-    # K_DESCALE, V_DESCALE: an FP8 cache's float32 factors per (batch, KV head) at strides (stride_kdb,
-    # stride_kdh) and (stride_vdb, stride_vdh), 0 for one per tensor (the attention is that of K * k_descale
-    # and V * v_descale), or None for 1.
+    # contiguous. CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD (B,) int32, BLOCK_TABLE (B, max_blocks)
+    # int32, ALIBI_SLOPES (B or 1, Hq) float32: None where not used. K_DESCALE, V_DESCALE: an FP8 cache's
+    # float32 factors per (batch, KV head) at strides (stride_kdb, stride_kdh) and (stride_vdb, stride_vdh),
+    # 0 for one per tensor (the attention is that of K * k_descale and V * v_descale), or None for 1.
     # DESC_K, DESC_V: (cache rows or blocks, Hkv, rows, D) tensor descriptors of K and V with [1, 1, BLOCK_N,
     # BLOCK_D] boxes, or None to read the tiles through pointers (launch/decode.py says when).
-    Q, K, V, O, LSE, O_PART, LSE_PART, SPLIT_COUNTS, CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE,
-    ALIBI_SLOPES, K_DESCALE, V_DESCALE,
+    Q, K, V, O, LSE, CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ALIBI_SLOPES, K_DESCALE, V_DESCALE,
     DESC_K, DESC_V,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,  # (cache row or block, head, row within it)
@@ -95,7 +91,6 @@ def attn_decode_kernel(
     num_splits,  # programs along the keys (grid axis 0)
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,  # SPLIT: num_splits > 1
-    MERGE_SPLITS: tl.constexpr,  # partials merged at a time (a power of two)
     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     PAGED: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1,
     SOFTCAP: tl.constexpr = False, ALIBI: tl.constexpr = False,
@@ -231,54 +226,40 @@ def attn_decode_kernel(
         o = o * v_descale
     lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(l_safe))  # log2 units
     row = (b64 * num_heads_q + head) * seqlen_q + token  # (b, head, token) in a contiguous (B, Hq, Nq)
-    last = True
-    if SPLIT:
-        part = row.to(tl.int64) * num_splits + split
-        tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], o, mask=row_in[:, None])
-        tl.store(LSE_PART + part, lse2, mask=row_in)
-        # Every thread's partial is written before the count (the barrier), and the count releases them
-        # to the GPU (acq_rel): the program that counts last sees every other split's partial. It
-        # leaves the counter at zero for the next call, so a captured CUDA graph replays as it is.
-        tl.debug_barrier()
-        counter = SPLIT_COUNTS + off_b * tl.num_programs(1) + tl.program_id(1)
-        last = tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1
-        if last:
-            tl.store(counter, 0)
-            o, lse2 = _merge_splits(O_PART, LSE_PART, row, row_in, num_splits, BLOCK_M, BLOCK_D, MERGE_SPLITS)
-    if last:
+    if not SPLIT:
         o_ptrs = (O + b64 * stride_ob + head.to(tl.int64)[:, None] * stride_oh
                   + token.to(tl.int64)[:, None] * stride_om + offs_d[None, :])
         tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_in[:, None] & d_in[None, :])
         if LSE is not None:
             tl.store(LSE + row, lse2 * LN2, mask=row_in)
+    else:
+        part = row.to(tl.int64) * num_splits + split
+        tl.store(O + part[:, None] * BLOCK_D + offs_d[None, :], o, mask=row_in[:, None])
+        tl.store(LSE + part, lse2, mask=row_in)
 
 
 @triton.jit
-def _merge_splits(O_PART, LSE_PART, row, row_in, num_splits, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                  MERGE_SPLITS: tl.constexpr):
-    """(O, L in log2 units) of the tile's rows from their num_splits partials, MERGE_SPLITS at a time.
-    The partials were written by other SMs during this launch: they are read from L2 (.cg), never from
-    this SM's L1."""
-    offs_s = tl.arange(0, MERGE_SPLITS)
+def attn_decode_combine_kernel(
+    O_PART, LSE_PART, O, LSE,  # partials as attn_decode_kernel writes them; O (B, Hq, Nq, D), LSE (B, Hq, Nq) or None
+    stride_ob, stride_oh, stride_om,
+    num_heads_q, seqlen_q, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,  # BLOCK_S: a power of 2 >= num_splits
+):
+    """One program per (query token, query head, batch): the exact merge of its num_splits partials."""
+    token, head, off_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row = (off_b.to(tl.int64) * num_heads_q + head) * seqlen_q + token
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    first = row.to(tl.int64) * num_splits
-    lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_splits, MERGE_SPLITS):
-        in_s = row_in[:, None] & (s0 + offs_s < num_splits)[None, :]
-        lse_s = tl.load(LSE_PART + first[:, None] + s0 + offs_s[None, :], mask=in_s, other=float("-inf"),
-                        cache_modifier=".cg")
-        lse_max = tl.maximum(lse_max, tl.max(lse_s, 1))
+    lse_s = tl.load(LSE_PART + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse_s, 0)
     shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # every split empty: weights 0, not NaN
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, num_splits, MERGE_SPLITS):
-        in_s = row_in[:, None] & (s0 + offs_s < num_splits)[None, :]
-        parts = first[:, None] + s0 + offs_s[None, :]
-        weight = tl.exp2(tl.load(LSE_PART + parts, mask=in_s, other=float("-inf"), cache_modifier=".cg")
-                         - shift[:, None])
-        o_s = tl.load(O_PART + parts[:, :, None] * BLOCK_D + offs_d[None, None, :], mask=in_s[:, :, None], other=0.0,
-                      cache_modifier=".cg")
-        total += tl.sum(weight, 1)
-        acc += tl.sum(o_s * weight[:, :, None], 1)
+    weight = tl.exp2(lse_s - shift)
+    total = tl.sum(weight, 0)
+    o_s = tl.load(O_PART + (row * num_splits + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+                  mask=(offs_s < num_splits)[:, None], other=0.0)
     total_safe = tl.where(total == 0.0, 1.0, total)
-    return acc / total_safe[:, None], tl.where(total == 0.0, float("-inf"), shift + tl.log2(total_safe))
+    o = tl.sum(o_s * weight[:, None], 0) / total_safe
+    o_ptrs = O + off_b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + token.to(tl.int64) * stride_om
+    tl.store(o_ptrs + offs_d, o.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    if LSE is not None:
+        tl.store(LSE + row, tl.where(total == 0.0, float("-inf"), (shift + tl.log2(total_safe)) * LN2))

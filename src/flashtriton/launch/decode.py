@@ -15,7 +15,7 @@ import torch
 
 from .. import _interpreter
 from ..cache import CACHE
-from ..kernels.decode import attn_decode_kernel
+from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
 from . import replay
 from .arguments import LOG2E, band, cdiv, input_precision, next_power_of_2, score_mods, sm_count
 from .descriptors import descriptor, tma_strides
@@ -38,10 +38,6 @@ MAX_SPLITS = 128
 # H200 A/B of entry 63: 2.3-2.9% faster on 537-1074 MB of short sequences (1024 keys), even on long ones,
 # 5% slower on 33 MB; what lies between was not measured and keeps pointers.
 TMA_FROM_BYTES = 256 << 20
-# The merge of a split call reads its partials MERGE_ELEMENTS fp32 values at a time (block_m rows x
-# merge_splits partials x block_d): 64 registers a thread in four warps, within what the key loop
-# left free.
-MERGE_ELEMENTS = 4096
 
 
 def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = False) -> TileConfig:
@@ -81,13 +77,13 @@ def decode_uses_tma(kv_bytes: int, page_size: int, block_n: int, fp8: bool) -> b
 
 
 class DecodeGeometry(NamedTuple):
-    """A decode call's tiles, split count, padded head dim, grid and how many partials its merge reads
-    at a time (a power of two)."""
+    """A decode call's tiles, split count, padded head dim, grid and the merge's split block (a power of
+    two >= splits)."""
     tiles: TileConfig
     splits: int
     block_d: int
     grid: tuple[int, int, int]
-    merge_splits: int
+    block_s: int
 
 
 @functools.lru_cache(maxsize=4096)
@@ -104,9 +100,8 @@ def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head
     m_tiles = cdiv(group * seqlen_q, tiles.block_m)
     splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
                                          0 < page_size < tiles.block_n)
-    bd = block_d(head_dim)
-    return DecodeGeometry(tiles, splits, bd, (splits, heads_kv * m_tiles, batch),
-                          min(next_power_of_2(splits), max(1, MERGE_ELEMENTS // (tiles.block_m * bd))))
+    return DecodeGeometry(tiles, splits, block_d(head_dim), (splits, heads_kv * m_tiles, batch),
+                          next_power_of_2(splits))
 
 
 def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -145,64 +140,41 @@ def _descale_strides(factor: torch.Tensor | None) -> tuple[int, int]:
     return (0, 0) if factor is None or factor.numel() == 1 else factor.stride()
 
 
-def split_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least `count` int32 counters, all zero, for the split programs of a call on `device` and the
-    current stream (the kernel's merging programs leave them at zero). One set per device and stream, so
-    that calls on one stream share it and calls on two streams never do; never freed (CACHE.reset keeps
-    them), since a CUDA graph captured with a set keeps its address."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    sets = CACHE.split_counters.setdefault((device, stream), [])
-    if not sets or sets[-1].numel() < count:
-        sets.append(torch.zeros(max(count, 2 * sets[-1].numel() if sets else 4096), dtype=torch.int32, device=device))
-    return sets[-1]
-
-
 class DecodeCall:
     """A decode call's host side, fixed by the shapes, strides, dtypes, alignments and options it was
-    prepared for (prepare_decode): the outputs' sizes, the split count, the launch's scalars and
-    constexprs, and the plan key it replays under (None: not replayable). `launch` runs it on a call's
-    tensors. The KV-cache API keeps one per call signature, so that a decoding loop's layers only
+    prepared for (prepare_decode): the outputs' sizes, the split count, both launches' scalars and
+    constexprs, and the plan key its launches replay under (None: not replayable). `launch` runs it on a
+    call's tensors. The KV-cache API keeps one per call signature, so that a decoding loop's layers only
     allocate their outputs and launch (docs/performance.md, entry 51): once its plan is recorded, the call
-    keeps its recorded launch (`recorded`), and later calls replay it with its own scalars and grid
+    keeps its recorded launches (`launches`), and later calls replay them with its own scalars and grid
     without looking the plan up."""
 
-    __slots__ = ("sizes", "splits", "block_d", "grid", "scalars", "meta", "config", "key", "return_lse", "tma",
-                 "recorded")
+    __slots__ = ("sizes", "splits", "block_d", "grid", "scalars", "combine_scalars", "meta", "config",
+                 "combine_meta", "key", "return_lse", "tma", "launches")
 
     def __init__(self, sizes: tuple[int, int, int], splits: int, block_d: int, grid: tuple[int, int, int],
-                 scalars: tuple, meta: dict, config: dict, key: tuple | None, return_lse: bool,
-                 tma: tuple | None = None) -> None:
+                 scalars: tuple, combine_scalars: tuple, meta: dict, config: dict, combine_meta: dict,
+                 key: tuple | None, return_lse: bool, tma: tuple | None = None) -> None:
         self.sizes, self.splits, self.block_d, self.grid = sizes, splits, block_d, grid  # sizes: (B, Hq, Nq)
-        self.scalars, self.meta, self.config = scalars, meta, config
+        self.scalars, self.combine_scalars = scalars, combine_scalars
+        self.meta, self.config, self.combine_meta = meta, config, combine_meta
         self.key, self.return_lse = key, return_lse
         self.tma = tma  # (K's descriptor strides, V's, the box) when the tiles come through TMA, else None
-        self.recorded: Recorded | None = None
+        self.launches: tuple[Recorded, ...] | None = None
 
     def decode_tensors(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, outs: tuple,
                        seqlens: torch.Tensor | None, cache_batch_idx: torch.Tensor | None,
                        cache_leftpad: torch.Tensor | None, block_table: torch.Tensor | None,
                        alibi_slopes: torch.Tensor | None, k_descale: torch.Tensor | None,
                        v_descale: torch.Tensor | None) -> tuple:
-        """The decode kernel's tensor arguments in signature order: `outs` (o, lse, and with splits the
-        partials and the counters: `outputs`), the call's tensors, and K's and V's descriptors when
-        prepared for TMA (else None)."""
+        """The decode kernel's tensor arguments in signature order: `outs` (o and lse, or with splits the
+        partials), the call's tensors, and K's and V's descriptors when prepared for TMA (else None)."""
         descs = (None, None)
         if self.tma is not None:
             k_strides, v_strides, box = self.tma
             descs = (descriptor(k_cache, k_strides, box), descriptor(v_cache, v_strides, box))
         return (q, k_cache, v_cache, *outs, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
                 k_descale, v_descale, *descs)
-
-    def outputs(self, q: torch.Tensor) -> tuple:
-        """(o like q, lse (B, Hq, Nq) float32 or None, and with splits the partials and the counters, else
-        None, None, None)."""
-        o = empty_in_order(q)
-        lse = q.new_empty(self.sizes, dtype=torch.float32) if self.return_lse else None
-        if self.splits == 1:
-            return o, lse, None, None, None
-        return (o, lse, q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
-                q.new_empty((*self.sizes, self.splits), dtype=torch.float32),
-                split_counters(q.device, self.grid[1] * self.grid[2]))
 
     def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
                cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
@@ -212,31 +184,43 @@ class DecodeCall:
         """(o like q, lse (B, Hq, Nq) float32, or None when prepared without return_lse) for tensors laid
         out as the prepared call's; `seqlens` None when the lengths were an int; `k_descale`, `v_descale`
         an FP8 cache's float32 factors (one element or (B, Hkv)), or None, as prepared."""
-        outs = self.outputs(q)
-        o, lse = outs[:2]
+        o = empty_in_order(q)
+        lse = q.new_empty(self.sizes, dtype=torch.float32) if self.return_lse else None
         if o.numel() == 0:
             return o, lse
+        outs = (o, lse)
+        if self.splits > 1:
+            outs = (q.new_empty((*self.sizes, self.splits, self.block_d), dtype=torch.float32),
+                    q.new_empty((*self.sizes, self.splits), dtype=torch.float32))
         decode_tensors = self.decode_tensors(q, k_cache, v_cache, outs, seqlens, cache_batch_idx, cache_leftpad,
                                              block_table, alibi_slopes, k_descale, v_descale)
+        combine_tensors = (*outs, o, lse)
         key = self.key
         if key is not None and replay.replayable(q.device):
             device, stream = replay.current_device_and_stream()
             if device == key[0]:
-                if self.recorded is None:
+                if self.launches is None:
                     plan = CACHE.plans.get(key)  # recorded by an earlier call with this plan key
                     if plan is not None:
-                        self.recorded = plan.launches["decode"].recorded
-                if self.recorded is not None:
-                    self.recorded.replay(decode_tensors, stream, self.scalars, self.grid)
+                        self.launches = tuple(launch.recorded for launch in plan.launches.values())
+                if self.launches is not None:
+                    self.launches[0].replay(decode_tensors, stream, self.scalars, self.grid)
+                    if self.splits > 1:
+                        self.launches[1].replay(combine_tensors, stream, self.combine_scalars)
                     return o, lse
             else:
                 key = None  # launched on another device than prepared for: no record
         else:
             key = None
         _interpreter.prepare(q.device)
-        grid = self.grid
-        run("decode", key, [LaunchSpec("decode", attn_decode_kernel, lambda meta: grid, decode_tensors, (),
-                                       self.scalars, self.meta, self.config)], ())
+        grid, (batch, heads_q, seqlen_q) = self.grid, self.sizes
+        specs = [LaunchSpec("decode", attn_decode_kernel, lambda meta: grid, decode_tensors, (), self.scalars,
+                            self.meta, self.config)]
+        if self.splits > 1:
+            specs.append(LaunchSpec("combine", attn_decode_combine_kernel, lambda meta: (seqlen_q, heads_q, batch),
+                                    combine_tensors, (), self.combine_scalars, self.combine_meta,
+                                    dict(num_warps=4)))
+        run("decode", key, specs, ())
         return o, lse
 
 
@@ -263,7 +247,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     # One query token sits at its sequence's end: no key lies right of it, so a causal mask or a window's
     # right side hides nothing and the kernel needs no right mask (a decoding step's usual call).
     mask_right = mask_right and seqlen_q > 1
-    tiles, splits, bd, grid, merge_splits = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
+    tiles, splits, bd, grid, block_s = decode_geometry(batch, heads_q, k_cache.shape[1], seqlen_q, head_dim,
                                                        max_keys, page_size, sm_count(q), num_splits, tiles, fp8,
                                                        mask_left or mask_right)
     strides = tma_strides(k_cache, v_cache) if page_size % tiles.block_n == 0 else None
@@ -284,6 +268,7 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                cache_seqlen, capacity,
                window_left, window_right, scale * LOG2E, softcap_scale, softcap_log2, stride_alibi_b,
                *_descale_strides(k_descale), *_descale_strides(v_descale), splits)
+    combine_scalars = (*o_strides, heads_q, seqlen_q, splits)
     key = None
     if replay.replayable(q.device):
         # A decoding loop's cache grows (a longer cache tensor, or a larger int length, every step): its
@@ -295,16 +280,17 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         key = replay.plan_key(replay.current_device_and_stream()[0],
                               (q, seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes, k_descale,
                                v_descale),
-                              "decode", cache_layout, replay.int_specialization(varying), splits > 1, merge_splits,
+                              "decode", cache_layout, replay.int_specialization(varying), splits > 1, block_s,
                               is_causal, scale, tuple(window), softcap, tiles, return_lse)
     meta = dict(GROUP_SIZE=heads_q // k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=tiles.block_m,
                 BLOCK_N=tiles.block_n,
-                SPLIT=splits > 1, MERGE_SPLITS=merge_splits, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
+                SPLIT=splits > 1, MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
                 INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                 SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
-    return DecodeCall((batch, heads_q, seqlen_q), splits, bd, grid, scalars, meta,
+    return DecodeCall((batch, heads_q, seqlen_q), splits, bd, grid, scalars, combine_scalars, meta,
                       dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, maxnreg=tiles.max_registers),
-                      key, return_lse, (*strides, box) if tma else None)
+                      dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key, return_lse,
+                      (*strides, box) if tma else None)
 
 
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -228,7 +228,8 @@ def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen
     lengths = torch.full((8,), seqlen, dtype=torch.int32)
     call = prepare_decode(q, k, v, lengths, head_dim ** -0.5, is_causal=causal, k_descale=k_descale,
                           v_descale=v_descale, tma=tma)
-    tensors = call.decode_tensors(q, k, v, call.outputs(q), lengths, None, None, None, None, k_descale, v_descale)
+    outs = (torch.empty(8, 32, tokens, call.splits, call.block_d), torch.empty(8, 32, tokens, call.splits))
+    tensors = call.decode_tensors(q, k, v, outs, lengths, None, None, None, None, k_descale, v_descale)
     compiled = _compile_offline(attn_decode_kernel, call.grid, (*tensors, *call.scalars),
                                 {**call.meta, **call.config}, target)
     tiles = f"{call.meta['BLOCK_M']}x{call.meta['BLOCK_N']}, {call.config['num_warps']} warps, " \
