@@ -360,6 +360,25 @@ def test_split_heuristic():
     assert splits(programs=1, max_keys=10**7, block_n=64, sms=132, gathered=True) == launch.decode.MAX_SPLITS
 
 
+@pytest.mark.parametrize("layout", ["paged16", "paged64"])
+def test_short_blocks_take_short_tiles(layout):
+    """At D = 128, a bf16 cache in blocks shorter than 64 keys takes 32-key tiles in four stages at the
+    plain split count; blocks of whole 64-key tiles, D = 64 and FP8 caches keep their tiles. Either way
+    the result matches the float64 reference (blocks permuted, NaN past every length)."""
+    tiles, geometry = launch.decode.decode_tiles, launch.decode.decode_geometry
+    assert tiles(4, 128, page_size=16) == launch.decode.TileConfig(16, 32, num_warps=4, num_stages=4)
+    assert tiles(4, 128, page_size=64).block_n == tiles(4, 128).block_n == 64
+    assert tiles(4, 64, page_size=16) == tiles(4, 64) and tiles(4, 128, True, page_size=16) == tiles(4, 128, True)
+    assert geometry(64, 32, 8, 1, 128, 1024, 16, 132).splits == 1  # 512 programs: no split, not two
+    assert geometry(8, 32, 8, 1, 128, 8192, 16, 132).splits == 8
+    capacity = math.ceil(CAPACITY / 64) * 64
+    lengths = _lengths(capacity)
+    q = torch.randn(4, 8, 2, 128, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(4, 2, capacity, 128, torch.bfloat16, lengths)
+    o, lse = _run(layout, q, k, v, lengths, 0, dict(is_causal=True))
+    _check(o, lse, q, k, v, lengths, is_causal=True)
+
+
 def _errors_case():
     q = torch.randn(2, 4, 1, 32, device=DEVICE, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 64, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))

@@ -30,17 +30,20 @@ from .tiles import TileConfig, block_d
 # key tiles (its partial's write and merge would cost more than its keys), and at most MAX_SPLITS. A paged
 # cache whose blocks are shorter than a key tile takes twice the splits: each key row's address then
 # waits on its own block-table load, and the H200 A/B of entry 44 measured one split at 0.73-0.89x of the
-# contiguous cache's speed and two at 0.89-0.98x, on 512-2048 programs.
+# contiguous cache's speed and two at 0.89-0.98x, on 512-2048 programs. The 32-key tiles such blocks now
+# take at D = 128 (decode_tiles) were fastest at the plain count (entry 64), so they do not double it.
 PROGRAMS_PER_SM = 3
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
+# Blocks shorter than this many keys take decode_tiles' 32-key tiles at 64 < D <= 128 (bf16, fp16).
+PAGED_KEY_TILE_FROM = 64
 # Calls reading at least this many bytes of K and V take their tiles through TMA (decode_uses_tma). The
 # H200 A/B of entry 63: 2.3-2.9% faster on 537-1074 MB of short sequences (1024 keys), even on long ones,
 # 5% slower on 33 MB; what lies between was not measured and keeps pointers.
 TMA_FROM_BYTES = 256 << 20
 
 
-def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = False) -> TileConfig:
+def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = False, page_size: int = 0) -> TileConfig:
     """A row tile that holds the group's query heads times the query tokens (16 at least, tl.dot's
     minimum; 64 at most, larger groups take several tiles) and a key tile of 16 KB of K at D <= 128 (the
     H200 sweep of docs/performance.md, "Decoding": two stages, four warps). An FP8 cache (`fp8`) gathers
@@ -49,12 +52,18 @@ def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = Fal
     16-row tile and no mask (`masked`: a causal or window mask in the kernel), 128 keys under a cap of 128
     registers instead let four programs share an SM where two did: 1.08-1.09x on the H200; the same at
     D = 128 won one row and lost another (entry 63). Under the cap, Triton 3.9 spills the masked forms and
-    larger row tiles, so those keep the longer tile."""
+    larger row tiles, so those keep the longer tile. A paged bf16 or fp16 cache at 64 < D <= 128 whose
+    blocks (`page_size`, 0 for a contiguous cache) are shorter than the 64-key tile takes 32-key tiles
+    in four stages: each row's address waits on its block-table entry, and shorter tiles, more of them in
+    flight, hide that wait (block 16: from 1.09-1.25x the contiguous cache's time to 1.02-1.06x at one
+    split, entry 64)."""
     block_m = max(16, min(next_power_of_2(rows), 64))
     if fp8 and head_dim <= 64 and block_m == 16 and not masked:
         return TileConfig(16, 128, num_warps=4, num_stages=3, max_registers=128)
     if fp8 and head_dim <= 128:
         return TileConfig(block_m, 256 if head_dim <= 64 else 128, num_warps=4, num_stages=3)
+    if 64 < head_dim <= 128 and 0 < page_size < PAGED_KEY_TILE_FROM:
+        return TileConfig(block_m, 32, num_warps=4, num_stages=4)
     if head_dim <= 128:
         return TileConfig(block_m, 128 if head_dim <= 64 else 64, num_warps=4, num_stages=2)
     return TileConfig(block_m, 32, num_warps=4, num_stages=3)
@@ -63,7 +72,7 @@ def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = Fal
 def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered: bool = False) -> int:
     """How many programs share one sequence's keys, for `programs` (batch x KV heads x row tiles), the
     longest sequence's `max_keys` and the GPU's `sms`; `gathered`: a paged cache's blocks are shorter
-    than a key tile (see the constants above)."""
+    than a key tile of PAGED_KEY_TILE_FROM keys or more (see the constants above)."""
     wanted = next_power_of_2(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1))) * (2 if gathered else 1)
     return max(1, min(wanted, cdiv(cdiv(max_keys, block_n), MIN_TILES_PER_SPLIT), MAX_SPLITS))
 
@@ -96,10 +105,10 @@ def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head
     `num_splits` and `tiles` force what they name (0, None: decode_splits, decode_tiles). Memoised: a
     decoding loop asks for the same one in every layer."""
     group = heads_q // heads_kv
-    tiles = tiles or decode_tiles(group * seqlen_q, head_dim, fp8, masked)
+    tiles = tiles or decode_tiles(group * seqlen_q, head_dim, fp8, masked, page_size)
     m_tiles = cdiv(group * seqlen_q, tiles.block_m)
     splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
-                                         0 < page_size < tiles.block_n)
+                                         0 < page_size < tiles.block_n and tiles.block_n >= PAGED_KEY_TILE_FROM)
     return DecodeGeometry(tiles, splits, block_d(head_dim), (splits, heads_kv * m_tiles, batch),
                           next_power_of_2(splits))
 
