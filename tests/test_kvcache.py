@@ -371,6 +371,8 @@ def test_short_blocks_take_short_tiles(layout):
     assert tiles(4, 64, page_size=16) == tiles(4, 64) and tiles(4, 128, True, page_size=16) == tiles(4, 128, True)
     assert geometry(64, 32, 8, 1, 128, 1024, 16, 132).splits == 1  # 512 programs: no split, not two
     assert geometry(8, 32, 8, 1, 128, 8192, 16, 132).splits == 8
+    # 128 keys a program (8 splits of 1024): the 64-key tiles
+    assert geometry(8, 32, 8, 1, 128, 1024, 16, 132).tiles == tiles(4, 128)
     capacity = math.ceil(CAPACITY / 64) * 64
     lengths = _lengths(capacity)
     q = torch.randn(4, 8, 2, 128, device=DEVICE, dtype=torch.bfloat16)

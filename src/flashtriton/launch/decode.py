@@ -35,8 +35,12 @@ from .tiles import TileConfig, block_d
 PROGRAMS_PER_SM = 3
 MIN_TILES_PER_SPLIT = 2
 MAX_SPLITS = 128
-# Blocks shorter than this many keys take decode_tiles' 32-key tiles at 64 < D <= 128 (bf16, fp16).
+# Blocks shorter than this many keys take decode_tiles' 32-key tiles at 64 < D <= 128 (bf16, fp16), where
+# each program's share of a sequence holds at least SHORT_TILES_FROM_KEYS keys; shorter shares keep the
+# 64-key tiles (block 16 on the H200, entry 64: 128 keys a program took 1.28-1.31x the contiguous cache's
+# time in 32-key tiles, 1.10-1.11x in 64-key ones; from 512 keys, 32-key tiles took 1.02-1.06x).
 PAGED_KEY_TILE_FROM = 64
+SHORT_TILES_FROM_KEYS = 512
 # Calls reading at least this many bytes of K and V take their tiles through TMA (decode_uses_tma). The
 # H200 A/B of entry 63: 2.3-2.9% faster on 537-1074 MB of short sequences (1024 keys), even on long ones,
 # 5% slower on 33 MB; what lies between was not measured and keeps pointers.
@@ -105,10 +109,17 @@ def decode_geometry(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, head
     `num_splits` and `tiles` force what they name (0, None: decode_splits, decode_tiles). Memoised: a
     decoding loop asks for the same one in every layer."""
     group = heads_q // heads_kv
-    tiles = tiles or decode_tiles(group * seqlen_q, head_dim, fp8, masked, page_size)
-    m_tiles = cdiv(group * seqlen_q, tiles.block_m)
-    splits = num_splits or decode_splits(batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
-                                         0 < page_size < tiles.block_n and tiles.block_n >= PAGED_KEY_TILE_FROM)
+
+    def plan(tiles: TileConfig) -> tuple[TileConfig, int, int]:
+        m_tiles = cdiv(group * seqlen_q, tiles.block_m)
+        return tiles, m_tiles, num_splits or decode_splits(
+            batch * heads_kv * m_tiles, max_keys, tiles.block_n, sms,
+            0 < page_size < tiles.block_n and tiles.block_n >= PAGED_KEY_TILE_FROM)
+    forced = tiles is not None
+    tiles, m_tiles, splits = plan(tiles or decode_tiles(group * seqlen_q, head_dim, fp8, masked, page_size))
+    if not forced and tiles.block_n < PAGED_KEY_TILE_FROM and cdiv(max_keys, splits) < SHORT_TILES_FROM_KEYS:
+        # a program's few keys in 32-key tiles leave its pipeline mostly filling and draining
+        tiles, m_tiles, splits = plan(decode_tiles(group * seqlen_q, head_dim, fp8, masked))
     return DecodeGeometry(tiles, splits, block_d(head_dim), (splits, heads_kv * m_tiles, batch),
                           next_power_of_2(splits))
 
