@@ -100,10 +100,11 @@ def test_opt_in_variants_compile_to_wgmma_without_spills():
 
 
 def test_every_variant_compiles_for_hopper():
-    """Window + softcap + ALiBi, dropout and varlen compile for sm_90 with wgmma products: the interpreter
-    that runs the other tests does not type-check kernels as the compiler does."""
+    """Window + softcap + ALiBi, dropout and varlen, and the forward's key counts, compile for sm_90 with
+    wgmma products: the interpreter that runs the other tests does not type-check kernels as the compiler
+    does."""
     reports = _inspect("--variants")
-    assert {r["config"] for r in reports} == {"window+softcap+alibi", "dropout", "varlen"}
+    assert {r["config"] for r in reports} == {"window+softcap+alibi", "dropout", "varlen", "key counts"}
     for r in reports:
         if r["kernel"] != "attn_bwd_preprocess_kernel":
             assert r["hgmma"] > 0 and r["hmma"] == 0, r

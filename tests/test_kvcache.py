@@ -114,6 +114,30 @@ def test_kvcache_matches_reference(layout, seqlen_q, variant):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+def test_chunked_prefill_with_lengths_runs_the_dense_forward(variant):
+    """DENSE_FROM_QUERIES queries or more against a contiguous cache with per-sequence lengths (0, fewer
+    keys than queries, the full cache; NaN past each) run the dense forward with a key count per sequence
+    (on the CPU through TMA tiles, whose rows past a length the kernel zeroes): the float64 reference's
+    result, and the decode kernel's, which a forced split count keeps."""
+    from flashtriton.cache import CACHE
+    from flashtriton.launch.decode import DENSE_FROM_QUERIES
+    kwargs = dict(VARIANTS[variant])
+    lengths = [0, 100, 190, 200]
+    q = torch.randn(4, 4, DENSE_FROM_QUERIES + 2, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(4, 2, 200, 32, torch.bfloat16, lengths)
+    if kwargs.pop("alibi", False):
+        kwargs["alibi_slopes"] = torch.rand(4, 4, device=DEVICE)
+    CACHE.last.clear()
+    o, lse = _run("contiguous", q, k, v, lengths, 0, kwargs)
+    assert "forward" in CACHE.last  # the dense forward ran
+    _check(o, lse, q, k, v, lengths, **kwargs)
+    CACHE.last.clear()
+    by_decode = _run("contiguous", q, k, v, lengths, 1, kwargs)
+    assert "forward" not in CACHE.last
+    torch.testing.assert_close(o.float(), by_decode[0].float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 def test_a_repeated_call_launches_what_the_first_prepared(monkeypatch, layout, variant):
     """A call with an earlier call's signature (kvcache._signature) skips the layout checks and launches

@@ -13,10 +13,8 @@ from .api import op_options
 from .cache import CACHE, remember
 from .launch import append_to_cache
 from .launch.arguments import input_precision
-from .launch.decode import prepare_decode
+from .launch.decode import DENSE_FROM_QUERIES, prepare_decode
 from .validation import check_flags, check_grown_kvcache, check_kvcache, check_kvcache_values, last_dim_contiguous
-
-DENSE_FROM_QUERIES = 128  # query tokens per sequence from which a call on a plain cache takes the dense forward
 
 
 def flash_attention_with_kvcache(
@@ -63,9 +61,10 @@ def flash_attention_with_kvcache(
             `flash_attention`). Without it every query sees all L keys.
         scale, window_size, softcap, alibi_slopes: as in `flash_attention`, with positions as above.
         num_splits: 0 chooses how many programs share a sequence's keys (split-KV; launch/decode.py's
-            heuristic); n > 0 forces n. A call with at least DENSE_FROM_QUERIES queries on a contiguous
-            cache with an int length and no cache_batch_idx or cache_leftpad (a chunked prefill) runs the
-            dense forward kernel instead, and ignores it.
+            heuristic); n > 0 forces n. A call with at least DENSE_FROM_QUERIES (128) queries per
+            sequence on a contiguous bf16 or fp16 cache without cache_batch_idx or cache_leftpad (a
+            chunked prefill) runs the dense forward kernel instead: with an int length it ignores
+            num_splits; with per-sequence lengths, n > 0 keeps the decode kernel.
         k_descale, v_descale: for an FP8 cache (k_cache and v_cache torch.float8_e4m3fn, q in bf16, fp16
             or float32): the cache holds K / k_descale and V / v_descale, and the attention is that of K and
             V. Each float32, one element (per tensor) or (B, Hkv) (per sequence and KV head, as

@@ -53,7 +53,7 @@ def _fwd_inner(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     MASKED: tl.constexpr, MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    DROPOUT: tl.constexpr,
+    DROPOUT: tl.constexpr, KEY_COUNTS: tl.constexpr = False,
 ):
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE and not MASKED):
         k = load_rows(k_ptrs, stride_kn, seqlen_k, desc_k, off_b, off_hkv, start_n, BLOCK_N, HEAD_DIM, BLOCK_D,
@@ -74,6 +74,10 @@ def _fwd_inner(
                                       dropout_p), p, 0.0)
         v = load_rows(v_ptrs, stride_vn, seqlen_k, desc_v, off_b, off_hkv, start_n, BLOCK_N, HEAD_DIM, BLOCK_D,
                       MASKED, not EVEN_D, USE_TMA)
+        if MASKED and USE_TMA and KEY_COUNTS:
+            # TMA zero-fills past the tensor's edge only: a padded cache's rows past the sequence's keys may
+            # hold anything, NaN included, which a product with p = 0 would keep
+            v = tl.where((start_n + tl.arange(0, BLOCK_N) < seqlen_k)[:, None], v, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -117,8 +121,9 @@ def _fwd_inner_qk_ahead(
 def attn_fwd_kernel(
     # pointers, and (B, H, N, D) tensor descriptors when USE_TMA (else None); ALIBI_SLOPES (B or 1, Hq)
     # float32 when ALIBI (else None); CU_SEQLENS_Q/K (B + 1,) int32 when VARLEN (else None); SEED, one
-    # int64, Philox's key when DROPOUT (else None)
-    Q, K, V, O, LSE, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED,
+    # int64, Philox's key when DROPOUT (else None); SEQUSED_K (B,) int32, how many of each sequence's
+    # keys are in use in a padded K and V (a KV cache), or None for all of them
+    Q, K, V, O, LSE, ALIBI_SLOPES, CU_SEQLENS_Q, CU_SEQLENS_K, SEED, SEQUSED_K,
     desc_q, desc_k, desc_v, desc_o,
     # strides (the last dim of every tensor is contiguous); LSE is a contiguous (B, Hq, seqlen_q)
     stride_qb, stride_qh, stride_qm,
@@ -160,6 +165,9 @@ def attn_fwd_kernel(
     if VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
+    KEY_COUNTS: tl.constexpr = SEQUSED_K is not None
+    if KEY_COUNTS:  # the causal diagonal and the band sit at each sequence's own last key
+        seqlen_k = tl.minimum(tl.load(SEQUSED_K + off_b), seqlen_k)
 
     q_ptrs = column_pointers(Q + b64 * stride_qb + hq64 * stride_qh + q_start * stride_qm, BLOCK_D)
     k_ptrs = column_pointers(K + b64 * stride_kb + hkv64 * stride_kh + k_start * stride_kn, BLOCK_D)
@@ -190,7 +198,7 @@ def attn_fwd_kernel(
                                    start, unmasked_start, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
                                    diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                                    BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
-                                   USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
+                                   USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT, KEY_COUNTS)
     if QK_AHEAD and not SOFTCAP and not ALIBI and not DROPOUT:
         acc, l_i, m_i = _fwd_inner_qk_ahead(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, seqlen_k,
                                             desc_k, desc_v, off_b, off_hkv,
@@ -208,7 +216,7 @@ def attn_fwd_kernel(
                                unmasked_end, end, offs_m, seqlen_k, band_lo, band_hi, qk_scale_log2,
                                diag, softcap_scale, softcap_log2, alibi_log2, seed, bh, dropout_p,
                                BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
-                               USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT)
+                               USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT, KEY_COUNTS)
 
     # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
     no_key = l_i == 0.0

@@ -19,7 +19,7 @@ from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
 from . import replay
 from .arguments import LOG2E, band, cdiv, input_precision, next_power_of_2, score_mods, sm_count
 from .descriptors import descriptor, tma_strides
-from .forward import empty_in_order
+from .forward import attention_forward, empty_in_order
 from .replay import Recorded
 from .runner import LaunchSpec, run
 from .tiles import TileConfig, block_d
@@ -41,6 +41,11 @@ MAX_SPLITS = 128
 # time in 32-key tiles, 1.10-1.11x in 64-key ones; from 512 keys, 32-key tiles took 1.02-1.06x).
 PAGED_KEY_TILE_FROM = 64
 SHORT_TILES_FROM_KEYS = 512
+# A call with at least this many query tokens per sequence, with per-sequence lengths, on a contiguous
+# bf16 or fp16 cache without cache_batch_idx or left padding (a chunked prefill) runs the dense forward
+# kernel with a count of keys per sequence (its TMA tiles and unmasked interior beat the decode kernel's
+# once the query tile is full: 265 against 673 TFLOP/s at Nq 512 on the H200, entry 64).
+DENSE_FROM_QUERIES = 128
 # Calls reading at least this many bytes of K and V take their tiles through TMA (decode_uses_tma). The
 # H200 A/B of entry 63: 2.3-2.9% faster on 537-1074 MB of short sequences (1024 keys), even on long ones,
 # 5% slower on 33 MB; what lies between was not measured and keeps pointers.
@@ -170,17 +175,19 @@ class DecodeCall:
     without looking the plan up."""
 
     __slots__ = ("sizes", "splits", "block_d", "grid", "scalars", "combine_scalars", "meta", "config",
-                 "combine_meta", "key", "return_lse", "tma", "launches")
+                 "combine_meta", "key", "return_lse", "tma", "launches", "dense")
 
     def __init__(self, sizes: tuple[int, int, int], splits: int, block_d: int, grid: tuple[int, int, int],
                  scalars: tuple, combine_scalars: tuple, meta: dict, config: dict, combine_meta: dict,
-                 key: tuple | None, return_lse: bool, tma: tuple | None = None) -> None:
+                 key: tuple | None, return_lse: bool, tma: tuple | None = None, dense: tuple | None = None) -> None:
         self.sizes, self.splits, self.block_d, self.grid = sizes, splits, block_d, grid  # sizes: (B, Hq, Nq)
         self.scalars, self.combine_scalars = scalars, combine_scalars
         self.meta, self.config, self.combine_meta = meta, config, combine_meta
         self.key, self.return_lse = key, return_lse
         self.tma = tma  # (K's descriptor strides, V's, the box) when the tiles come through TMA, else None
         self.launches: tuple[Recorded, ...] | None = None
+        # (is_causal, scale, window, softcap) when the call runs the dense forward (DENSE_FROM_QUERIES)
+        self.dense = dense
 
     def decode_tensors(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, outs: tuple,
                        seqlens: torch.Tensor | None, cache_batch_idx: torch.Tensor | None,
@@ -204,6 +211,11 @@ class DecodeCall:
         """(o like q, lse (B, Hq, Nq) float32, or None when prepared without return_lse) for tensors laid
         out as the prepared call's; `seqlens` None when the lengths were an int; `k_descale`, `v_descale`
         an FP8 cache's float32 factors (one element or (B, Hkv)), or None, as prepared."""
+        if self.dense is not None:
+            is_causal, scale, window, softcap = self.dense
+            o, lse = attention_forward(q, k_cache, v_cache, is_causal, scale, window=window, softcap=softcap,
+                                       alibi_slopes=alibi_slopes, seqused_k=seqlens)
+            return o, lse if self.return_lse else None
         o = empty_in_order(q)
         lse = q.new_empty(self.sizes, dtype=torch.float32) if self.return_lse else None
         if o.numel() == 0:
@@ -263,6 +275,11 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if (seqlen_q >= DENSE_FROM_QUERIES and isinstance(cache_seqlens, torch.Tensor) and not paged and not fp8
+            and cache_batch_idx is None and cache_leftpad is None and k_cache.shape[0] == batch
+            and num_splits == 0 and tiles is None and tma is None):
+        return DecodeCall((batch, heads_q, seqlen_q), 1, block_d(head_dim), (1, 1, 1), (), (), {}, {}, {}, None,
+                          return_lse, dense=(is_causal, scale, tuple(window), softcap))
     mask_left, mask_right, window_left, window_right = band(is_causal, window)
     # One query token sits at its sequence's end: no key lies right of it, so a causal mask or a window's
     # right side hides nothing and the kernel needs no right mask (a decoding step's usual call).

@@ -34,14 +34,18 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
                       window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                       alibi_slopes: torch.Tensor | None = None, varlen: Varlen | None = None,
                       dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
-                      kernels: Kernels | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      kernels: Kernels | None = None,
+                      seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns o like q and lse (B, Hq, Nq) in float32. `config` overrides the tile choice (tuning, tests);
     `autotune` forces the autotuner on or off (default: on for large problems on a GPU); `window` is the
     sliding window (left, right), -1 for unbounded (arguments.band); `softcap` > 0 caps the scores;
     `alibi_slopes` (Hq,) or (B, Hq) float32 adds ALiBi's bias (see flash_attention); `varlen` describes a
     packed batch (Varlen); `dropout_p` > 0 drops probabilities with the Philox key in `dropout_seed` (one
-    int64 on q's device; the backward must get the same one); `kernels` replaces the kernels launched."""
-    if (config is None and kernels is None and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
+    int64 on q's device; the backward must get the same one); `kernels` replaces the kernels launched;
+    `seqused_k` (B,) int32 counts the keys in use of each sequence of a padded k and v (a KV cache), whose
+    last Nq positions the queries hold (forward only: no backward takes it)."""
+    if (config is None and kernels is None and seqused_k is None
+            and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
             and gluon_forward_selected(q, k, v, is_causal)):
         record_choice("forward", Choice((f"gluon-{gluon_tiles(q.shape[-1])}",)))
         return attention_forward_gluon(q, k, v, is_causal, scale)
@@ -55,7 +59,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
                     and autotune_by_default(batch * heads_q * grid_q * grid_k * head_dim))
     if dropout_p > 0 and dropout_seed is None:
         dropout_seed = new_dropout_seed(q.device)
-    optional = variant_pointers(alibi_slopes, varlen, dropout_seed)
+    optional = (*variant_pointers(alibi_slopes, varlen, dropout_seed), seqused_k)
     tensors = {"fwd": ((q, k, v, o, lse, *optional), (q, k, v, o))}
 
     key = None

@@ -178,7 +178,8 @@ def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
 def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                      target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the forward and backward kernels with each variant's flags on the static tiles: a sliding
-    window with softcap and ALiBi, dropout, and a packed variable-length batch. Triton's interpreter does
+    window with softcap and ALiBi, dropout, and a packed variable-length batch; and the forward with a
+    key count per sequence (a chunked prefill against a KV cache). Triton's interpreter does
     not type-check kernels the way the compiler does, so this is where a variant's compile error shows
     without a GPU."""
     cuda = torch.device("cuda")
@@ -199,6 +200,10 @@ def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
             attention_backward(x, x, x, x, x, x_lse, causal, head_dim ** -0.5, bwd_cfgs, **kwargs, kernels=kernels)
         for kernel in KERNELS:
             reports.append(_report(kernel, compiled[kernel], head_dim, dtype, causal, name))
+    with _offline(target) as (compiled, kernels):  # a padded KV cache's key count per sequence: forward only
+        attention_forward(q, q, q, causal, head_dim ** -0.5, fwd_cfg, kernels=kernels,
+                          seqused_k=torch.tensor([seqlen // 3, seqlen], dtype=torch.int32))
+    reports.append(_report("attn_fwd_kernel", compiled["attn_fwd_kernel"], head_dim, dtype, causal, "key counts"))
     return reports
 
 
