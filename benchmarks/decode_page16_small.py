@@ -23,14 +23,22 @@ def contiguous_copy(k, v, table, batch, heads_kv, seqlen_k):
             for x in (k, v))
 
 
-def race(batch, seqlen_k) -> dict:
+def block16_calls(batch, seqlen_k) -> tuple[dict, tuple]:
+    """({"paged16": the launcher's rule on a block-16 cache, "contiguous": the same keys contiguous}, and
+    (q, k, v, lengths, table)), 32/8 heads at D = 128, the inputs ready on the GPU."""
     torch.manual_seed(0)
     q, k, v, table = _inputs(DecodeShape(batch, 32, 8, seqlen_k, 128, layout="paged16"))
     lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
     kc, vc = contiguous_copy(k, v, table, batch, 8, seqlen_k)
     torch.cuda.synchronize()  # do_bench_cudagraph's side stream does not wait for the inputs
-    providers = {"rule": lambda: launch.attention_decode(q, k, v, lengths, 128 ** -0.5, block_table=table)[0],
-                 "contiguous": lambda: launch.attention_decode(q, kc, vc, lengths, 128 ** -0.5)[0]}
+    return ({"paged16": lambda: launch.attention_decode(q, k, v, lengths, 128 ** -0.5, block_table=table)[0],
+             "contiguous": lambda: launch.attention_decode(q, kc, vc, lengths, 128 ** -0.5)[0]},
+            (q, k, v, lengths, table))
+
+
+def race(batch, seqlen_k) -> dict:
+    providers, (q, k, v, lengths, table) = block16_calls(batch, seqlen_k)
+    providers = {"rule": providers["paged16"], "contiguous": providers["contiguous"]}
     for name, tiles in TILES.items():
         for splits in (2, 4, 8, 16, 32, 64):
             if splits * 2 * tiles.block_n <= seqlen_k:

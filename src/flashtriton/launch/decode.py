@@ -268,7 +268,9 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     addresses (beyond their 16-byte alignment). Without `return_lse` its launch allocates and writes no
     logsumexp (a decoding step through the public API wants o alone). `k_descale`, `v_descale`: an FP8
     cache's factors (their layouts; the launches take the tensors). `tma` forces the tiles through tensor
-    descriptors (True) or pointers (False); None: decode_uses_tma, where the cache's layout allows."""
+    descriptors (True) or pointers (False); None: decode_uses_tma, where the cache's layout allows. A
+    chunked prefill with per-sequence lengths (DENSE_FROM_QUERIES) prepares the dense forward instead,
+    unless a split count, tiles or the tiles' path are forced."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 0
