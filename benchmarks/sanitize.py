@@ -2,9 +2,9 @@
 on odd shapes, on both data paths (block pointers and TMA), with the variants, each call checked to be
 finite; each backward runs twice, the second time replaying the first one's launches. Then the decode
 kernels: contiguous and paged caches, ragged lengths from 0 to full, forced tiles and split counts, the
-flags, a growing cache replaying one plan, and CUDA-graph captures followed by a call of a new shape (the
-sequence after which two H200 probes saw an illegal memory access, docs/performance.md entry 40). Small on
-purpose: under memcheck every memory access is instrumented.
+flags, chunked prefills on the dense forward, a growing cache replaying one plan, and CUDA-graph captures
+followed by a call of a new shape (the sequence after which two H200 probes saw an illegal memory access,
+docs/performance.md entry 40). Small on purpose: under memcheck every memory access is instrumented.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py [--quick | --decode]
 """
@@ -111,6 +111,13 @@ def _decode_calls(device) -> int:
             calls += 1
         o, lse = launch.attention_decode(q, k, v, lengths, 0.1, block_table=table, window=(40, 0), softcap=10.0,
                                          alibi_slopes=torch.rand(8, device=device), is_causal=True)
+        assert torch.isfinite(o).all()
+        calls += 1
+    # chunked prefills with per-sequence lengths: the dense forward with a key count per sequence
+    for head_dim, kwargs in itertools.product((64, 128), (dict(is_causal=True), dict(window=(40, 0), softcap=10.0))):
+        q = torch.randn(5, 8, 130, head_dim, device=device, dtype=torch.bfloat16)
+        k, v = (torch.randn(5, 2, capacity, head_dim, device=device, dtype=torch.bfloat16) for _ in range(2))
+        o, lse = launch.attention_decode(q, k, v, lengths, 0.1, **kwargs)
         assert torch.isfinite(o).all()
         calls += 1
     # a growing cache (a new, longer tensor every step) replays one plan with each step's lengths and strides
