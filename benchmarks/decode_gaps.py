@@ -7,7 +7,8 @@ change, imported from a temporary folder), launched with the library's own prepa
 - `evict_first`: K and V loaded with the evict-first L2 policy (a streamed cache has no reuse);
 - `heads_fastest`: grid axes 0 and 1 swapped, so that neighbouring programs are neighbouring heads of one
   key range rather than neighbouring key ranges of one head;
-and forced split counts and tiles through `attention_decode`'s own arguments.
+the library's kernel with its partials merged in 1 or 2 warps instead of 4 (not yet run); and forced split
+counts and tiles through `attention_decode`'s own arguments.
 
     PYTHONPATH=src python benchmarks/decode_gaps.py [--shapes 0,3]
 """
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ab_runs import main, timed_rounds
+from decode_page16_small import contiguous_copy
 from flashtriton import launch
 from flashtriton.kernels import decode as decode_kernels
 from flashtriton.launch.decode import prepare_decode
@@ -64,8 +66,9 @@ def variant_kernel(name: str, folder: Path):
     return module.attn_decode_kernel
 
 
-def variant_call(kernel, swap: bool, q, k, v, lengths, table):
-    """A decoding call through `kernel` with the library's prepared arguments (its split rule and tiles)."""
+def variant_call(kernel, swap: bool, q, k, v, lengths, table, merge_warps: int = 4):
+    """A decoding call through `kernel` with the library's prepared arguments (its split rule and tiles),
+    its partials merged by the combine kernel in `merge_warps` warps (the library's: 4)."""
     call = prepare_decode(q, k, v, lengths, q.shape[-1] ** -0.5, block_table=table, return_lse=False)
     config = {key: value for key, value in call.config.items() if value is not None}
     grid = (call.grid[1], call.grid[0], call.grid[2]) if swap else call.grid
@@ -81,7 +84,7 @@ def variant_call(kernel, swap: bool, q, k, v, lengths, table):
         kernel[grid](*tensors, *call.scalars, **call.meta, **config)
         if call.splits > 1:
             decode_kernels.attn_decode_combine_kernel[(seqlen_q, heads_q, batch)](
-                *outs, o, None, *call.combine_scalars, **call.combine_meta, num_warps=4)
+                *outs, o, None, *call.combine_scalars, **call.combine_meta, num_warps=merge_warps)
         return o
     return run
 
@@ -101,14 +104,16 @@ def race(batch, heads_q, heads_kv, seqlen_k, seqlen_q, layout, splits) -> dict:
         for name in EDITS:
             kernel = variant_kernel(name, Path(folder))
             providers[name] = variant_call(kernel, name == "heads_fastest", q, k, v, lengths, table)
+        if rule.splits > 1:  # the merge's own latency (2.7-5.9 µs under ncu, entry 64) with fewer warps
+            for warps in (1, 2):
+                providers[f"merge in {warps} warps"] = variant_call(decode_kernels.attn_decode_kernel, False, q, k,
+                                                                    v, lengths, table, warps)
         for count in splits:
             providers[f"splits {count}"] = ours(num_splits=count)
         if layout == "paged16":
             for count in (1, 2, 4):
                 providers[f"32-key tiles, splits {count}"] = ours(num_splits=count, tiles=SHORT_TILES)
-            # the same keys in a contiguous cache: blocks (B, per sequence, Hkv, 16, D) -> (B, Hkv, Nk, D)
-            kc, vc = (x[table.long()].permute(0, 2, 1, 3, 4).reshape(batch, heads_kv, seqlen_k, 128).contiguous()
-                      for x in (k, v))
+            kc, vc = contiguous_copy(k, v, table, batch, heads_kv, seqlen_k)
             torch.cuda.synchronize()
             providers["contiguous"] = lambda: launch.attention_decode(q, kc, vc, lengths, 128 ** -0.5)[0]
         else:
