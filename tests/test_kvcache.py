@@ -559,6 +559,26 @@ def test_cuda_graph_decode_step(heads_kv, capacity):
         assert torch.equal(k[:, :, :capacity - 1], eager_k[:, :, :capacity - 1])
 
 
+def test_decode_op_routes_a_chunked_prefill_and_passes_opcheck():
+    """Inside the flashtriton::decode op (what torch.compile calls) a chunked prefill with per-sequence
+    lengths takes the dense forward too: opcheck passes (its fake output matches the real one's layout),
+    and the result is the decode kernel's."""
+    from flashtriton import ops
+    from flashtriton.cache import CACHE
+    from flashtriton.launch.decode import DENSE_FROM_QUERIES
+    q = torch.randn(2, 4, DENSE_FROM_QUERIES, 32, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 160, 32, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.tensor([100, 160], dtype=torch.int32, device=DEVICE)
+    torch.library.opcheck(ops.decode, (q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 0, None,
+                                       None))
+    CACHE.last.clear()
+    o, lse = ops.decode(q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 0, None, None)
+    assert "forward" in CACHE.last
+    by_decode = ops.decode(q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 1, None, None)
+    torch.testing.assert_close(o.float(), by_decode[0].float(), atol=2e-2, rtol=0)
+    torch.testing.assert_close(lse, by_decode[1], atol=1e-3, rtol=0)
+
+
 def test_decode_op_opcheck_and_compile():
     """The flashtriton::decode op passes opcheck, and a decode step (append, attend) compiles with
     fullgraph=True and no graph break, giving the eager result."""
