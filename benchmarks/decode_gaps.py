@@ -7,8 +7,9 @@ change, imported from a temporary folder), launched with the library's own prepa
 - `evict_first`: K and V loaded with the evict-first L2 policy (a streamed cache has no reuse);
 - `heads_fastest`: grid axes 0 and 1 swapped, so that neighbouring programs are neighbouring heads of one
   key range rather than neighbouring key ranges of one head;
-the library's kernel with its partials merged in 1 or 2 warps instead of 4 (not yet run); and forced split
-counts and tiles through `attention_decode`'s own arguments.
+the library's kernel with its partials merged in 1 or 2 warps instead of 4, or by `merge_in_chunks` (the
+head dim over programs of one warp) (neither yet run); and forced split counts and tiles through
+`attention_decode`'s own arguments.
 
     PYTHONPATH=src python benchmarks/decode_gaps.py [--shapes 0,3]
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ab_runs import main, timed_rounds
@@ -66,9 +69,36 @@ def variant_kernel(name: str, folder: Path):
     return module.attn_decode_kernel
 
 
-def variant_call(kernel, swap: bool, q, k, v, lengths, table, merge_warps: int = 4):
+MERGE_CHUNK = 32  # head-dim columns per program of merge_in_chunks
+
+
+@triton.jit
+def merge_in_chunks(O_PART, LSE_PART, O, stride_ob, stride_oh, stride_om, num_heads_q, seqlen_q, num_splits,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr):
+    """The library's merge (kernels/decode.py, attn_decode_combine_kernel) with each row's head dim split
+    over BLOCK_D // CHUNK programs of one warp (grid axis 2: batch x chunks): every split's partial stays
+    in one warp, so the sums over the splits need no barrier across warps; o only, no LSE."""
+    chunks: tl.constexpr = BLOCK_D // CHUNK
+    token, head = tl.program_id(0), tl.program_id(1)
+    off_b, chunk = tl.program_id(2) // chunks, tl.program_id(2) % chunks
+    row = (off_b.to(tl.int64) * num_heads_q + head) * seqlen_q + token
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = chunk * CHUNK + tl.arange(0, CHUNK)
+    lse_s = tl.load(LSE_PART + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse_s, 0)
+    weight = tl.exp2(lse_s - tl.where(lse_max == float("-inf"), 0.0, lse_max))
+    total = tl.sum(weight, 0)
+    o_s = tl.load(O_PART + (row * num_splits + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+                  mask=(offs_s < num_splits)[:, None], other=0.0)
+    o = tl.sum(o_s * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    o_ptrs = O + off_b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + token.to(tl.int64) * stride_om
+    tl.store(o_ptrs + offs_d, o.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def variant_call(kernel, swap: bool, q, k, v, lengths, table, merge_warps: int = 4, chunked_merge: bool = False):
     """A decoding call through `kernel` with the library's prepared arguments (its split rule and tiles),
-    its partials merged by the combine kernel in `merge_warps` warps (the library's: 4)."""
+    its partials merged by the combine kernel in `merge_warps` warps (the library's: 4), or with
+    `chunked_merge` by merge_in_chunks."""
     call = prepare_decode(q, k, v, lengths, q.shape[-1] ** -0.5, block_table=table, return_lse=False)
     config = {key: value for key, value in call.config.items() if value is not None}
     grid = (call.grid[1], call.grid[0], call.grid[2]) if swap else call.grid
@@ -82,7 +112,10 @@ def variant_call(kernel, swap: bool, q, k, v, lengths, table, merge_warps: int =
                     q.new_empty((*call.sizes, call.splits), dtype=torch.float32))
         tensors = call.decode_tensors(q, k, v, outs, lengths, None, None, table, None, None, None)
         kernel[grid](*tensors, *call.scalars, **call.meta, **config)
-        if call.splits > 1:
+        if call.splits > 1 and chunked_merge:
+            merge_in_chunks[(seqlen_q, heads_q, batch * (call.block_d // MERGE_CHUNK))](
+                *outs, o, *call.combine_scalars, **call.combine_meta, CHUNK=MERGE_CHUNK, num_warps=1)
+        elif call.splits > 1:
             decode_kernels.attn_decode_combine_kernel[(seqlen_q, heads_q, batch)](
                 *outs, o, None, *call.combine_scalars, **call.combine_meta, num_warps=merge_warps)
         return o
@@ -108,6 +141,8 @@ def race(batch, heads_q, heads_kv, seqlen_k, seqlen_q, layout, splits) -> dict:
             for warps in (1, 2):
                 providers[f"merge in {warps} warps"] = variant_call(decode_kernels.attn_decode_kernel, False, q, k,
                                                                     v, lengths, table, warps)
+            providers["merge in 32-column chunks"] = variant_call(decode_kernels.attn_decode_kernel, False, q, k, v,
+                                                                  lengths, table, chunked_merge=True)
         for count in splits:
             providers[f"splits {count}"] = ours(num_splits=count)
         if layout == "paged16":
