@@ -560,9 +560,9 @@ def test_cuda_graph_decode_step(heads_kv, capacity):
 
 
 def test_decode_op_routes_a_chunked_prefill_and_passes_opcheck():
-    """Inside the flashtriton::decode op (what torch.compile calls) a chunked prefill with per-sequence
-    lengths takes the dense forward too: opcheck passes (its fake output matches the real one's layout),
-    and the result is the decode kernel's."""
+    """Inside the flashtriton::decode op (what torch.compile calls) a chunked prefill, with per-sequence
+    lengths or an int length, takes the dense forward too: opcheck passes (its fake output matches the
+    real one's layout), and the result is the decode kernel's."""
     from flashtriton import ops
     from flashtriton.cache import CACHE
     from flashtriton.launch.decode import DENSE_FROM_QUERIES
@@ -571,6 +571,8 @@ def test_decode_op_routes_a_chunked_prefill_and_passes_opcheck():
     seqlens = torch.tensor([100, 160], dtype=torch.int32, device=DEVICE)
     torch.library.opcheck(ops.decode, (q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 0, None,
                                        None))
+    torch.library.opcheck(ops.decode, (q, k, v, None, 150, None, None, None, True, 0.2, -1, -1, 0.0, None, 0, None,
+                                       None))  # an int length: the first 150 keys
     CACHE.last.clear()
     o, lse = ops.decode(q, k, v, seqlens, 0, None, None, None, True, 0.2, -1, -1, 0.0, None, 0, None, None)
     assert "forward" in CACHE.last

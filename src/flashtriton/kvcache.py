@@ -13,7 +13,7 @@ from .api import op_options
 from .cache import CACHE, remember
 from .launch import append_to_cache
 from .launch.arguments import input_precision
-from .launch.decode import DENSE_FROM_QUERIES, prepare_decode
+from .launch.decode import prepare_decode
 from .validation import check_flags, check_grown_kvcache, check_kvcache, check_kvcache_values, last_dim_contiguous
 
 
@@ -61,10 +61,9 @@ def flash_attention_with_kvcache(
             `flash_attention`). Without it every query sees all L keys.
         scale, window_size, softcap, alibi_slopes: as in `flash_attention`, with positions as above.
         num_splits: 0 chooses how many programs share a sequence's keys (split-KV; launch/decode.py's
-            heuristic); n > 0 forces n. A call with at least DENSE_FROM_QUERIES (128) queries per
-            sequence on a contiguous bf16 or fp16 cache without cache_batch_idx or cache_leftpad (a
-            chunked prefill) runs the dense forward kernel instead: with an int length it ignores
-            num_splits; with per-sequence lengths, n > 0 keeps the decode kernel.
+            heuristic); n > 0 forces n. Without it, a call with at least 128 queries per sequence
+            (launch/decode.py's DENSE_FROM_QUERIES) on a contiguous cache (not FP8) without
+            cache_batch_idx or cache_leftpad, a chunked prefill, runs the dense forward kernel instead.
         k_descale, v_descale: for an FP8 cache (k_cache and v_cache torch.float8_e4m3fn, q in bf16, fp16
             or float32): the cache holds K / k_descale and V / v_descale, and the attention is that of K and
             V. Each float32, one element (per tensor) or (B, Hkv) (per sequence and KV head, as
@@ -117,15 +116,6 @@ def flash_attention_with_kvcache(
         append_to_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, k_descale, v_descale)
         cache_seqlens = cache_seqlens + k.shape[2]
     tensor_lengths = isinstance(cache_seqlens, torch.Tensor)
-    if call is None and (q.shape[2] >= DENSE_FROM_QUERIES and not tensor_lengths and block_table is None
-                         and cache_batch_idx is None and cache_leftpad is None
-                         and k_cache.dtype != torch.float8_e4m3fn):
-        # A chunked prefill on a plain cache: the dense forward's tiles (TMA, unmasked interior) beat the
-        # decode kernel's once the query tile is full; the masks are aligned the same way.
-        keys, values = k_cache[:, :, :cache_seqlens], v_cache[:, :, :cache_seqlens]
-        o, lse = ops.attention(q, keys, values, None, None, 0, 0, is_causal, scale, window_left, window_right, softcap,
-                               alibi_slopes, 0.0, None)
-        return (o, lse) if return_lse else o
     if compiling:
         o, lse = ops.decode(q, k_cache, v_cache, cache_seqlens if tensor_lengths else None,
                             0 if tensor_lengths else int(cache_seqlens), block_table, cache_batch_idx, cache_leftpad,

@@ -41,10 +41,10 @@ MAX_SPLITS = 128
 # time in 32-key tiles, 1.10-1.11x in 64-key ones; from 512 keys, 32-key tiles took 1.02-1.06x).
 PAGED_KEY_TILE_FROM = 64
 SHORT_TILES_FROM_KEYS = 512
-# A call with at least this many query tokens per sequence, with per-sequence lengths, on a contiguous
-# bf16 or fp16 cache without cache_batch_idx or left padding (a chunked prefill) runs the dense forward
-# kernel with a count of keys per sequence (its TMA tiles and unmasked interior beat the decode kernel's
-# once the query tile is full: 265 against 673 TFLOP/s at Nq 512 on the H200, entry 64).
+# A call with at least this many query tokens per sequence on a contiguous cache (not FP8) without
+# cache_batch_idx or left padding (a chunked prefill) runs the dense forward kernel (DensePrefill), with
+# each sequence's key count when the lengths are a tensor: its TMA tiles and unmasked interior beat the
+# decode kernel's once the query tile is full (at Nq 512 on the H200: 673 against 265 TFLOP/s, entry 64).
 DENSE_FROM_QUERIES = 128
 # Calls reading at least this many bytes of K and V take their tiles through TMA (decode_uses_tma). The
 # H200 A/B of entry 63: 2.3-2.9% faster on 537-1074 MB of short sequences (1024 keys), even on long ones,
@@ -175,19 +175,17 @@ class DecodeCall:
     without looking the plan up."""
 
     __slots__ = ("sizes", "splits", "block_d", "grid", "scalars", "combine_scalars", "meta", "config",
-                 "combine_meta", "key", "return_lse", "tma", "launches", "dense")
+                 "combine_meta", "key", "return_lse", "tma", "launches")
 
     def __init__(self, sizes: tuple[int, int, int], splits: int, block_d: int, grid: tuple[int, int, int],
                  scalars: tuple, combine_scalars: tuple, meta: dict, config: dict, combine_meta: dict,
-                 key: tuple | None, return_lse: bool, tma: tuple | None = None, dense: tuple | None = None) -> None:
+                 key: tuple | None, return_lse: bool, tma: tuple | None = None) -> None:
         self.sizes, self.splits, self.block_d, self.grid = sizes, splits, block_d, grid  # sizes: (B, Hq, Nq)
         self.scalars, self.combine_scalars = scalars, combine_scalars
         self.meta, self.config, self.combine_meta = meta, config, combine_meta
         self.key, self.return_lse = key, return_lse
         self.tma = tma  # (K's descriptor strides, V's, the box) when the tiles come through TMA, else None
         self.launches: tuple[Recorded, ...] | None = None
-        # (is_causal, scale, window, softcap) when the call runs the dense forward (DENSE_FROM_QUERIES)
-        self.dense = dense
 
     def decode_tensors(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, outs: tuple,
                        seqlens: torch.Tensor | None, cache_batch_idx: torch.Tensor | None,
@@ -211,11 +209,6 @@ class DecodeCall:
         """(o like q, lse (B, Hq, Nq) float32, or None when prepared without return_lse) for tensors laid
         out as the prepared call's; `seqlens` None when the lengths were an int; `k_descale`, `v_descale`
         an FP8 cache's float32 factors (one element or (B, Hkv)), or None, as prepared."""
-        if self.dense is not None:
-            is_causal, scale, window, softcap = self.dense
-            o, lse = attention_forward(q, k_cache, v_cache, is_causal, scale, window=window, softcap=softcap,
-                                       alibi_slopes=alibi_slopes, seqused_k=seqlens)
-            return o, lse if self.return_lse else None
         o = empty_in_order(q)
         lse = q.new_empty(self.sizes, dtype=torch.float32) if self.return_lse else None
         if o.numel() == 0:
@@ -256,6 +249,28 @@ class DecodeCall:
         return o, lse
 
 
+class DensePrefill:
+    """A chunked prefill (DENSE_FROM_QUERIES queries or more per sequence on a contiguous cache) that runs
+    the dense forward kernel: on the cache's first `keys` keys for an int length, or on all of it with the
+    lengths tensor as each sequence's key count. `launch` takes DecodeCall.launch's arguments."""
+
+    __slots__ = ("is_causal", "scale", "window", "softcap", "keys", "return_lse")
+
+    def __init__(self, is_causal: bool, scale: float, window: tuple[int, int], softcap: float, keys: int | None,
+                 return_lse: bool) -> None:
+        self.is_causal, self.scale, self.window, self.softcap = is_causal, scale, window, softcap
+        self.keys, self.return_lse = keys, return_lse
+
+    def launch(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor | None,
+               cache_batch_idx: None, cache_leftpad: None, block_table: None, alibi_slopes: torch.Tensor | None,
+               k_descale: None = None, v_descale: None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.keys is not None:
+            k_cache, v_cache = k_cache[:, :, :self.keys], v_cache[:, :, :self.keys]
+        o, lse = attention_forward(q, k_cache, v_cache, self.is_causal, self.scale, window=self.window,
+                                   softcap=self.softcap, alibi_slopes=alibi_slopes, seqused_k=seqlens)
+        return o, lse if self.return_lse else None
+
+
 def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    cache_seqlens: torch.Tensor | int, scale: float, *, is_causal: bool = False,
                    window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -263,25 +278,25 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                    num_splits: int = 0, tiles: TileConfig | None = None, return_lse: bool = True,
                    k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
-                   tma: bool | None = None) -> DecodeCall:
+                   tma: bool | None = None) -> DecodeCall | DensePrefill:
     """The DecodeCall of attention_decode with these arguments: everything but the tensors' contents and
     addresses (beyond their 16-byte alignment). Without `return_lse` its launch allocates and writes no
     logsumexp (a decoding step through the public API wants o alone). `k_descale`, `v_descale`: an FP8
     cache's factors (their layouts; the launches take the tensors). `tma` forces the tiles through tensor
     descriptors (True) or pointers (False); None: decode_uses_tma, where the cache's layout allows. A
-    chunked prefill with per-sequence lengths (DENSE_FROM_QUERIES) prepares the dense forward instead,
-    unless a split count, tiles or the tiles' path are forced."""
+    chunked prefill (DENSE_FROM_QUERIES) prepares the dense forward instead (DensePrefill), unless a split
+    count, tiles or the tiles' path are forced."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 0
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     max_keys = min(cache_seqlens, capacity) if isinstance(cache_seqlens, int) else capacity
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    if (seqlen_q >= DENSE_FROM_QUERIES and isinstance(cache_seqlens, torch.Tensor) and not paged and not fp8
-            and cache_batch_idx is None and cache_leftpad is None and k_cache.shape[0] == batch
-            and num_splits == 0 and tiles is None and tma is None):
-        return DecodeCall((batch, heads_q, seqlen_q), 1, block_d(head_dim), (1, 1, 1), (), (), {}, {}, {}, None,
-                          return_lse, dense=(is_causal, scale, tuple(window), softcap))
+    if (seqlen_q >= DENSE_FROM_QUERIES and not paged and not fp8 and cache_batch_idx is None
+            and cache_leftpad is None and k_cache.shape[0] == batch and not num_splits and tiles is None
+            and tma is None):
+        return DensePrefill(is_causal, scale, tuple(window), softcap,
+                            None if isinstance(cache_seqlens, torch.Tensor) else max_keys, return_lse)
     mask_left, mask_right, window_left, window_right = band(is_causal, window)
     # One query token sits at its sequence's end: no key lies right of it, so a causal mask or a window's
     # right side hides nothing and the kernel needs no right mask (a decoding step's usual call).
