@@ -8,6 +8,8 @@ import statistics
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
 
@@ -45,3 +47,14 @@ def fp8_cache(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
     k_descale, v_descale = (x.abs().amax().float().reshape(1) / 448 for x in (k, v))
     k8, v8 = ((x.float() / s).to(torch.float8_e4m3fn) for x, s in ((k, k_descale), (v, v_descale)))
     return k8, v8, k_descale, v_descale
+
+
+def cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> Callable:
+    """PyTorch SDPA's cuDNN backend on (B, H, N, D) q, k, v (with enable_gqa where k has fewer heads), as a
+    provider."""
+    gqa = q.shape[1] != k.shape[1]
+
+    def call():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    return call

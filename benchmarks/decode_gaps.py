@@ -19,12 +19,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ab_runs import main, timed_rounds
+from ab_runs import cudnn, main, timed_rounds
 from decode_page16_small import contiguous_copy
 from flashtriton import launch
 from flashtriton.kernels import decode as decode_kernels
@@ -152,10 +150,7 @@ def race(batch, heads_q, heads_kv, seqlen_k, seqlen_q, layout, splits) -> dict:
             torch.cuda.synchronize()
             providers["contiguous"] = lambda: launch.attention_decode(q, kc, vc, lengths, 128 ** -0.5)[0]
         else:
-            def cudnn():
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=heads_q != heads_kv)
-            providers["cudnn"] = cudnn
+            providers["cudnn"] = cudnn(q, k, v)
         with torch.no_grad():
             expected = providers[f"rule ({rule.splits})"]()
             same = {name: torch.equal(fn(), expected) for name, fn in providers.items() if name in EDITS}

@@ -9,6 +9,7 @@ docs/performance.md, entry 64.
 import torch
 
 from ab_runs import main, timed_rounds
+from decode_page16_small import contiguous_copy
 from flashtriton import launch
 from flashtriton.launch.arguments import sm_count
 from flashtriton.launch.decode import decode_splits
@@ -29,9 +30,7 @@ def race(batch, seqlen_k) -> dict:
     torch.manual_seed(0)
     q, k, v, table = _inputs(shape)
     lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
-    # the same keys in a contiguous cache: blocks (B, per sequence, Hkv, 16, D) -> (B, Hkv, Nk, D)
-    kc, vc = (x[table.long()].permute(0, 2, 1, 3, 4).reshape(batch, heads_kv, seqlen_k, 128).contiguous()
-              for x in (k, v))
+    kc, vc = contiguous_copy(k, v, table, batch, heads_kv, seqlen_k)
     torch.cuda.synchronize()  # do_bench_cudagraph's side stream does not wait for the inputs
     providers = {"rule": lambda: launch.attention_decode(q, k, v, lengths, 128 ** -0.5, block_table=table)[0]}
     for name, tiles in TILES.items():

@@ -6,10 +6,8 @@ cache (e4m3, per-tensor descales) on the rows that name it. docs/performance.md,
 """
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ab_runs import fp8_cache, main, timed_rounds
+from ab_runs import cudnn, fp8_cache, main, timed_rounds
 from flashtriton import launch
 from flashtriton.launch.tiles import TileConfig
 from flashtriton.tools.decode_bench import DecodeShape, _inputs
@@ -49,10 +47,7 @@ def race(batch, heads_q, heads_kv, seqlen_k, head_dim, layout, fp8) -> dict:
     elif fp8:
         providers["tma_half_tiles"] = ours(True, HALF_TILES[head_dim])
     if layout == "contiguous" and not fp8:
-        def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=heads_q != heads_kv)
-        providers["cudnn"] = cudnn
+        providers["cudnn"] = cudnn(q, k, v)
     with torch.no_grad():
         same = torch.equal(providers["pointers"](), providers["tma"]())
         ms = timed_rounds(providers, ROUNDS, graphs=True)

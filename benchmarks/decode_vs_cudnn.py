@@ -6,10 +6,8 @@ against its own cuDNN (docs/performance.md, entry 64; guards/merge_ab_*.jsonl).
 """
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ab_runs import fp8_cache, main, timed_rounds
+from ab_runs import cudnn, fp8_cache, main, timed_rounds
 from flashtriton import launch
 from flashtriton.tools.decode_bench import DecodeShape, _inputs
 
@@ -33,10 +31,7 @@ def race(batch, heads_q, heads_kv, seqlen_k, seqlen_q, fp8) -> dict:
     providers = {"ours": lambda: launch.attention_decode(q, *cache, lengths, 128 ** -0.5, k_descale=k_descale,
                                                          v_descale=v_descale)[0]}
     if not fp8:
-        def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=heads_q != heads_kv)
-        providers["cudnn"] = cudnn
+        providers["cudnn"] = cudnn(q, k, v)
     with torch.no_grad():
         ms = timed_rounds(providers, 5, graphs=True)
     return dict(shape=f"B{batch} {heads_q}/{heads_kv} Nk{seqlen_k} Nq{seqlen_q}{' fp8' if fp8 else ''}",

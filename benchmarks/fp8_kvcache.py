@@ -8,8 +8,6 @@ Per-(batch, KV head) descales. One JSON line per shape. docs/performance.md, ent
 """
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton import flash_attention_with_kvcache, launch
@@ -45,10 +43,7 @@ def race(batch: int, heads_q: int, heads_kv: int, seqlen_k: int, head_dim: int, 
                                                                    block_table=table, tiles=tiles,
                                                                    k_descale=k_descale, v_descale=v_descale)[0]
     if not block:
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=heads_q != heads_kv)
-        providers["cudnn"] = cudnn
+        providers["cudnn"] = ab_runs.cudnn(q, k, v)
     with torch.no_grad():
         err = (providers["fp8"]().float() - providers["bf16"]().float()).abs().max().item()
         tiles_err = (providers["fp8_bf16_tiles"]().float() - providers["fp8"]().float()).abs().max().item()

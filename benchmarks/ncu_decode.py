@@ -15,10 +15,8 @@ paged block 16 beside block 64 and the contiguous cache: per shape, in order, th
 import argparse
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ab_runs import fp8_cache
+from ab_runs import cudnn, fp8_cache
 from flashtriton import launch
 from flashtriton.tools.decode_bench import DecodeShape, _inputs
 
@@ -53,10 +51,7 @@ def gap_calls() -> list:
             calls.append(lambda q=q, k=k, v=v, table=table, lengths=lengths, count=count: launch.attention_decode(
                 q, k, v, lengths, HEAD_DIM ** -0.5, block_table=table, num_splits=count))
         if table is None:
-            def cudnn(q=q, k=k, v=v, gqa=heads_q != heads_kv):
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-            calls.append(cudnn)
+            calls.append(cudnn(q, k, v))
     return calls
 
 
