@@ -8,7 +8,7 @@ change, imported from a temporary folder), launched with the library's own prepa
 - `heads_fastest`: grid axes 0 and 1 swapped, so that neighbouring programs are neighbouring heads of one
   key range rather than neighbouring key ranges of one head;
 the library's kernel with its partials merged in 1 or 2 warps instead of 4, or by `merge_in_chunks` (the
-head dim over programs of one warp) (neither yet run); and forced split counts and tiles through
+head dim over programs of one warp); and forced split counts and tiles (OTHER_TILES) through
 `attention_decode`'s own arguments.
 
     PYTHONPATH=src python benchmarks/decode_gaps.py [--shapes 0,3]
@@ -33,13 +33,18 @@ from flashtriton.tools.decode_bench import DecodeShape, _inputs
 ROUNDS = 5
 # (B, Hq, Hkv, Nk, Nq, layout, forced split counts): the large contiguous rows that trailed cuDNN in the
 # suite at 7643f50, one that did not (B64 32/8 Nk8192), and paged block 16's worst rows.
-SHAPES = [(8, 32, 32, 8192, 1, "contiguous", (3, 4)), (8, 32, 32, 32768, 1, "contiguous", (4,)),
+SHAPES = [(8, 32, 32, 8192, 1, "contiguous", (1, 3, 4)), (8, 32, 32, 32768, 1, "contiguous", (1, 4)),
           (1, 32, 32, 32768, 1, "contiguous", (8, 32)), (1, 32, 8, 131072, 1, "contiguous", (32, 128)),
           (8, 32, 8, 8192, 1, "contiguous", (8, 32)), (8, 32, 8, 8192, 4, "contiguous", (8, 32)),
           (256, 32, 32, 1024, 1, "contiguous", (2,)), (64, 32, 8, 8192, 1, "contiguous", (2,)),
           (64, 32, 8, 1024, 1, "paged16", (1, 4)), (256, 32, 8, 1024, 1, "paged16", (1, 4))]
 # Paged block 16 with 32-key tiles in four stages (entry 44's best single-split tile).
 SHORT_TILES = TileConfig(16, 32, num_warps=4, num_stages=4)
+# Key tiles other than the rule's 64 keys in two stages, on the contiguous rows: more bytes in flight per
+# program (three stages, 128 keys) or more warps to issue them.
+OTHER_TILES = {"64 keys, 3 stages": TileConfig(16, 64, num_warps=4, num_stages=3),
+               "128 keys, 2 stages": TileConfig(16, 128, num_warps=4, num_stages=2),
+               "64 keys, 8 warps": TileConfig(16, 64, num_warps=8, num_stages=2)}
 
 EDITS = {
     "evict_first": [(f"{x} = tl.load({x}_base + {x}_offsets[:, None], mask=kv_mask, other=0.0)",
@@ -150,6 +155,8 @@ def race(batch, heads_q, heads_kv, seqlen_k, seqlen_q, layout, splits) -> dict:
             torch.cuda.synchronize()
             providers["contiguous"] = lambda: launch.attention_decode(q, kc, vc, lengths, 128 ** -0.5)[0]
         else:
+            for name, tiles in OTHER_TILES.items():
+                providers[name] = ours(tiles=tiles)
             providers["cudnn"] = cudnn(q, k, v)
         with torch.no_grad():
             expected = providers[f"rule ({rule.splits})"]()

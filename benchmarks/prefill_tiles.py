@@ -1,7 +1,7 @@
-"""Chunked prefill with a lengths tensor (the decode kernel) at forced tiles, beside the same call with an
-int length (the dense forward) and the dense causal forward at N = 4096: eager ms, 3 interleaved rounds,
-TFLOP/s on the causal pairs (B4, 32/8 heads, Nq 512 against Nk 16384, D = 128, bf16; docs/performance.md,
-entry 64; guards/prefill_tiles_1797692.json).
+"""Chunked prefill with a lengths tensor through the decode kernel at forced tiles, beside the same call through
+the library's route (since f1af9cd the dense forward, with key counts), the call with an int length and the
+dense causal forward at N = 4096: eager ms, 3 interleaved rounds, TFLOP/s on the causal pairs (B4, 32/8 heads,
+Nq 512 against Nk 16384, D = 128, bf16; docs/performance.md, entry 64; guards/prefill_tiles_1797692.json).
 
     PYTHONPATH=src python benchmarks/prefill_tiles.py
 """
@@ -32,6 +32,7 @@ def main() -> None:
                                                                     tiles=tiles)[0])
                  for name, tiles in TILES.items()}
     providers["int length (dense path)"] = lambda: flash_attention_with_kvcache(q, k, v, 16384, is_causal=True)
+    providers["lengths tensor (dense path)"] = lambda: flash_attention_with_kvcache(q, k, v, lengths, is_causal=True)
     providers["dense N4096"] = lambda: flash_attention(qd, kd, vd, is_causal=True)
     with torch.no_grad():
         ref = providers["int length (dense path)"]().float()
