@@ -100,8 +100,8 @@ def merge_in_chunks(O_PART, LSE_PART, O, stride_ob, stride_oh, stride_om, num_he
 
 def variant_call(kernel, swap: bool, q, k, v, lengths, table, merge_warps: int = 4, chunked_merge: bool = False):
     """A decoding call through `kernel` with the library's prepared arguments (its split rule and tiles),
-    its partials merged by the combine kernel in `merge_warps` warps (the library's: 4), or with
-    `chunked_merge` by merge_in_chunks."""
+    its partials merged by the combine kernel in `merge_warps` warps (the library's until entry 65: 4), or
+    with `chunked_merge` by merge_in_chunks."""
     call = prepare_decode(q, k, v, lengths, q.shape[-1] ** -0.5, block_table=table, return_lse=False)
     config = {key: value for key, value in call.config.items() if value is not None}
     grid = (call.grid[1], call.grid[0], call.grid[2]) if swap else call.grid

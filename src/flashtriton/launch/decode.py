@@ -50,6 +50,10 @@ DENSE_FROM_QUERIES = 128
 # H200 A/B of entry 63: 2.3-2.9% faster on 537-1074 MB of short sequences (1024 keys), even on long ones,
 # 5% slower on 33 MB; what lies between was not measured and keeps pointers.
 TMA_FROM_BYTES = 256 << 20
+# The merge takes one warp per this many partial elements (splits x padded head dim) of a row, 128 a
+# thread: fewer warps left it faster on the H200 (one warp for 8 splits at D = 128: 69.5 against 71.9 µs
+# with four, entry 65) and more per thread spill registers.
+MERGE_ELEMENTS_PER_WARP = 4096
 
 
 def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = False, page_size: int = 0) -> TileConfig:
@@ -76,6 +80,11 @@ def decode_tiles(rows: int, head_dim: int, fp8: bool = False, masked: bool = Fal
     if head_dim <= 128:
         return TileConfig(block_m, 128 if head_dim <= 64 else 64, num_warps=4, num_stages=2)
     return TileConfig(block_m, 32, num_warps=4, num_stages=3)
+
+
+def merge_warps(block_s: int, block_d: int) -> int:
+    """The merge kernel's warps for a row of `block_s` partials of `block_d` columns (powers of two)."""
+    return min(8, max(1, block_s * block_d // MERGE_ELEMENTS_PER_WARP))
 
 
 def decode_splits(programs: int, max_keys: int, block_n: int, sms: int, gathered: bool = False) -> int:
@@ -244,7 +253,7 @@ class DecodeCall:
         if self.splits > 1:
             specs.append(LaunchSpec("combine", attn_decode_combine_kernel, lambda meta: (seqlen_q, heads_q, batch),
                                     combine_tensors, (), self.combine_scalars, self.combine_meta,
-                                    dict(num_warps=4)))
+                                    dict(num_warps=merge_warps(self.combine_meta["BLOCK_S"], self.block_d))))
         run("decode", key, specs, ())
         return o, lse
 
