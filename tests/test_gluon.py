@@ -36,21 +36,23 @@ def reports():
 
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
-    warpgroups, and at D = 64 the overlapped form with three): matrix products on wgmma, issued
-    asynchronously (ptxas did not serialise them), no spilled registers, the partitions trading registers
-    (USETMAXREG), the launch's warps x registers within the SM's 64K, and the stages within 227 KB of
-    shared memory."""
+    warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts): matrix
+    products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
+    partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
+    stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
-    assert len(reports) == 2 * (2 * len(gluon_forward.FORMS) + 1)
-    assert {r["config"].split("-", 4)[4] for r in reports} == set(gluon_forward.FORMS)
-    assert sum(r["config"].startswith("M64x3-") for r in reports) == 2
+    # head dims x masks x (forms + key counts), and D = 64's three warpgroups with each mask
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1) + 2
+    assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts"}
+    assert sum(r["config"].startswith("M64x3-") for r in reports) == 4
     for r in reports:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
-        # Three warpgroups get 160 registers each (the most the loader's 24 leave); the causal form's masks
-        # then spill 24 bytes to the stack on Triton 3.6. Bounded here, to be weighed on the H200.
-        spill_bound = 32 if warpgroups == 3 and r["causal"] else 0
+        # Three warpgroups get 160 registers each (the most the loader's 24 leave); the causal form's masks,
+        # and the key counts', then spill 8-24 bytes to the stack on Triton 3.6. Bounded here, to be
+        # weighed on the H200.
+        spill_bound = 32 if warpgroups == 3 and (r["causal"] or r["config"].endswith("key-counts")) else 0
         assert r["stack_bytes"] + r["local_bytes"] <= spill_bound, r
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * warpgroups) * 32 <= 65536, r
@@ -221,6 +223,64 @@ def test_matches_float64_reference(head_dim, is_causal, seqlens, form):
     torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
     o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form])
     assert_matches_reference(q, k, v, is_causal, scale, o, lse)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("form", list(gluon_forward.FORMS))
+def test_key_counts_on_a_padded_cache(head_dim, is_causal, form):
+    """seqused_k: each sequence attends to its own first keys of a padded K and V whose rows past the count
+    hold NaN, its causal diagonal at its last key. Counts 0 (O = 0, L = -inf), 5 (shorter than a key
+    block: the block ending at the count starts before key 0), 128 (a whole block), 300, 333 (the whole
+    cache); 130 queries, GQA 4/2: each sequence against the float64 reference on its own keys."""
+    torch.manual_seed(head_dim + is_causal)
+    counts = [0, 5, 128, 300, 333]
+    q, k, v = make_qkv(len(counts), 4, 2, 130, 333, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
+    for b, count in enumerate(counts):
+        k[b, :, count:] = float("nan")
+        v[b, :, count:] = float("nan")
+    scale = head_dim ** -0.5
+    seqused_k = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form],
+                                                   seqused_k=seqused_k)
+    assert not o[0].any() and torch.isneginf(lse[0]).all()
+    for b, count in enumerate(counts[1:], start=1):
+        one = slice(b, b + 1)
+        assert_matches_reference(q[one], k[one, :, :count], v[one, :, :count], is_causal, scale, o[one], lse[one])
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("path", ["auto", "triton"])
+def test_chunked_prefill_with_lengths_takes_the_gluon_forward(monkeypatch, path):
+    """A KV-cache call with DENSE_FROM_QUERIES queries or more and a lengths tensor at D = 128 (a chunked
+    prefill, as serving engines call it) runs the Gluon forward with the lengths as key counts, or the
+    Triton forward under FLASHTRITON_FORWARD=triton: the same result within bf16's rounding, NaN past each
+    length in the cache."""
+    from flashtriton.kvcache import flash_attention_with_kvcache
+    from flashtriton.launch import last_choice
+
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
+    torch.manual_seed(7)
+    lengths = [1500, 2048, 3000, 4096]
+    q = torch.randn(4, 8, 512, 128, device=DEVICE, dtype=torch.bfloat16)
+    # flash_attn's (B, N, H, D) cache, seen as (B, H, N, D)
+    k_cache, v_cache = (torch.randn(4, 4096, 2, 128, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
+                        for _ in range(2))
+    for b, length in enumerate(lengths):
+        k_cache[b, :, length:] = float("nan")
+        v_cache[b, :, length:] = float("nan")
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, is_causal=True)
+    assert str(last_choice("forward")).startswith("gluon") == (path == "auto"), last_choice("forward")
+    for b, length in enumerate(lengths):
+        one = slice(b, b + 1)
+        ref = attention_ref(q[one].double(), k_cache[one, :, :length].double(), v_cache[one, :, :length].double(),
+                            is_causal=True, scale=128 ** -0.5)[0]
+        low = attention_ref(q[one], k_cache[one, :, :length], v_cache[one, :, :length], is_causal=True,
+                            scale=128 ** -0.5, upcast=False)[0]
+        check = bounded("O", o[one], ref, low, torch.bfloat16)
+        assert check.ok, check
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -24,6 +24,11 @@ by role instead, each role a partition of warps with its own registers:
 Semantics are the Triton forward's: O, and L = logsumexp in natural-log units; causal masks align to the
 bottom-right corner (query i sees keys <= i + Nk - Nq); rows that see no key give O = 0 and L = -inf; Nq
 and Nk of any size (TMA zero-fills past each (batch, head)'s rows, and keys past Nk are masked); GQA.
+With SEQUSED_K, sequence b uses only its first SEQUSED_K[b] keys of a padded K and V (a KV cache's
+chunked prefill), its causal diagonal at its own last key. TMA cannot zero-fill the rows past such a
+count, and V's rows there may hold anything (NaN times a zero probability is NaN), so the block that
+would cross the count is loaded ending at it instead, overlapping the block before; the overlapped
+keys are masked, and no row past the count is ever read.
 
 Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
 whose last dim is contiguous works, (B, N, H, D) included.
@@ -37,59 +42,77 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr, TILE_M: gl.constexpr,
-          BLOCK_N: gl.constexpr):
-    """Work item `tile` -> (batch, head, batch * heads + head, first query row, key blocks to visit).
-    Tiles go head by head, so that the programs running at once share their heads' K and V in L2; within a
-    head, causal tiles go longest first, so that the short ones fill the end of the run."""
+def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL: gl.constexpr,
+          TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Work item `tile` -> (batch, head, batch * heads + head, first query row, the sequence's keys, key
+    blocks to visit). Tiles go head by head, so that the programs running at once share their heads' K and
+    V in L2; within a head, causal tiles go longest first, so that the short ones fill the end of the
+    run."""
     bh = tile // num_m_blocks
     m_block = tile % num_m_blocks
     if IS_CAUSAL:
         m_block = num_m_blocks - 1 - m_block
     first_row = m_block * TILE_M
-    hi = seqlen_k
+    keys = seqlen_k
+    if SEQUSED_K is not None:
+        keys = gl.load(SEQUSED_K + bh // num_heads)
+    hi = keys
     if IS_CAUSAL:
-        hi = gl.minimum(hi, first_row + TILE_M + seqlen_k - seqlen_q)
-    return bh // num_heads, bh % num_heads, bh, first_row, gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+        hi = gl.minimum(hi, first_row + TILE_M + keys - seqlen_q)
+    return bh // num_heads, bh % num_heads, bh, first_row, keys, gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
 
 
 @gluon.jit
-def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, TRANSPOSED: gl.constexpr = False):
-    """Key block `block` of K or V into its ring's stage count % NUM_STAGES (`count`: the ring's fills so
-    far, over every tile of the program), once every softmax partition has released that stage's previous
-    fill. A fresh mbarrier counts as having completed the phase before its first, so the first pass
-    through the ring does not wait. TRANSPOSED: the tensor is V^T, (B, Hkv, D, Nk), keys last (FP8,
-    launch/gluon_forward.py's fp8_values_operand)."""
+def _block_start(j, keys, BLOCK_N: gl.constexpr, SHIFTED: gl.constexpr):
+    """Key block j's first key: j * BLOCK_N, or with SHIFTED (a count of `keys` on a padded K and V) the
+    block that would cross the count ends at it instead (it starts before 0, TMA filling zeros, when the
+    count is shorter than a block)."""
+    start = j * BLOCK_N
+    if SHIFTED:
+        start = gl.minimum(start, keys - BLOCK_N)
+    return start
+
+
+@gluon.jit
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SHIFTED: gl.constexpr,
+                TRANSPOSED: gl.constexpr = False):
+    """Key block `block` of K or V (its first key: _block_start's) into its ring's stage count % NUM_STAGES
+    (`count`: the ring's fills so far, over every tile of the program), once every softmax partition has
+    released that stage's previous fill. A fresh mbarrier counts as having completed the phase before its
+    first, so the first pass through the ring does not wait. TRANSPOSED: the tensor is V^T, (B, Hkv, D,
+    Nk), keys last (FP8, launch/gluon_forward.py's fp8_values_operand)."""
     NUM_STAGES: gl.constexpr = smem.type.shape[0]
     BLOCK_N: gl.constexpr = smem.type.shape[4] if TRANSPOSED else smem.type.shape[3]
+    start = block * BLOCK_N  # _block_start's, inline: the first K's block is a constant 0
+    if SHIFTED:
+        start = gl.minimum(start, keys - BLOCK_N)
     stage = count % NUM_STAGES
     mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
     mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
     if TRANSPOSED:
-        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, block * BLOCK_N], ready.index(stage),
-                                        smem.index(stage))
+        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, start], ready.index(stage), smem.index(stage))
     else:
-        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, block * BLOCK_N, 0], ready.index(stage),
-                                        smem.index(stage))
+        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, start, 0], ready.index(stage), smem.index(stage))
 
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                    v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
+                    v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
                     IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j."""
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    SHIFTED: gl.constexpr = SEQUSED_K is not None
     fills = 0  # blocks loaded into each ring so far
     tiles_done = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_b, off_h, bh, first_row, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL,
-                                                      WARPGROUPS * BLOCK_M, BLOCK_N)
+        off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
+                                                            SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
         off_hkv = off_h // group
         if n_blocks > 0:  # the first K does not wait on Q's stage
-            _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills)
+            _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED)
         mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
         mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
         for wg in gl.static_range(WARPGROUPS):
@@ -97,26 +120,31 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
                                             q_smem.index(wg))
         for j in range(n_blocks):
             if j + 1 < n_blocks:
-                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1)
-            _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, FP8)
+                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys, SHIFTED)
+            _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8)
         fills += n_blocks
         tiles_done += 1
 
 
 @gluon.jit
 def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
-                    IS_CAUSAL: gl.constexpr):
+                    IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr):
     """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
     running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
-    masked: the others skip the comparisons in the softmax's critical path."""
+    masked: the others skip the comparisons in the softmax's critical path. SHIFTED: the block that
+    crosses Nk was loaded ending at it (_block_start), and its keys before j * BLOCK_N, the previous
+    block's, are masked too."""
     BLOCK_N: gl.constexpr = qk.type.shape[1]
     block_end = (j + 1) * BLOCK_N
     partial = block_end > seqlen_k
     if IS_CAUSAL:
         partial = partial | (block_end - 1 > first_visible_end)
     if partial:
-        keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
+        keys = _block_start(j, seqlen_k, BLOCK_N, SHIFTED) + gl.arange(0, BLOCK_N,
+                                                                     layout=gl.SliceLayout(0, qk.type.layout))
         visible = keys[None, :] < seqlen_k
+        if SHIFTED:
+            visible = visible & (keys[None, :] >= j * BLOCK_N)
         if IS_CAUSAL:
             visible = visible & (keys[None, :] <= last_key[:, None])
         qk = gl.where(visible, qk, float("-inf"))
@@ -157,7 +185,7 @@ def _values(v_smem, stage, FP8: gl.constexpr):
 def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base, lse_base,
             stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr,
             WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-            FP8: gl.constexpr):
+            FP8: gl.constexpr, SHIFTED: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
     Q K^T is issued before block j-1's P V and the softmax of block j runs while that P V is still on the
@@ -166,7 +194,8 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     their products (`turns`: mbarrier i lets warpgroup i issue), so that one's softmax runs while another's
     products hold the tensor cores (FlashAttention-3's inter-warpgroup ping-pong). WG is this warpgroup's
     index of WARPGROUPS. FP8: Q, K and V^T in float8 e4m3, P rounded to it for P V, O multiplied by
-    `v_descale` (the scores' descales are in qk_scale_log2)."""
+    `v_descale` (the scores' descales are in qk_scale_log2). SHIFTED: `seqlen_k` is this sequence's count
+of keys on a padded K and V (_block_start)."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -206,7 +235,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
@@ -223,7 +252,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                 qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
                 mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                     qk_scale_log2, IS_CAUSAL)
+                                                     qk_scale_log2, IS_CAUSAL, SHIFTED)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
@@ -251,7 +280,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
@@ -281,7 +310,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
-     stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE) = shared
+     stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
+     SEQUSED_K) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -291,8 +321,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     turn = 0
     tiles_done = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_b, off_h, bh, first_row, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, IS_CAUSAL,
-                                                      WARPGROUPS * BLOCK_M, BLOCK_N)
+        off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
+                                                            SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
         o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
         tile_scale = qk_scale_log2
         v_descale = 1.0
@@ -303,9 +333,9 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             v_descale = gl.load(DESCALE + 2 * kv_heads + kv_head)
         mbarrier.wait(q_ready, tiles_done & 1)
         fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
-                              bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, seqlen_k,
+                              bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, keys,
                               n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP,
-                              PINGPONG, FP8)
+                              PINGPONG, FP8, SEQUSED_K is not None)
         tiles_done += 1
 
 
@@ -313,8 +343,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
 def attn_fwd_gluon_kernel(
     # q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with a (1, 1, rows, D) box
     # (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N) box); O like q (strides given), LSE
-    # (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv).
-    q_desc, k_desc, v_desc, O, LSE, DESCALE,
+    # (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv); SEQUSED_K (B,) int32 or None.
+    q_desc, k_desc, v_desc, O, LSE, DESCALE, SEQUSED_K,
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
     qk_scale_log2,
@@ -325,7 +355,7 @@ def attn_fwd_gluon_kernel(
     x 64 query rows each) for a grid of P programs: persistent when P is the SM count, one tile each when
     P = num_tiles. WARPGROUPS softmax warpgroups (2 or 3) share each key block. FP8: float8 e4m3 Q, K and
     V, each with its factor per (batch, KV head) in DESCALE, FlashAttention-3's q/k/v_descale; O in O's
-    dtype."""
+    dtype. SEQUSED_K: each sequence's count of keys on a padded K and V (see the module docstring)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -358,10 +388,10 @@ def attn_fwd_gluon_kernel(
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, IS_CAUSAL, FP8)
+             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL, FP8)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
               stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2,
-              DESCALE)
+              DESCALE, SEQUSED_K)
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, loads),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),

@@ -44,11 +44,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     int64 on q's device; the backward must get the same one); `kernels` replaces the kernels launched;
     `seqused_k` (B,) int32 counts the keys in use of each sequence of a padded k and v (a KV cache), whose
     last Nq positions the queries hold (forward only: no backward takes it)."""
-    if (config is None and kernels is None and seqused_k is None
+    if (config is None and kernels is None
             and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
             and gluon_forward_selected(q, k, v, is_causal)):
         record_choice("forward", Choice((f"gluon-{gluon_tiles(q.shape[-1])}",)))
-        return attention_forward_gluon(q, k, v, is_causal, scale)
+        return attention_forward_gluon(q, k, v, is_causal, scale, seqused_k=seqused_k)
     heads_q, seqlen_q, head_dim = q.shape[1:]
     o, lse = forward_outputs(q, packed=varlen is not None)
     if o.numel() == 0:

@@ -133,7 +133,8 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
-                         descale: torch.Tensor | None = None, persistent: bool | None = None) -> tuple:
+                         descale: torch.Tensor | None = None, persistent: bool | None = None,
+                         seqused_k: torch.Tensor | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -141,7 +142,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D]);
     `persistent` forces the grid, one program per SM or one per tile (None: the rule below). FP8
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
-    float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both)."""
+    float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
+    `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -168,7 +170,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
     args = (descriptor(q, BLOCK_M), descriptor(k, block_n),
-            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n), o, lse, descale,
+            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n), o, lse, descale, seqused_k,
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k,
             num_m_blocks, num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
             softmax_registers, fp8)
@@ -184,11 +186,11 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
-                            stages: int = NUM_STAGES,
-                            warpgroups: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            stages: int = NUM_STAGES, warpgroups: int | None = None,
+                            seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
-    on the H200 (docs/performance.md, "The Gluon forward")."""
+    on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's."""
     from .forward import empty_in_order
 
     o = empty_in_order(q)
@@ -196,7 +198,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if o.numel() == 0:
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
-                                                      stages, warpgroups)
+                                                      stages, warpgroups, seqused_k=seqused_k)
     kernel[grid](*args, **kwargs)
     return o, lse
 
