@@ -8,8 +8,8 @@ change, imported from a temporary folder), launched with the library's own prepa
 - `heads_fastest`: grid axes 0 and 1 swapped, so that neighbouring programs are neighbouring heads of one
   key range rather than neighbouring key ranges of one head;
 the library's kernel with its partials merged in 1 or 2 warps instead of 4, or by `merge_in_chunks` (the
-head dim over programs of one warp); and forced split counts and tiles (OTHER_TILES) through
-`attention_decode`'s own arguments.
+head dim over programs of one warp); and forced split counts, tiles (OTHER_TILES) and pointer loads
+(REGISTER_TILES) through `attention_decode`'s own arguments.
 
     PYTHONPATH=src python benchmarks/decode_gaps.py [--shapes 0,3]
 """
@@ -45,6 +45,10 @@ SHORT_TILES = TileConfig(16, 32, num_warps=4, num_stages=4)
 OTHER_TILES = {"64 keys, 3 stages": TileConfig(16, 64, num_warps=4, num_stages=3),
                "128 keys, 2 stages": TileConfig(16, 128, num_warps=4, num_stages=2),
                "64 keys, 8 warps": TileConfig(16, 64, num_warps=8, num_stages=2)}
+# cuDNN's loads (entry 64): pointer loads into registers (one stage: no cp.async ring), latency hidden by
+# the programs an SM holds, beside the rule's tiles through pointers rather than TMA.
+REGISTER_TILES = {"pointers": None, "pointers, 64 keys, 1 stage": TileConfig(16, 64, num_warps=4, num_stages=1),
+                  "pointers, 128 keys, 1 stage": TileConfig(16, 128, num_warps=4, num_stages=1)}
 
 EDITS = {
     "evict_first": [(f"{x} = tl.load({x}_base + {x}_offsets[:, None], mask=kv_mask, other=0.0)",
@@ -157,6 +161,8 @@ def race(batch, heads_q, heads_kv, seqlen_k, seqlen_q, layout, splits) -> dict:
         else:
             for name, tiles in OTHER_TILES.items():
                 providers[name] = ours(tiles=tiles)
+            for name, tiles in REGISTER_TILES.items():
+                providers[name] = ours(tiles=tiles, tma=False)
             providers["cudnn"] = cudnn(q, k, v)
         with torch.no_grad():
             expected = providers[f"rule ({rule.splits})"]()
