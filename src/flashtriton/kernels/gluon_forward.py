@@ -83,7 +83,9 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
     Nk), keys last (FP8, launch/gluon_forward.py's fp8_values_operand)."""
     NUM_STAGES: gl.constexpr = smem.type.shape[0]
     BLOCK_N: gl.constexpr = smem.type.shape[4] if TRANSPOSED else smem.type.shape[3]
-    start = block * BLOCK_N  # _block_start's, inline: the first K's block is a constant 0
+    # _block_start's, inline: called from the load partition with the constant block 0, Triton 3.6 failed
+    # to compile it ("value defined outside the region")
+    start = block * BLOCK_N
     if SHIFTED:
         start = gl.minimum(start, keys - BLOCK_N)
     stage = count % NUM_STAGES
@@ -195,7 +197,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     products hold the tensor cores (FlashAttention-3's inter-warpgroup ping-pong). WG is this warpgroup's
     index of WARPGROUPS. FP8: Q, K and V^T in float8 e4m3, P rounded to it for P V, O multiplied by
     `v_descale` (the scores' descales are in qk_scale_log2). SHIFTED: `seqlen_k` is this sequence's count
-of keys on a padded K and V (_block_start)."""
+    of keys on a padded K and V (_block_start)."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -316,6 +318,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    SHIFTED: gl.constexpr = SEQUSED_K is not None
     q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     fills = 0
     turn = 0
@@ -335,7 +338,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
         fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
                               bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, keys,
                               n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP,
-                              PINGPONG, FP8, SEQUSED_K is not None)
+                              PINGPONG, FP8, SHIFTED)
         tiles_done += 1
 
 

@@ -50,9 +50,9 @@ DENSE_FROM_QUERIES = 128
 # H200 A/B of entry 63: 2.3-2.9% faster on 537-1074 MB of short sequences (1024 keys), even on long ones,
 # 5% slower on 33 MB; what lies between was not measured and keeps pointers.
 TMA_FROM_BYTES = 256 << 20
-# The merge takes one warp per this many partial elements (splits x padded head dim) of a row, 128 a
-# thread: fewer warps left it faster on the H200 (one warp for 8 splits at D = 128: 69.5 against 71.9 µs
-# with four, entry 65) and more per thread spill registers.
+# The merge takes one warp per this many partial elements (splits x padded head dim) of a row, at most
+# 128 a thread: fewer warps left it faster on the H200 (one warp for 8 splits at D = 128: 69.5 against
+# 71.9 µs with four, entry 65), and more elements a thread spill registers.
 MERGE_ELEMENTS_PER_WARP = 4096
 
 
