@@ -387,12 +387,15 @@ def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, g
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (2, 4, 2, 300, 333),
                                    (3, 8, 2, 2000, 2100)])
-def test_three_warpgroups(is_causal, shape):
-    """D = 64 with three softmax warpgroups (192-row tiles), overlapped: the float64 reference bounds O and L,
+@pytest.mark.parametrize("form", ["overlap", "pingpong"])
+def test_three_warpgroups(is_causal, shape, form):
+    """D = 64 with three softmax warpgroups (192-row tiles), overlapped, with and without the turns going
+    round the three: the float64 reference bounds O and L,
     rows that see no key give O = 0 and L = -inf; the last shape has more tiles than SMs (persistent
     programs take several without a causal mask)."""
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
     torch.manual_seed(seqlen_q)
     q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 64, torch.bfloat16, DEVICE, requires_grad=False)
-    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, 0.125, warpgroups=3)
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, 0.125, *gluon_forward.FORMS[form],
+                                                   warpgroups=3)
     assert_matches_reference(q, k, v, is_causal, 0.125, o, lse)

@@ -39,6 +39,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .gluon_barriers import named_barrier_sync
+
+# The named barrier at which both compute warpgroups meet once their dS^T of a block is in shared memory.
+DS_BARRIER = gl.constexpr(15)
+
 
 @builtin
 def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
@@ -100,29 +105,31 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
 
 
 @gluon.jit
-def _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, count, off_b, head_q, m_row, scale,
-            WG: gl.constexpr, g_layout: gl.constexpr):
-    """dQ's share of warpgroup WG for one query block: once both warpgroups' dS^T are in ds_smem (buffer
-    count % 2), dQ[:, WG's half of D] = dS K over the program's 128 keys (both warpgroups' dS^T read
-    transposed, K's columns of that half), scaled and added into dQ's float32 buffer by a TMA reduction
-    that runs on while the next block computes."""
+def _dq_products(ds_smem, k_smem, buf, WG: gl.constexpr, dq_layout: gl.constexpr):
+    """Issue warpgroup WG's share of one query block's dQ: once both warpgroups' dS^T are in ds_smem (buffer
+    count % 2), dQ[:, WG's half of D] = dS K over the program's keys (each warpgroup's dS^T rows read
+    transposed, against its tile of K's columns of that half). Asynchronous: the caller waits."""
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
     BLOCK_M: gl.constexpr = ds_smem.type.shape[2]
     DQ_COLS: gl.constexpr = HEAD_DIM // WARPGROUPS
-    buf = count % 2
-    mbarrier.wait(ds_ready.index(buf), (count // 2) & 1)
-    dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=g_layout)
-    for w in gl.static_range(WARPGROUPS):  # the keys of warpgroup w: its rows of dS^T, its tile of K
+    dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    for w in gl.static_range(WARPGROUPS):
         ds = ds_smem.index(buf).slice(w * KEYS, KEYS, dim=0).permute((1, 0))
         keys = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
         dq = warpgroup_mma(ds, keys, dq, use_acc=w > 0, is_async=True)
-    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-    mbarrier.arrive(ds_free.index(buf), count=1)
+    return dq
+
+
+@gluon.jit
+def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, scale, WG: gl.constexpr):
+    """Add warpgroup WG's finished share of dQ, scaled, into dQ's float32 buffer: staged in shared memory,
+    then a TMA reduction that runs on while the next block computes."""
+    DQ_COLS: gl.constexpr = dq.type.shape[1]
     staged = dq_smem.index(WG)
     tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
-    staged.reshape([BLOCK_M, DQ_COLS]).store(dq * scale)
+    staged.reshape([dq.type.shape[0], DQ_COLS]).store(dq * scale)
     fence_async_shared()
     _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
 
@@ -132,7 +139,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     half of dQ's columns over all the program's keys (_add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
-    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, ds_ready, ds_free, LSE2,
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, LSE2,
      DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
      num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
@@ -193,22 +200,22 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
             dst = pt * (dpt - delta[None, :])
             dst_op = gl.convert_layout(dst.to(dtype), a_layout)
-            dk = warpgroup_mma(dst_op, q, dk, is_async=True)
             if DQ_ATOMIC:
-                # dS^T into this warpgroup's rows of the block's buffer (while dK's product runs), once the
-                # other warpgroup has read what the buffer held two blocks ago; then dQ's share.
+                # dS^T into this warpgroup's rows of the block's buffer, once the other warpgroup has read
+                # what it held two blocks ago; once both halves are in, dQ's products are queued ahead of
+                # dK's, so that dQ's trip to the reduction (_add_dq) runs while dK's product does.
                 buf = count % 2
-                mbarrier.wait(ds_free.index(buf), ((count // 2) & 1) ^ 1)
                 ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst.to(dtype))
                 fence_async_shared()
-                mbarrier.arrive(ds_ready.index(buf), count=1)
-                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-                mbarrier.arrive(empty.index(stage), count=1)
-                _add_dq(ds_smem, k_smem, dq_smem, dq_desc, ds_ready, ds_free, count, off_b,
-                        off_hkv * group + i, m * BLOCK_M, scale, WG, dq_layout)
+                named_barrier_sync(DS_BARRIER, WARPGROUPS * 128)
+                dq = _dq_products(ds_smem, k_smem, buf, WG, dq_layout)
+                dk = warpgroup_mma(dst_op, q, dk, is_async=True)
+                dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
+                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m * BLOCK_M, scale, WG)
             else:
-                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-                mbarrier.arrive(empty.index(stage), count=1)
+                dk = warpgroup_mma(dst_op, q, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            mbarrier.arrive(empty.index(stage), count=1)
             count += 1
 
     if DQ_ATOMIC:
@@ -261,11 +268,6 @@ def attn_bwd_dkdv_gluon_kernel(
     else:
         dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, 8, 8],
                                             gl.NVMMASharedLayout.get_default_for([1, 1, 8, 8], gl.float32))
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for buf in gl.static_range(2):
-        mbarrier.init(ds_ready.index(buf), count=WARPGROUPS)
-        mbarrier.init(ds_free.index(buf), count=WARPGROUPS)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -279,7 +281,7 @@ def attn_bwd_dkdv_gluon_kernel(
     # literal list (gluon_forward.py says why).
     loads = (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, num_n_blocks,
              num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
-    shared = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, ds_ready, ds_free,
+    shared = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
               LSE2, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
               stats_stride, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, loads),
@@ -288,9 +290,6 @@ def attn_bwd_dkdv_gluon_kernel(
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)
-    for buf in gl.static_range(2):
-        mbarrier.invalidate(ds_ready.index(buf))
-        mbarrier.invalidate(ds_free.index(buf))
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(stage))
         mbarrier.invalidate(empty.index(stage))
