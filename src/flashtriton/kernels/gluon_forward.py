@@ -42,6 +42,21 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
+def _program_tile(r, IS_CAUSAL: gl.constexpr):
+    """This program's work item in round r of a grid of P programs: tile r * P + p for program p, or with a
+    causal mask, r * P + P - 1 - p in odd rounds. A zigzag: causal tiles differ in length, and taking p in
+    every round gave program p the same place in each head whenever P was a multiple of a head's count of
+    tiles (132 programs, 22 tiles of 192 rows at 4096 queries), so some programs took only the longest
+    tiles; the zigzag pairs a long tile with a short one."""
+    p = gl.program_id(0)
+    programs = gl.num_programs(0)
+    if IS_CAUSAL:
+        if r % 2 == 1:
+            p = programs - 1 - p
+    return r * programs + p
+
+
+@gluon.jit
 def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL: gl.constexpr,
           TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Work item `tile` -> (batch, head, batch * heads + head, first query row, the sequence's keys, key
@@ -109,23 +124,25 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
     SHIFTED: gl.constexpr = SEQUSED_K is not None
     fills = 0  # blocks loaded into each ring so far
     tiles_done = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
-                                                            SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
-        off_hkv = off_h // group
-        if n_blocks > 0:  # the first K does not wait on Q's stage
-            _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED)
-        mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
-        mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
-        for wg in gl.static_range(WARPGROUPS):
-            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready,
-                                            q_smem.index(wg))
-        for j in range(n_blocks):
-            if j + 1 < n_blocks:
-                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys, SHIFTED)
-            _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8)
-        fills += n_blocks
-        tiles_done += 1
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        tile = _program_tile(r, IS_CAUSAL)
+        if tile < num_tiles:
+            off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
+                                                                SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
+            off_hkv = off_h // group
+            if n_blocks > 0:  # the first K does not wait on Q's stage
+                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED)
+            mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
+            mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
+            for wg in gl.static_range(WARPGROUPS):
+                tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready,
+                                                q_smem.index(wg))
+            for j in range(n_blocks):
+                if j + 1 < n_blocks:
+                    _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys, SHIFTED)
+                _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8)
+            fills += n_blocks
+            tiles_done += 1
 
 
 @gluon.jit
@@ -323,23 +340,25 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     fills = 0
     turn = 0
     tiles_done = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
-                                                            SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
-        o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-        tile_scale = qk_scale_log2
-        v_descale = 1.0
-        if FP8:  # DESCALE: float32 (3, B, Hkv), Q's, K's and V's factor per (batch, KV head)
-            kv_head = off_b * (num_heads // group) + off_h // group
-            kv_heads = num_tiles // num_m_blocks // group  # B x Hkv
-            tile_scale = qk_scale_log2 * gl.load(DESCALE + kv_head) * gl.load(DESCALE + kv_heads + kv_head)
-            v_descale = gl.load(DESCALE + 2 * kv_heads + kv_head)
-        mbarrier.wait(q_ready, tiles_done & 1)
-        fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
-                              bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, keys,
-                              n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP,
-                              PINGPONG, FP8, SHIFTED)
-        tiles_done += 1
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        tile = _program_tile(r, IS_CAUSAL)
+        if tile < num_tiles:
+            off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
+                                                                SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
+            o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+            tile_scale = qk_scale_log2
+            v_descale = 1.0
+            if FP8:  # DESCALE: float32 (3, B, Hkv), Q's, K's and V's factor per (batch, KV head)
+                kv_head = off_b * (num_heads // group) + off_h // group
+                kv_heads = num_tiles // num_m_blocks // group  # B x Hkv
+                tile_scale = qk_scale_log2 * gl.load(DESCALE + kv_head) * gl.load(DESCALE + kv_heads + kv_head)
+                v_descale = gl.load(DESCALE + 2 * kv_heads + kv_head)
+            mbarrier.wait(q_ready, tiles_done & 1)
+            fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
+                                  bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, keys,
+                                  n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP,
+                                  PINGPONG, FP8, SHIFTED)
+            tiles_done += 1
 
 
 @gluon.jit
