@@ -399,3 +399,35 @@ def test_three_warpgroups(is_causal, shape, form):
     o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, 0.125, *gluon_forward.FORMS[form],
                                                    warpgroups=3)
     assert_matches_reference(q, k, v, is_causal, 0.125, o, lse)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+def test_a_repeated_call_replays_its_launch():
+    """A second call like the first (shapes, strides, dtypes, options) replays the first's launch with its
+    own tensors: fresh values and key counts give their own O and L, within the float64 reference's bound.
+    A call with other strides ((B, N, H, D) memory), or with replays off, goes through Triton's launch."""
+    from flashtriton.cache import CACHE
+    from flashtriton.launch.runner import last_choice
+
+    def call(q, k, v, counts):
+        o, lse = gluon_forward.attention_forward_gluon(q, k, v, True, 0.125,
+                                                       seqused_k=torch.tensor(counts, dtype=torch.int32,
+                                                                              device=DEVICE))
+        for b, count in enumerate(counts):
+            one = slice(b, b + 1)
+            assert_matches_reference(q[one], k[one, :, :count], v[one, :, :count], True, 0.125, o[one], lse[one])
+        return last_choice("forward")
+
+    CACHE.reset()
+    torch.manual_seed(0)
+    first, second = (make_qkv(2, 4, 2, 97, 333, 128, torch.bfloat16, DEVICE, requires_grad=False) for _ in range(2))
+    assert not call(*first, [333, 130]).replayed
+    choice = call(*second, [17, 300])
+    assert choice.replayed and str(choice) == f"gluon-{gluon_forward.gluon_tiles(128)}", choice
+    bnhd = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in second]
+    assert not call(*bnhd, [17, 300]).replayed
+    CACHE.replays = False
+    try:
+        assert not call(*second, [300, 17]).replayed
+    finally:
+        CACHE.replays = True

@@ -363,10 +363,11 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
 
 @gluon.jit
 def attn_fwd_gluon_kernel(
-    # q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with a (1, 1, rows, D) box
-    # (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N) box); O like q (strides given), LSE
-    # (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv); SEQUSED_K (B,) int32 or None.
-    q_desc, k_desc, v_desc, O, LSE, DESCALE, SEQUSED_K,
+    # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv);
+    # SEQUSED_K (B,) int32 or None; q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA
+    # descriptors with a (1, 1, rows, D) box (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N)
+    # box). Tensors before descriptors, as launch/replay.py replays a recorded launch.
+    O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc,
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
     qk_scale_log2,

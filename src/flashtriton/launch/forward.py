@@ -23,9 +23,9 @@ from .arguments import (
 from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candidate_tile
 from .descriptors import attention_descriptors, tma_strides
 from .dropout import new_dropout_seed
-from .gluon_forward import attention_forward_gluon, gluon_forward_selected, gluon_tiles
+from .gluon_forward import attention_forward_gluon, gluon_forward_selected
 from .kernel_set import DEFAULT_KERNELS, Kernels
-from .runner import Choice, LaunchSpec, record_choice, replay_recorded, run
+from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, block_d, forward_config
 
 
@@ -47,7 +47,6 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if (config is None and kernels is None
             and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
             and gluon_forward_selected(q, k, v, is_causal)):
-        record_choice("forward", Choice((f"gluon-{gluon_tiles(q.shape[-1])}",)))
         return attention_forward_gluon(q, k, v, is_causal, scale, seqused_k=seqused_k)
     heads_q, seqlen_q, head_dim = q.shape[1:]
     o, lse = forward_outputs(q, packed=varlen is not None)

@@ -20,7 +20,9 @@ import os
 import torch
 
 from ..kernels.fp8_values import fp8_values_kernel
+from . import replay
 from .arguments import LOG2E, cdiv, cuda_properties, sm_count
+from .runner import LaunchSpec, replay_recorded, run
 
 BLOCK_M = 64
 BLOCK_N = 128
@@ -82,9 +84,9 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # 1.16x at 512 keys without a mask (0.91x with one; docs/performance.md, entry 55). At
 # D = 64 with three warpgroups, 1.08x without a mask at 4096 keys but 0.93x at 1024, and 0.89x with the
 # causal mask at 4096 (docs/performance.md, entries 46 and 49). And only for calls with at least
-# AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time): the Gluon launch builds three TMA descriptors
-# and binds its arguments on every call, where the Triton path replays a recorded launch, so a call whose
-# GPU time is shorter than the host's keeps the Triton path.
+# AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton path replayed a
+# recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
+# where the two paths now cross for small calls is not re-measured, so the bound stays.
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 4096}
 AUTO_MIN_WORK = 2 ** 33
 # A causal call's grid is persistent up to this many keys: at D = 128 in bf16, 1.02-1.08x one program per
@@ -108,9 +110,12 @@ def forward_path() -> str:
     return path_from_environment(FORWARD_PATH_VARIABLE, "forward")
 
 
-def gluon_tiles(head_dim: int) -> str:
-    """What attention_forward_gluon runs at this head dim, for logs."""
-    return f"M{BLOCK_M}x{WARPGROUPS[head_dim]}-N{BLOCK_N}-s{NUM_STAGES}-overlap"
+def gluon_tiles(head_dim: int, overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
+                stages: int = NUM_STAGES, warpgroups: int | None = None) -> str:
+    """What attention_forward_gluon runs with these arguments (by default, what it runs at this head dim),
+    for logs: e.g. M64x2-N128-s2-overlap."""
+    form = next(name for name, flags in FORMS.items() if flags == (overlap, pingpong))
+    return f"M{BLOCK_M}x{warpgroups or WARPGROUPS[head_dim]}-N{block_n}-s{stages}-{form}"
 
 
 def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
@@ -169,10 +174,10 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     max_registers, softmax_registers = REGISTERS[warpgroups]
     num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
-    args = (descriptor(q, BLOCK_M), descriptor(k, block_n),
-            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n), o, lse, descale, seqused_k,
-            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k,
-            num_m_blocks, num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
+    args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
+            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
+            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
+            num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
             softmax_registers, fp8)
     # Persistent, one program per SM (the stages' shared memory admits one), each looping over tiles;
     # but causal tiles differ in length, so the programs drift apart across heads, and past
@@ -190,16 +195,28 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                             seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
-    on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's."""
+    on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's. A call
+    like an earlier one (equal plan key: replay.py) replays that call's launch instead of going through
+    Triton's launch path and building its arguments again; what ran is last_choice("forward")."""
     from .forward import empty_in_order
 
     o = empty_in_order(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
+    tensors = {"gluon_fwd": ((o, lse, None, seqused_k), (q, k, v))}
+    key = None
+    if replay.replayable(q.device):
+        device, stream = replay.current_device_and_stream()
+        key = replay.plan_key(device, (q, k, v, seqused_k), "gluon", is_causal, scale, overlap, pingpong, block_n,
+                              stages, warpgroups)
+        if replay_recorded("forward", key, tensors, stream):
+            return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
                                                       stages, warpgroups, seqused_k=seqused_k)
-    kernel[grid](*args, **kwargs)
+    tiles = "gluon-" + gluon_tiles(q.shape[-1], overlap, pingpong, block_n, stages, warpgroups)
+    run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:7], args[7:], {},
+                                    kwargs, tiles)], ("gluon_fwd", ))
     return o, lse
 
 

@@ -60,11 +60,6 @@ def last_choice(entry: str) -> Choice | None:
     return CACHE.last.get(entry)
 
 
-def record_choice(entry: str, choice: Choice) -> None:
-    """Note what a call ran outside `run` (the Gluon forward), for last_choice."""
-    CACHE.last[entry] = choice
-
-
 def replay_recorded(entry: str, key, tensors: dict[str, tuple[tuple, tuple]], stream: int) -> bool:
     """Replay the plan recorded under `key` on `stream` (a raw CUDA stream handle) with this call's
     `tensors` ({launch name: (tensors, descriptor sources)}); False when there is none (or `key` is None:

@@ -1,0 +1,61 @@
+"""Eager time of small Gluon forwards at D = 128 on an sm_90 GPU: a repeated call replaying its recorded
+launch (the default) against the same call through Triton's launch path (CACHE.replays = False), with the
+CUDA-graph time (the GPU's alone) beside. Interleaved rounds, `do_bench` medians; prints one JSON line per
+shape. The provider measured first in a round reads a few percent slower on GPU-bound shapes, so
+`--order` swaps the two. docs/performance.md, entry 67.
+
+    PYTHONPATH=src python benchmarks/gluon_host.py [--order triton_first]
+"""
+
+import argparse
+import json
+import statistics
+
+import torch
+from triton.testing import do_bench, do_bench_cudagraph
+
+from flashtriton.cache import CACHE
+from flashtriton.launch import gluon_forward
+
+SHAPES = [(32, 16, 512, False), (16, 16, 1024, True), (1, 16, 1024, False), (4, 16, 4096, False)]
+
+
+def race(batch: int, heads: int, n: int, causal: bool, order: str, rounds: int) -> dict:
+    """One shape's medians, ms: replayed, through Triton's launch path, and from a CUDA graph."""
+    q, k, v = (torch.randn(batch, heads, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    torch.cuda.synchronize()
+
+    def replayed():
+        return gluon_forward.attention_forward_gluon(q, k, v, causal, 128 ** -0.5)
+
+    def triton_launch():
+        CACHE.replays = False
+        try:
+            return replayed()
+        finally:
+            CACHE.replays = True
+    providers = {"replayed": replayed, "triton_launch": triton_launch}
+    if order == "triton_first":
+        providers = dict(reversed(providers.items()))
+    for fn in providers.values():
+        fn()  # compile, and record the launch the replayed calls reuse
+    times = {name: [] for name in (*providers, "graph")}
+    for _ in range(rounds):
+        for name, fn in providers.items():
+            times[name].append(do_bench(fn, warmup=10, rep=40))
+        times["graph"].append(do_bench_cudagraph(replayed, rep=30))
+    return dict(shape=f"B{batch} H{heads} N{n} D128 {'causal' if causal else 'full'}", order=order,
+                ms={name: round(statistics.median(t), 4) for name, t in times.items()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--order", choices=("replayed_first", "triton_first"), default="replayed_first")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    for batch, heads, n, causal in SHAPES:
+        print(json.dumps(race(batch, heads, n, causal, args.order, args.rounds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
