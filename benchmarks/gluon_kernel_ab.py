@@ -1,0 +1,165 @@
+"""The Gluon kernels of this tree against an earlier commit's, on an sm_90 GPU: the earlier kernel file is
+loaded beside the current one and launched with the same launchers' arguments. Make the file first (the
+device copy of the tree has no .git), e.g.
+
+    git show 30e3a60:src/flashtriton/kernels/gluon_backward.py > benchmarks/base_kernel.py
+    PYTHONPATH=src python benchmarks/gluon_kernel_ab.py bwd benchmarks/base_kernel.py
+
+`bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel, with three Q/dO stages on the
+current one, the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the
+forward's overlapped form on each kernel (the earlier one launched directly, not replayed), the Triton
+forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`,
+medians; one JSON line per shape, with each provider's largest error against float32 SDPA (O, or dQ,
+dK, dV). docs/performance.md, entry 66.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import ab_runs
+from flashtriton.kernels import gluon_backward as backward_kernels
+from flashtriton.launch import gluon_backward, gluon_forward
+from flashtriton.launch.backward import attention_backward
+from flashtriton.launch.forward import attention_forward
+
+FORWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True),
+                  (8, 16, 2048, 128, True), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
+                  (4, 32, 4096, 64, False), (4, 32, 4096, 64, True), (8, 16, 2048, 64, True), (1, 16, 16384, 64, True)]
+BACKWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True),
+                   (8, 16, 2048, 128, False), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
+                   (32, 16, 512, 128, False), (4, 32, 4096, 64, False), (4, 32, 4096, 64, True),
+                   (1, 16, 16384, 64, True)]
+
+
+def load_kernel(path: str, name: str):
+    """The @gluon.jit function `name` of the kernel file at `path`."""
+    spec = importlib.util.spec_from_file_location("base_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["base_kernels"] = module
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def swapped(module, name: str, kernel, fn):
+    """fn, run with module.name replaced by `kernel` (the launchers import the kernel when they launch)."""
+    def run():
+        saved = getattr(module, name)
+        setattr(module, name, kernel)
+        try:
+            return fn()
+        finally:
+            setattr(module, name, saved)
+    return run
+
+
+def with_env(variable: str, value: str, fn):
+    def run():
+        saved = os.environ.get(variable)
+        os.environ[variable] = value
+        try:
+            return fn()
+        finally:
+            if saved is None:
+                del os.environ[variable]
+            else:
+                os.environ[variable] = saved
+    return run
+
+
+def largest_error(x: torch.Tensor, reference: torch.Tensor) -> float:
+    return float(f"{(x.float() - reference).abs().max().item():.1e}")
+
+
+def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,
+                 rounds: int) -> dict:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    scale = head_dim ** -0.5
+
+    def form(turns: bool):
+        return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns)
+
+    def base_form(turns: bool):
+        def run():
+            o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
+            kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, turns)
+            if base.arg_names[0] == "q_desc":  # before 1f6f5dd the kernel took its descriptors first
+                args = (*args[4:7], *args[:4], *args[7:])
+            base[grid](*args, **kwargs)
+            return o, lse
+        return run
+    providers = {"base": base_form(False), "current": form(False)}
+    if pingpong:
+        providers.update(base_pingpong=base_form(True), current_pingpong=form(True))
+    providers.update(triton=with_env(gluon_forward.FORWARD_PATH_VARIABLE, "triton",
+                                     lambda: attention_forward(q, k, v, causal, scale)))
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    errors = {name: largest_error(fn()[0], reference) for name, fn in providers.items()}
+    providers["cudnn"] = ab_runs.cudnn(q, k, v, causal)
+    flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, rounds),
+                              err=errors)
+
+
+def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: bool, rounds: int) -> dict:
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = head_dim ** -0.5
+    o, lse = attention_forward(q, k, v, causal, scale)
+
+    def backward(stages: int = gluon_backward.NUM_STAGES):
+        def run():
+            saved = gluon_backward.gluon_dkdv_launch.__defaults__
+            gluon_backward.gluon_dkdv_launch.__defaults__ = (None, stages)  # (dq_acc, stages)
+            try:
+                return attention_backward(do, q, k, v, o, lse, causal, scale)
+            finally:
+                gluon_backward.gluon_dkdv_launch.__defaults__ = saved
+        return run
+    on = gluon_backward.BACKWARD_PATH_VARIABLE
+    providers = {"base": with_env(on, "gluon", swapped(backward_kernels, "attn_bwd_dkdv_gluon_kernel", base,
+                                                       backward())),
+                 "current": with_env(on, "gluon", backward()), "current_3_stages": with_env(on, "gluon", backward(3)),
+                 "triton": with_env(on, "triton", backward())}
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    grads = torch.autograd.grad(F.scaled_dot_product_attention(*reference, is_causal=causal), reference, do.float())
+    errors = {name: [largest_error(g, r) for g, r in zip(fn(), grads, strict=True)] for name, fn in providers.items()}
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o_cudnn = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    providers["cudnn"] = lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True)
+    flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, rounds),
+                              err=errors)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("fwd", "bwd"))
+    parser.add_argument("base", help="the earlier commit's kernels/gluon_forward.py (fwd) or gluon_backward.py (bwd)")
+    parser.add_argument("--pingpong", action="store_true", help="fwd: also each kernel's ping-pong form")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shapes", default=None, help="indices into the mode's shapes (default: all)")
+    args = parser.parse_args()
+    shapes = FORWARD_SHAPES if args.mode == "fwd" else BACKWARD_SHAPES
+    if args.shapes is not None:
+        shapes = [shapes[int(i)] for i in args.shapes.split(",")]
+    if args.mode == "fwd":
+        base = load_kernel(args.base, "attn_fwd_gluon_kernel")
+        lines = (race_forward(base, args.pingpong, *shape, args.rounds) for shape in shapes)
+    else:
+        base = load_kernel(args.base, "attn_bwd_dkdv_gluon_kernel")
+        lines = (race_backward(base, *shape, args.rounds) for shape in shapes)
+    for line in lines:
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
