@@ -106,9 +106,10 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
 
 @gluon.jit
 def _dq_products(ds_smem, k_smem, buf, WG: gl.constexpr, dq_layout: gl.constexpr):
-    """Issue warpgroup WG's share of one query block's dQ: once both warpgroups' dS^T are in ds_smem (buffer
-    count % 2), dQ[:, WG's half of D] = dS K over the program's keys (each warpgroup's dS^T rows read
-    transposed, against its tile of K's columns of that half). Asynchronous: the caller waits."""
+    """Issue warpgroup WG's share of one query block's dQ, dQ[:, WG's half of D] = dS K over the program's
+    keys (each warpgroup's dS^T rows in buffer `buf` of ds_smem, read transposed, against its tile of K's
+    columns of that half); the caller has met the other warpgroup at DS_BARRIER, so both halves are in.
+    Asynchronous: the caller waits."""
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
@@ -201,9 +202,10 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
             dst = pt * (dpt - delta[None, :])
             dst_op = gl.convert_layout(dst.to(dtype), a_layout)
             if DQ_ATOMIC:
-                # dS^T into this warpgroup's rows of the block's buffer, once the other warpgroup has read
-                # what it held two blocks ago; once both halves are in, dQ's products are queued ahead of
-                # dK's, so that dQ's trip to the reduction (_add_dq) runs while dK's product does.
+                # dS^T into this warpgroup's rows of the block's buffer (the other warpgroup's products read
+                # what it held two blocks ago before that warpgroup reached the last block's barrier); once
+                # both halves are in, dQ's products are queued ahead of dK's, so that dQ's trip to the
+                # reduction (_add_dq) runs while dK's product does.
                 buf = count % 2
                 ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst.to(dtype))
                 fence_async_shared()
