@@ -96,6 +96,15 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * gluon_backward.WARPGROUPS) * 32 <= 65536, r
         assert r["shared_bytes"] <= 227 * 1024, r
+    # dQ's form meets its two compute warpgroups at named barrier DS_BARRIER; Triton's warp specialisation
+    # numbers its own barriers from the bottom, so the form without dQ must not already use that id.
+    from flashtriton.kernels.gluon_backward import DS_BARRIER
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            plain, atomic = ([r for r in reports if (r["head_dim"], r["causal"]) == (head_dim, causal)
+                              and r["config"].endswith("-dq-atomic") == a][0] for a in (False, True))
+            assert DS_BARRIER.value not in plain["barriers"], plain
+            assert set(atomic["barriers"]) == {*plain["barriers"], DS_BARRIER.value}, (plain, atomic)
 
 
 def test_backward_path_variable(monkeypatch):

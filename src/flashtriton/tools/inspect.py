@@ -111,6 +111,9 @@ class KernelReport:
     register_reallocations: int  # USETMAXREG in the SASS: warp-specialised partitions trading registers
     f2f: int  # F2F in the SASS: float conversions on the SM's slow conversion unit (16 per clock)
     sass_sha1: str  # of the SASS without the kernel's name: equal hashes, same machine code (--json only)
+    # The named-barrier ids the SASS syncs or arrives on (BAR.SYNC/ARV/RED with an immediate id): Triton's
+    # warp specialisation's own, and those a Gluon kernel names (kernels/gluon_barriers.py) (--json only).
+    barriers: tuple[int, ...] = ()
 
 
 def _resource_usage(cubin: bytes) -> dict[str, int]:
@@ -136,6 +139,10 @@ def _wgmma_serialized(ptx: str) -> bool:
     return "C7515" in out.stdout + out.stderr
 
 
+# A barrier instruction with an immediate id (`BAR.SYNC.DEFER_BLOCKING 0x2, 0x80;`, `BAR.ARV 0xf, 0x100;`).
+_NAMED_BARRIER = re.compile(r"\bBAR\.(?:SYNC|ARV|RED)[\w.]*\s+(0x[0-9a-f]+|\d+)\b")
+
+
 def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool, config: str) -> KernelReport:
     usage = _resource_usage(compiled.asm["cubin"])
     sass = compiled.asm["sass"]
@@ -145,7 +152,8 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
                         _wgmma_serialized(compiled.asm["ptx"]), len(re.findall(r"\bUSETMAXREG\b", sass)),
                         len(re.findall(r"\bF2F\.", sass)),
-                        hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12])
+                        hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12],
+                        tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})))
 
 
 def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
