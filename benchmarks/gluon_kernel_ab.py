@@ -5,8 +5,9 @@ device copy of the tree has no .git), e.g.
     git show 30e3a60:src/flashtriton/kernels/gluon_backward.py > benchmarks/base_kernel.py
     PYTHONPATH=src python benchmarks/gluon_kernel_ab.py bwd benchmarks/base_kernel.py
 
-`bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel, with three Q/dO stages on the
-current one, the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the
+`bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel, and on the current one with
+three Q/dO stages, with L and D through TMA, and at D = 64 also with 128-row query blocks; the Triton
+backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the
 forward's overlapped form on each kernel (the earlier one launched directly, not replayed), the Triton
 forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`,
 medians; one JSON line per shape, with each provider's largest error against float32 SDPA (O, or dQ,
@@ -24,7 +25,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
-from flashtriton.kernels import gluon_backward as backward_kernels
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.launch.backward import attention_backward
 from flashtriton.launch.forward import attention_forward
@@ -114,20 +114,30 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
     scale = head_dim ** -0.5
     o, lse = attention_forward(q, k, v, causal, scale)
 
-    def backward(stages: int = gluon_backward.NUM_STAGES):
+    def backward(stages: int = gluon_backward.NUM_STAGES, block_m: int = gluon_backward.BLOCK_M,
+                 stats_through_tma: bool = False):
         def run():
             saved = gluon_backward.gluon_dkdv_launch.__defaults__
-            gluon_backward.gluon_dkdv_launch.__defaults__ = (None, stages)  # (dq_acc, stages)
+            gluon_backward.gluon_dkdv_launch.__defaults__ = (None, stages, block_m, stats_through_tma)
             try:
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
             finally:
                 gluon_backward.gluon_dkdv_launch.__defaults__ = saved
         return run
+    launch = gluon_backward.gluon_dkdv_launch
+
+    def base_launch(*args, **kwargs):
+        _, grid, arguments, options = launch(*args, **kwargs)
+        if "lse_desc" not in base.arg_names:  # a kernel from before the statistics-through-TMA form
+            arguments = (*arguments[:5], *arguments[7:])
+        return base, grid, arguments, options
     on = gluon_backward.BACKWARD_PATH_VARIABLE
-    providers = {"base": with_env(on, "gluon", swapped(backward_kernels, "attn_bwd_dkdv_gluon_kernel", base,
-                                                       backward())),
+    providers = {"base": with_env(on, "gluon", swapped(gluon_backward, "gluon_dkdv_launch", base_launch, backward())),
                  "current": with_env(on, "gluon", backward()), "current_3_stages": with_env(on, "gluon", backward(3)),
+                 "stats_tma": with_env(on, "gluon", backward(stats_through_tma=True)),
                  "triton": with_env(on, "triton", backward())}
+    if head_dim == 64:  # FlashAttention-4's tile there, which needs L and D out of the registers
+        providers["m128_stats_tma"] = with_env(on, "gluon", backward(block_m=128, stats_through_tma=True))
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
     grads = torch.autograd.grad(F.scaled_dot_product_attention(*reference, is_causal=causal), reference, do.float())

@@ -73,10 +73,11 @@ def _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, IS_CA
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty,
-                    num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL: gl.constexpr):
+def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
+                    stats_smem, kv_ready, ready, empty, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
+                    IS_CAUSAL: gl.constexpr):
     """K and V of every compute warpgroup's 64 keys once, then Q and dO of each query block of each query
-    head of the group, into the ring."""
+    head of the group, into the ring (with `lse_desc`, the block's L * log2(e) and D beside them)."""
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -96,7 +97,14 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_
             # A fresh mbarrier counts as having completed the phase before its first: the first pass
             # through the ring does not wait.
             mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes)
+            if lse_desc is not None:
+                mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
+                                                stats_smem.index(2 * stage))
+                tma.async_copy_global_to_shared(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
+                                                stats_smem.index(2 * stage + 1))
+            else:
+                mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
                                             q_smem.index(stage))
             tma.async_copy_global_to_shared(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
@@ -136,11 +144,12 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, scale, WG: gl.constexpr)
 
 
 @gluon.jit
-def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+                       STATS_TMA: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     half of dQ's columns over all the program's keys (_add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
-    (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, LSE2,
+    (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, LSE2,
      DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
      num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
@@ -185,10 +194,16 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
             st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
             queries = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=query_cols)
-            # Rows past Nq read L = +inf: P = 0 there, whatever TMA's zero-filled Q gives. Loaded while the
-            # products run.
-            lse2 = gl.load(LSE2 + stats + queries, mask=queries < seqlen_q, other=float("inf"))
+            if not STATS_TMA:
+                # Rows past Nq read L = +inf: P = 0 there, whatever TMA's zero-filled Q gives. Loaded while
+                # the products run.
+                lse2 = gl.load(LSE2 + stats + queries, mask=queries < seqlen_q, other=float("inf"))
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
+            if STATS_TMA:
+                # From the ring, read where used: 32 registers each for L and D at 128-row blocks
+                # otherwise. Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there,
+                # but dO = 0 and dP = 0, so nothing reaches dV, dK or (clipped) dQ.
+                lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
             pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
             if IS_CAUSAL:
                 # Only the blocks that cross the diagonal are masked: the others skip the comparisons.
@@ -197,8 +212,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
                     pt = gl.where(visible, pt, 0.0)
             pt_op = gl.convert_layout(pt.to(dtype), a_layout)
             dv = warpgroup_mma(pt_op, do, dv, is_async=True)
-            delta = gl.load(DELTA + stats + queries, mask=queries < seqlen_q, other=0.0)
+            if not STATS_TMA:
+                delta = gl.load(DELTA + stats + queries, mask=queries < seqlen_q, other=0.0)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
+            if STATS_TMA:
+                delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
             dst = pt * (dpt - delta[None, :])
             dst_op = gl.convert_layout(dst.to(dtype), a_layout)
             if DQ_ATOMIC:
@@ -235,9 +253,10 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
 @gluon.jit
 def attn_bwd_dkdv_gluon_kernel(
     # q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with (1, 1, rows,
-    # D) boxes; LSE2 (L * log2(e)) and DELTA (rowsum(dO * O)) float32 (B, Hq, rows padded to stats_stride);
-    # DK and DV like k and v (strides given).
-    q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DELTA, DK, DV,
+    # D) boxes; LSE2 (L * log2(e)) and DELTA (rowsum(dO * O)) float32 (B, Hq, rows padded to stats_stride),
+    # and optionally lse_desc and delta_desc over them, (1, 1, BLOCK_M) boxes (then they come through the
+    # ring); DK and DV like k and v (strides given).
+    q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, LSE2, DELTA, DK, DV,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
@@ -262,6 +281,13 @@ def attn_bwd_dkdv_gluon_kernel(
     # dQ on its way to the reduction (token 8 x 8 slots when DQ_ATOMIC is off).
     DS_ROWS: gl.constexpr = WARPGROUPS * KEYS if DQ_ATOMIC else 8
     DS_COLS: gl.constexpr = BLOCK_M if DQ_ATOMIC else 8
+    # With lse_desc and delta_desc, L * log2(e) and D come through the ring too, a stage's pair side by side.
+    STATS_TMA: gl.constexpr = lse_desc is not None
+    if STATS_TMA:
+        stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, BLOCK_M], lse_desc.layout)
+    else:  # a token
+        stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, 8],
+                                               gl.NVMMASharedLayout.get_default_for([1, 1, 8], gl.float32))
     ds_smem = gl.allocate_shared_memory(dtype, [2, DS_ROWS, DS_COLS],
                                         gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
     if DQ_ATOMIC:
@@ -281,14 +307,14 @@ def attn_bwd_dkdv_gluon_kernel(
     # The default partition (the kernel's num_warps = 4) loads; the workers compute, with COMPUTE_REGS
     # registers per thread (what they leave goes to the loader). Triton 3.6 takes the partitions as a
     # literal list (gluon_forward.py says why).
-    loads = (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty, num_n_blocks,
-             num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
-    shared = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
+    loads = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem,
+             kv_ready, ready, empty, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
+    shared = (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
               LSE2, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
               stats_stride, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, loads),
-                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC))],
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, STATS_TMA)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, STATS_TMA))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

@@ -60,12 +60,17 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
 
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
-                      dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES) -> tuple:
+                      dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES, block_m: int = BLOCK_M,
+                      stats_through_tma: bool = False) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched by attention_dkdv_gluon, compiled offline by tools/inspect.py. With `dq_acc` (float32
     (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ * scale into it by TMA reductions (its
-    DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms)."""
+    DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms). `block_m`:
+    the query rows per block (64; 128 is FlashAttention-4's tile at D = 64); `stats_through_tma`: L and D
+    come through the loader's ring instead of each compute warpgroup's loads, which at 128-row blocks
+    keeps their 32 registers apiece out of the loop (docs/performance.md, entry 68). Both are A/B forms,
+    compiled offline and not yet run on a GPU: the library runs the defaults."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -88,10 +93,15 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
     dq_desc = None
     if dq_acc is not None:  # each compute warpgroup reduces half of D
-        box = [1, 1, BLOCK_M, head_dim // WARPGROUPS]
+        box = [1, 1, block_m, head_dim // WARPGROUPS]
         dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
-    args = (descriptor(q, BLOCK_M), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, BLOCK_M), dq_desc, lse2,
-            delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2),
+    stats_descs = (None, None)
+    if stats_through_tma:
+        box = [1, 1, block_m]
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+        stats_descs = tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
+    args = (descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m), dq_desc,
+            *stats_descs, lse2, delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2),
             num_n_blocks, kv_heads, heads // kv_heads, seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages,
             is_causal, dq_acc is not None, compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
