@@ -194,7 +194,7 @@ def test_backward_forms_with_statistics_through_tma(monkeypatch, head_dim, block
     checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
                                     q, k, v, is_causal)
     assert all(c.ok for c in checks), checks
-    assert calls == [True], calls
+    assert calls and all(calls), calls  # the form ran, with dQ by its reductions
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
