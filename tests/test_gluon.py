@@ -232,6 +232,18 @@ def test_backward_without_dq_takes_the_gluon_kernel_alone(monkeypatch, is_causal
     assert torch.equal(dk_alone, dk) and torch.equal(dv_alone, dv)
 
 
+@pytest.mark.parametrize("head_dim, block_m", [(128, 128), (64, 96)])
+def test_backward_launch_rejects_query_blocks_it_cannot_hold(head_dim, block_m):
+    """The launcher's A/B option: 128-row query blocks only at D = 64 (at D = 128 the stages would not fit in
+    shared memory), and no size but 64 and 128: a ValueError naming the value, not a compile failure."""
+    from flashtriton.launch.backward import statistics_buffer
+
+    q = torch.randn(1, 2, 64, head_dim, dtype=torch.bfloat16)
+    lse2, delta = statistics_buffer(torch.empty(1, 2, 64))
+    with pytest.raises(ValueError, match=f"block_m must be 64, or 128 at head dim 64.*got {block_m}"):
+        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1, block_m=block_m)
+
+
 def test_supports():
     q, k, v = make_qkv(1, 4, 2, 40, 50, 64, torch.bfloat16, "cpu", requires_grad=False)
     # (on CPU the device check does not apply: only compiled there)

@@ -89,6 +89,9 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
                                or not dq_acc.is_contiguous()):
         raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
                          f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
+    if block_m not in (64, 128) or (block_m == 128 and head_dim != 64):
+        raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), got {block_m} at head dim "
+                         f"{head_dim}")
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
     dq_desc = None
