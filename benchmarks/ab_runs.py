@@ -1,11 +1,15 @@
-"""What the A/B scripts beside it share (gluon_grid_ab.py, gluon_backward_ab.py, fp8_forward.py): providers
-timed in interleaved rounds, a shape's JSON line, and the command line that picks shapes. Run as scripts
+"""What the A/B scripts beside it share (gluon_grid_ab.py, gluon_backward_ab.py, gluon_kernel_ab.py,
+fp8_forward.py, the decode scripts): providers timed in interleaved rounds, a shape's JSON line, the
+command line that picks shapes, and the peers and references they race against. Run as scripts
 (`python benchmarks/<name>.py`), they import this from their own folder."""
 
 import argparse
 import json
+import os
 import statistics
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -58,3 +62,38 @@ def cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fals
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     return call
+
+
+def inside(context: Callable[[], AbstractContextManager], fn: Callable) -> Callable:
+    """fn as a provider that runs inside a fresh `context()` each call: e.g. a path forced by
+    `lambda: mock.patch.dict(os.environ, {variable: value})`, or a kernel swapped in by mock.patch.object."""
+    def run():
+        with context():
+            return fn()
+    return run
+
+
+def on_path(variable: str, path: str, fn: Callable) -> Callable:
+    """fn with the environment variable that picks a path (FLASHTRITON_FORWARD, FLASHTRITON_BACKWARD) set
+    to `path` while it runs."""
+    return inside(lambda: mock.patch.dict(os.environ, {variable: path}), fn)
+
+
+def largest_error(x: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest absolute difference, to two digits, as the scripts' JSON lines report it."""
+    return float(f"{(x.float() - reference).abs().max().item():.1e}")
+
+
+def float32_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> tuple:
+    """(dQ, dK, dV) of SDPA in float32 on (B, H, N, D) inputs: the reference the backward scripts' errors are
+    taken against."""
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    return torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=causal), leaves, do.float())
+
+
+def cudnn_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> Callable:
+    """cuDNN's backward (through SDPA's autograd graph, built once) on these inputs, as a provider."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)

@@ -11,11 +11,7 @@ docs/performance.md, entry 57.
     PYTHONPATH=src python benchmarks/gluon_backward_ab.py [--shapes 0,2]
 """
 
-import os
-
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton.launch import gluon_backward
@@ -30,17 +26,7 @@ SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 12
 
 def on_path(path: str, fn):
     """fn with FLASHTRITON_BACKWARD set to `path` while it runs."""
-    def run():
-        saved = os.environ.get(gluon_backward.BACKWARD_PATH_VARIABLE)
-        os.environ[gluon_backward.BACKWARD_PATH_VARIABLE] = path
-        try:
-            return fn()
-        finally:
-            if saved is None:
-                del os.environ[gluon_backward.BACKWARD_PATH_VARIABLE]
-            else:
-                os.environ[gluon_backward.BACKWARD_PATH_VARIABLE] = saved
-    return run
+    return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, fn)
 
 
 def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
@@ -58,21 +44,16 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
             return backward()
         finally:
             torch.use_deterministic_algorithms(False)
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        o_cudnn = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-
     providers = {"triton": on_path("triton", backward), "gluon": on_path("gluon", backward),
                  "triton_dkdv": on_path("triton", lambda: backward((False, True, True))),
                  "gluon_det": on_path("gluon", deterministic),
                  "gluon_dkdv": on_path("gluon", lambda: backward((False, True, True))),
-                 "cudnn": lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True)}
-    reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    grads = torch.autograd.grad(F.scaled_dot_product_attention(*reference, is_causal=causal), reference, do.float())
+                 "cudnn": ab_runs.cudnn_backward(q, k, v, do, causal)}
+    grads = ab_runs.float32_gradients(q, k, v, do, causal)
     errors = {}
     for path in ("triton", "gluon", "gluon_det"):
         dq, dk, dv = providers[path]()
-        errors[path] = {name: float(f"{(g.float() - r).abs().max().item():.1e}")
+        errors[path] = {name: ab_runs.largest_error(g, r)
                         for name, g, r in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, strict=True)}
     flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
     return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, ROUNDS),

@@ -10,10 +10,12 @@ shape. The provider measured first in a round reads a few percent slower on GPU-
 import argparse
 import json
 import statistics
+from unittest import mock
 
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
+import ab_runs
 from flashtriton.cache import CACHE
 from flashtriton.launch import gluon_forward
 
@@ -28,13 +30,8 @@ def race(batch: int, heads: int, n: int, causal: bool, order: str, rounds: int) 
     def replayed():
         return gluon_forward.attention_forward_gluon(q, k, v, causal, 128 ** -0.5)
 
-    def triton_launch():
-        CACHE.replays = False
-        try:
-            return replayed()
-        finally:
-            CACHE.replays = True
-    providers = {"replayed": replayed, "triton_launch": triton_launch}
+    providers = {"replayed": replayed,
+                 "triton_launch": ab_runs.inside(lambda: mock.patch.object(CACHE, "replays", False), replayed)}
     if order == "triton_first":
         providers = dict(reversed(providers.items()))
     for fn in providers.values():

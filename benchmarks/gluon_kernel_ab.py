@@ -15,14 +15,14 @@ dK, dV). docs/performance.md, entry 66.
 """
 
 import argparse
+import functools
 import importlib.util
 import json
-import os
 import sys
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton.launch import gluon_backward, gluon_forward
@@ -47,36 +47,6 @@ def load_kernel(path: str, name: str):
     return getattr(module, name)
 
 
-def swapped(module, name: str, kernel, fn):
-    """fn, run with module.name replaced by `kernel` (the launchers import the kernel when they launch)."""
-    def run():
-        saved = getattr(module, name)
-        setattr(module, name, kernel)
-        try:
-            return fn()
-        finally:
-            setattr(module, name, saved)
-    return run
-
-
-def with_env(variable: str, value: str, fn):
-    def run():
-        saved = os.environ.get(variable)
-        os.environ[variable] = value
-        try:
-            return fn()
-        finally:
-            if saved is None:
-                del os.environ[variable]
-            else:
-                os.environ[variable] = saved
-    return run
-
-
-def largest_error(x: torch.Tensor, reference: torch.Tensor) -> float:
-    return float(f"{(x.float() - reference).abs().max().item():.1e}")
-
-
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,
                  rounds: int) -> dict:
     torch.manual_seed(0)
@@ -98,10 +68,10 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
     providers = {"base": base_form(False), "current": form(False)}
     if pingpong:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True))
-    providers.update(triton=with_env(gluon_forward.FORWARD_PATH_VARIABLE, "triton",
-                                     lambda: attention_forward(q, k, v, causal, scale)))
+    providers.update(triton=ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, "triton",
+                                            lambda: attention_forward(q, k, v, causal, scale)))
     reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-    errors = {name: largest_error(fn()[0], reference) for name, fn in providers.items()}
+    errors = {name: ab_runs.largest_error(fn()[0], reference) for name, fn in providers.items()}
     providers["cudnn"] = ab_runs.cudnn(q, k, v, causal)
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
     return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, rounds),
@@ -114,16 +84,6 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
     scale = head_dim ** -0.5
     o, lse = attention_forward(q, k, v, causal, scale)
 
-    def backward(stages: int = gluon_backward.NUM_STAGES, block_m: int = gluon_backward.BLOCK_M,
-                 stats_through_tma: bool = False):
-        def run():
-            saved = gluon_backward.gluon_dkdv_launch.__defaults__
-            gluon_backward.gluon_dkdv_launch.__defaults__ = (None, stages, block_m, stats_through_tma)
-            try:
-                return attention_backward(do, q, k, v, o, lse, causal, scale)
-            finally:
-                gluon_backward.gluon_dkdv_launch.__defaults__ = saved
-        return run
     launch = gluon_backward.gluon_dkdv_launch
 
     def base_launch(*args, **kwargs):
@@ -131,20 +91,22 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
         if "lse_desc" not in base.arg_names:  # a kernel from before the statistics-through-TMA form
             arguments = (*arguments[:5], *arguments[7:])
         return base, grid, arguments, options
-    on = gluon_backward.BACKWARD_PATH_VARIABLE
-    providers = {"base": with_env(on, "gluon", swapped(gluon_backward, "gluon_dkdv_launch", base_launch, backward())),
-                 "current": with_env(on, "gluon", backward()), "current_3_stages": with_env(on, "gluon", backward(3)),
-                 "stats_tma": with_env(on, "gluon", backward(stats_through_tma=True)),
-                 "triton": with_env(on, "triton", backward())}
+
+    def backward(path: str = "gluon", launcher=launch, **form):
+        """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
+        options)."""
+        def run():
+            with mock.patch.object(gluon_backward, "gluon_dkdv_launch", functools.partial(launcher, **form)):
+                return attention_backward(do, q, k, v, o, lse, causal, scale)
+        return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
+    providers = {"base": backward(launcher=base_launch), "current": backward(), "current_3_stages": backward(stages=3),
+                 "stats_tma": backward(stats_through_tma=True), "triton": backward("triton")}
     if head_dim == 64:  # FlashAttention-4's tile there, which needs L and D out of the registers
-        providers["m128_stats_tma"] = with_env(on, "gluon", backward(block_m=128, stats_through_tma=True))
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    grads = torch.autograd.grad(F.scaled_dot_product_attention(*reference, is_causal=causal), reference, do.float())
-    errors = {name: [largest_error(g, r) for g, r in zip(fn(), grads, strict=True)] for name, fn in providers.items()}
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        o_cudnn = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    providers["cudnn"] = lambda: torch.autograd.grad(o_cudnn, leaves, do, retain_graph=True)
+        providers["m128_stats_tma"] = backward(block_m=128, stats_through_tma=True)
+    grads = ab_runs.float32_gradients(q, k, v, do, causal)
+    errors = {name: [ab_runs.largest_error(g, r) for g, r in zip(fn(), grads, strict=True)]
+              for name, fn in providers.items()}
+    providers["cudnn"] = ab_runs.cudnn_backward(q, k, v, do, causal)
     flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
     return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, rounds),
                               err=errors)
