@@ -84,8 +84,7 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
     warpgroups' 240 registers hold dK and dV (128 between them) besides S^T and dP^T: ptxas spills a
     little there (48-64 bytes on Triton 3.6), bounded here, to be weighed on the H200."""
     reports = [r for r in reports if r["kernel"] == "attn_bwd_dkdv_gluon_kernel"]
-    forms = [(r["head_dim"], r["causal"], r["config"].split("-", 4)[4] if r["config"].count("-") > 3 else "")
-             for r in reports]
+    forms = [(r["head_dim"], r["causal"], "".join(r["config"].split("-", 4)[4:])) for r in reports]
     assert sorted(forms) == sorted([(d, c, f) for d in (64, 128) for c in (False, True) for f in ("", "dq-atomic")]
                                    + [(64, c, "stats-tma-dq-atomic") for c in (False, True)]), forms
     for r in reports:
