@@ -1,13 +1,14 @@
-"""The Gluon kernels of this tree against an earlier commit's, on an sm_90 GPU: the earlier kernel file is
+r"""The Gluon kernels of this tree against an earlier commit's, on an sm_90 GPU: the earlier kernel file is
 loaded beside the current one and launched with the same launchers' arguments. Make the file first (the
 device copy of the tree has no .git), e.g.
 
-    git show 30e3a60:src/flashtriton/kernels/gluon_backward.py > benchmarks/base_kernel.py
+    git show 27b6e9f:src/flashtriton/kernels/gluon_backward.py | sed 's/^from \./from flashtriton.kernels./' \
+        > benchmarks/base_kernel.py
     PYTHONPATH=src python benchmarks/gluon_kernel_ab.py bwd benchmarks/base_kernel.py
 
-`bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel, and on the current one with
-three Q/dO stages, with L and D through TMA, and at D = 64 also with 128-row query blocks; the Triton
-backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the
+`bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one in its default
+form at 64-row query blocks), on the current one also with three Q/dO stages and at D = 64 with 64-row
+query blocks; the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the
 forward's overlapped form on each kernel (the earlier one launched directly, not replayed), the Triton
 forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`,
 medians; one JSON line per shape, with each provider's largest error against float32 SDPA (O, or dQ,
@@ -34,8 +35,9 @@ FORWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 1
                   (4, 32, 4096, 64, False), (4, 32, 4096, 64, True), (8, 16, 2048, 64, True), (1, 16, 16384, 64, True)]
 BACKWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True),
                    (8, 16, 2048, 128, False), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
-                   (32, 16, 512, 128, False), (4, 32, 4096, 64, False), (4, 32, 4096, 64, True),
-                   (1, 16, 16384, 64, True)]
+                   (32, 16, 512, 128, False), (8, 16, 2048, 128, True), (4, 32, 4096, 64, False),
+                   (4, 32, 4096, 64, True), (1, 16, 16384, 64, True), (8, 16, 2048, 64, False),
+                   (16, 16, 1024, 64, False), (8, 16, 2048, 64, True)]
 
 
 def load_kernel(path: str, name: str):
@@ -86,11 +88,13 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
 
     launch = gluon_backward.gluon_dkdv_launch
 
-    def base_launch(*args, **kwargs):
-        _, grid, arguments, options = launch(*args, **kwargs)
-        if "lse_desc" not in base.arg_names:  # a kernel from before the statistics-through-TMA form
-            arguments = (*arguments[:5], *arguments[7:])
-        return base, grid, arguments, options
+    def base_launch(q, k, v, do, lse2, delta, *args, **kwargs):
+        """The earlier kernel in its default form (64-row query blocks, L and D loaded by the compute
+        warpgroups), its arguments matched to the current ones by name."""
+        kernel, grid, arguments, options = launch(q, k, v, do, lse2, delta, *args, block_m=64, **kwargs)
+        named = dict(zip(kernel.arg_names, arguments, strict=True))
+        named.update(lse_desc=None, delta_desc=None, LSE2=lse2, DELTA=delta, stats_stride=lse2.stride(-2))
+        return base, grid, tuple(named[name] for name in base.arg_names), options
 
     def backward(path: str = "gluon", launcher=launch, **form):
         """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
@@ -100,9 +104,9 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
     providers = {"base": backward(launcher=base_launch), "current": backward(), "current_3_stages": backward(stages=3),
-                 "stats_tma": backward(stats_through_tma=True), "triton": backward("triton")}
-    if head_dim == 64:  # FlashAttention-4's tile there, which needs L and D out of the registers
-        providers["m128_stats_tma"] = backward(block_m=128, stats_through_tma=True)
+                 "triton": backward("triton")}
+    if head_dim == 64:  # the current kernel at the earlier 64-row query blocks
+        providers["current_m64"] = backward(block_m=64)
     grads = ab_runs.float32_gradients(q, k, v, do, causal)
     errors = {name: [ab_runs.largest_error(g, r) for g, r in zip(fn(), grads, strict=True)]
               for name, fn in providers.items()}

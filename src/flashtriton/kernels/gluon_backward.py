@@ -6,8 +6,9 @@ like the forward they leave the elementwise work between their matrix products e
 split by role, as in the Gluon forward (gluon_forward.py):
 
 - the load partition (4 warps) brings each compute warpgroup's K and V once, then streams the query
-  side, block by block of BLOCK_M query rows: Q and dO together into a ring of NUM_STAGES stages, each
-  guarded by mbarriers (ready: the bytes have landed; empty: every compute warpgroup is done with them);
+  side, block by block of BLOCK_M query rows: Q and dO, with the rows' L and D, into a ring of NUM_STAGES
+  stages, each guarded by mbarriers (ready: the bytes have landed; empty: every compute warpgroup is done
+  with them);
 - WARPGROUPS compute partitions (4 warps each) own 64 keys each, resident in shared memory, with their
   dK and dV accumulators (64 x D fp32 each) in registers for the whole loop. Per query block, with the
   keys as rows (so that P^T and dS^T come out of the first products as the A operands of the next):
@@ -22,8 +23,9 @@ split by role, as in the Gluon forward (gluon_forward.py):
   float32 buffer by a TMA reduction (_add_dq).
 
 Semantics are the Triton backward's: causal masks align to the bottom-right corner; rows past Nq read
-L = +inf (P = 0) and keys past Nk are computed but not stored (TMA zero-fills them); a row that saw no
-key (L = -inf) is masked out by the causal mask, which is the only way it arises. GQA: a key tile's
+zeros for Q, dO, L and D (P = 1 there, but dP = 0 and dO = 0: nothing reaches the gradients), and keys
+past Nk are computed but not stored (TMA zero-fills them); a row that saw no key (L = -inf) is masked out
+by the causal mask, which is the only way it arises. GQA: a key tile's
 program loops over the query heads of its group, so dK and dV have one writer each.
 """
 
@@ -77,7 +79,7 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_sme
                     stats_smem, kv_ready, ready, empty, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
                     IS_CAUSAL: gl.constexpr):
     """K and V of every compute warpgroup's 64 keys once, then Q and dO of each query block of each query
-    head of the group, into the ring (with `lse_desc`, the block's L * log2(e) and D beside them)."""
+    head of the group, with the block's L * log2(e) and D beside them, into the ring."""
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -97,14 +99,11 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_sme
             # A fresh mbarrier counts as having completed the phase before its first: the first pass
             # through the ring does not wait.
             mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
-            if lse_desc is not None:
-                mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
-                                                stats_smem.index(2 * stage))
-                tma.async_copy_global_to_shared(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
-                                                stats_smem.index(2 * stage + 1))
-            else:
-                mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes)
+            mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
+                                            stats_smem.index(2 * stage))
+            tma.async_copy_global_to_shared(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
+                                            stats_smem.index(2 * stage + 1))
             tma.async_copy_global_to_shared(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
                                             q_smem.index(stage))
             tma.async_copy_global_to_shared(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
@@ -144,14 +143,13 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, scale, WG: gl.constexpr)
 
 
 @gluon.jit
-def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       STATS_TMA: gl.constexpr):
+def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     half of dQ's columns over all the program's keys (_add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
-    (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty, LSE2,
-     DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
-     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
+    (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
+     DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
+     group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
@@ -182,8 +180,6 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     mbarrier.wait(kv_ready, 0)
     count = 0
     for i in range(group):
-        head = (off_b * num_kv_heads * group + off_hkv * group + i).to(gl.int64)  # b * Hq + the query head
-        stats = head * stats_stride
         for m in range(m_first, num_m):
             stage = count % NUM_STAGES
             mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
@@ -194,16 +190,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
             st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
             queries = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=query_cols)
-            if not STATS_TMA:
-                # Rows past Nq read L = +inf: P = 0 there, whatever TMA's zero-filled Q gives. Loaded while
-                # the products run.
-                lse2 = gl.load(LSE2 + stats + queries, mask=queries < seqlen_q, other=float("inf"))
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
-            if STATS_TMA:
-                # From the ring, read where used: 32 registers each for L and D at 128-row blocks
-                # otherwise. Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there,
-                # but dO = 0 and dP = 0, so nothing reaches dV, dK or (clipped) dQ.
-                lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
+            # L and D from the ring, read where used (loaded ahead, they would hold 32 registers each across
+            # the products at 128-row blocks). Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and
+            # dO: P = 1 there, but dO = 0 and dP = 0, so nothing reaches dV, dK or (clipped) dQ.
+            lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
             pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
             if IS_CAUSAL:
                 # Only the blocks that cross the diagonal are masked: the others skip the comparisons.
@@ -212,11 +203,8 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
                     pt = gl.where(visible, pt, 0.0)
             pt_op = gl.convert_layout(pt.to(dtype), a_layout)
             dv = warpgroup_mma(pt_op, do, dv, is_async=True)
-            if not STATS_TMA:
-                delta = gl.load(DELTA + stats + queries, mask=queries < seqlen_q, other=0.0)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
-            if STATS_TMA:
-                delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
+            delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
             dst = pt * (dpt - delta[None, :])
             dst_op = gl.convert_layout(dst.to(dtype), a_layout)
             if DQ_ATOMIC:
@@ -253,18 +241,17 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
 @gluon.jit
 def attn_bwd_dkdv_gluon_kernel(
     # q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with (1, 1, rows,
-    # D) boxes; LSE2 (L * log2(e)) and DELTA (rowsum(dO * O)) float32 (B, Hq, rows padded to stats_stride),
-    # and optionally lse_desc and delta_desc over them, (1, 1, BLOCK_M) boxes (then they come through the
-    # ring); DK and DV like k and v (strides given).
-    q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, LSE2, DELTA, DK, DV,
-    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, stats_stride,
+    # D) boxes; lse_desc and delta_desc over L * log2(e) and rowsum(dO * O), float32 (B, Hq, Nq) with
+    # (1, 1, BLOCK_M) boxes; DK and DV like k and v (strides given).
+    q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
     COMPUTE_REGS: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv. With
-    DQ_ATOMIC, also dQ * scale added into dQ's float32 (B, Hq, Nq, D) buffer (dq_desc, a (1, 1, 64, D / 2)
+    DQ_ATOMIC, also dQ * scale added into dQ's float32 (B, Hq, Nq, D) buffer (dq_desc, a (1, 1, BLOCK_M, D / 2)
     box; zeroed by the caller) by TMA reductions: FlashAttention-3's five products per block instead of
     seven, summed in an order that varies from run to run (not bitwise deterministic)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -281,13 +268,8 @@ def attn_bwd_dkdv_gluon_kernel(
     # dQ on its way to the reduction (token 8 x 8 slots when DQ_ATOMIC is off).
     DS_ROWS: gl.constexpr = WARPGROUPS * KEYS if DQ_ATOMIC else 8
     DS_COLS: gl.constexpr = BLOCK_M if DQ_ATOMIC else 8
-    # With lse_desc and delta_desc, L * log2(e) and D come through the ring too, a stage's pair side by side.
-    STATS_TMA: gl.constexpr = lse_desc is not None
-    if STATS_TMA:
-        stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, BLOCK_M], lse_desc.layout)
-    else:  # a token
-        stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, 8],
-                                               gl.NVMMASharedLayout.get_default_for([1, 1, 8], gl.float32))
+    # L * log2(e) and D come through the ring with Q and dO, a stage's pair side by side.
+    stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, BLOCK_M], lse_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [2, DS_ROWS, DS_COLS],
                                         gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
     if DQ_ATOMIC:
@@ -310,11 +292,11 @@ def attn_bwd_dkdv_gluon_kernel(
     loads = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem,
              kv_ready, ready, empty, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
     shared = (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
-              LSE2, DELTA, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-              stats_stride, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
+              DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
+              num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, loads),
-                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, STATS_TMA)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, STATS_TMA))],
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

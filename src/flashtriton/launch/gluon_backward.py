@@ -9,9 +9,10 @@ for a deterministic backward (`deterministic=True`, or torch.use_deterministic_a
 kernel also computes dQ, added into a float32 buffer by TMA reductions (not bitwise reproducible, as
 FlashAttention-2's and -3's default backward); otherwise dQ comes from the Triton dQ kernel.
 
-Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), query blocks of BLOCK_M = 64
-rows, NUM_STAGES = 2 stages of Q and dO (2 x 32 KB at D = 128, with K and V's 64 KB: 128 KB of shared
-memory per block; with dQ, two buffers of dS^T and the float32 tiles on their way to the reduction: 192 KB).
+Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), query blocks of BLOCK_M rows
+(64 at D = 128; 128 at D = 64, FlashAttention-4's tile there), NUM_STAGES = 2 stages of Q and dO (2 x 32 KB
+at D = 128, with K and V's 64 KB: 128 KB of shared memory per block; with dQ, two buffers of dS^T and the
+float32 tiles on their way to the reduction: 192 KB).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import torch
 from .arguments import LOG2E, cdiv
 from .gluon_forward import gluon_forward_supports, path_from_environment
 
-BLOCK_M = 64
+# Query rows per block, by head dim: at D = 64 the products of 64-row blocks are too short to hide the
+# softmax between them (docs/performance.md, entry 69); at D = 128, 128 rows would not fit in shared memory.
+BLOCK_M = {64: 128, 128: 64}
 KEYS = 64
 WARPGROUPS = 2
 NUM_STAGES = 2
@@ -60,17 +63,14 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
 
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
-                      dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES, block_m: int = BLOCK_M,
-                      stats_through_tma: bool = False) -> tuple:
+                      dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
+                      block_m: int | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched by attention_dkdv_gluon, compiled offline by tools/inspect.py. With `dq_acc` (float32
     (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ * scale into it by TMA reductions (its
-    DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms). `block_m`:
-    the query rows per block (64; 128 is FlashAttention-4's tile at D = 64); `stats_through_tma`: L and D
-    come through the loader's ring instead of each compute warpgroup's loads, which at 128-row blocks
-    keeps their 32 registers apiece out of the loop (docs/performance.md, entry 68). Both are A/B forms,
-    compiled offline and not yet run on a GPU: the library runs the defaults."""
+    DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms). `stages`
+    and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -83,12 +83,14 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     def descriptor(x: torch.Tensor, rows: int):
         box = [1, 1, rows, head_dim]
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
-    if lse2.stride(-1) != 1 or delta.stride() != lse2.stride():
-        raise ValueError("lse2 and delta must share one layout with contiguous rows (backward.statistics_buffer)")
+    if lse2.stride(-1) != 1 or delta.stride() != lse2.stride() or lse2.stride(-2) % 4:
+        raise ValueError("lse2 and delta must share one layout with contiguous rows 16-byte aligned for TMA "
+                         "(backward.statistics_buffer)")
     if dq_acc is not None and (dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape
                                or not dq_acc.is_contiguous()):
         raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
                          f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
+    block_m = BLOCK_M[head_dim] if block_m is None else block_m
     if block_m not in (64, 128) or (block_m == 128 and head_dim != 64):
         raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), got {block_m} at head dim "
                          f"{head_dim}")
@@ -98,15 +100,13 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if dq_acc is not None:  # each compute warpgroup reduces half of D
         box = [1, 1, block_m, head_dim // WARPGROUPS]
         dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
-    stats_descs = (None, None)
-    if stats_through_tma:
-        box = [1, 1, block_m]
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
-        stats_descs = tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
+    box = [1, 1, block_m]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+    stats_descs = (TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
     args = (descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m), dq_desc,
-            *stats_descs, lse2, delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse2.stride(-2),
-            num_n_blocks, kv_heads, heads // kv_heads, seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages,
-            is_causal, dq_acc is not None, compute_registers)
+            *stats_descs, dk, dv, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
+            seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
+            compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers)
 

@@ -299,8 +299,7 @@ def _gluon_config(warpgroups: int, form: str) -> str:
 def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                            target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
-    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics; at D = 64
-    also the A/B form with L and D through TMA and 128-row query blocks (not what the library runs)."""
+    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
@@ -308,18 +307,13 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     lse2, delta = statistics_buffer(torch.empty(1, 2, seqlen))
     launch_registers, compute_registers = gluon_backward.REGISTERS
     reports = []
-    # the library's two forms, then at D = 64 the A/B form with L and D through TMA and FA4's 128-row blocks
-    forms = [(None, gluon_backward.BLOCK_M, False), (torch.empty(q.shape), gluon_backward.BLOCK_M, False)]
-    if head_dim == 64:
-        forms.append((torch.empty(q.shape), 128, True))
-    for dq_acc, block_m, stats_through_tma in forms:
+    for dq_acc in (None, torch.empty(q.shape)):
         kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal,
-                                                                      head_dim ** -0.5, dq_acc, block_m=block_m,
-                                                                      stats_through_tma=stats_through_tma)
+                                                                      head_dim ** -0.5, dq_acc)
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
-        config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{block_m}-"
+        config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M[head_dim]}-"
                   f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
-                  f"{'-stats-tma' if stats_through_tma else ''}{'' if dq_acc is None else '-dq-atomic'}")
+                  f"{'' if dq_acc is None else '-dq-atomic'}")
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
     return reports
 
