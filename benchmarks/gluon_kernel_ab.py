@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import ab_runs
+from flashtriton.cache import CACHE
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.launch.backward import attention_backward
 from flashtriton.launch.forward import attention_forward
@@ -98,9 +99,10 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
 
     def backward(path: str = "gluon", launcher=launch, **form):
         """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
-        options)."""
+        options), every call through Triton's launch path (a replay would launch the first form's kernel)."""
         def run():
-            with mock.patch.object(gluon_backward, "gluon_dkdv_launch", functools.partial(launcher, **form)):
+            with (mock.patch.object(gluon_backward, "gluon_dkdv_launch", functools.partial(launcher, **form)),
+                  mock.patch.object(CACHE, "replays", False)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
     providers = {"base": backward(launcher=base_launch), "current": backward(), "triton": backward("triton")}

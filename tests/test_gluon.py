@@ -2,15 +2,18 @@
 kernels are compiled for sm_90 and their SASS checked; on an sm_90 GPU they run against the float64
 reference."""
 
+import functools
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU
+from flashtriton.cache import CACHE
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded, make_qkv
@@ -150,8 +153,9 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
 
     def counted(*args):
         calls.append(args[-1] is None)  # dq_acc: None when dQ comes from the Triton kernel
-        return gluon_backward.attention_dkdv_gluon(*args)
-    monkeypatch.setattr(backward, "attention_dkdv_gluon", counted)
+        return gluon_backward.gluon_dkdv_spec(*args)
+    monkeypatch.setattr(backward, "gluon_dkdv_spec", counted)
+    monkeypatch.setattr(CACHE, "replays", False)  # (a replay would launch without building the spec)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
@@ -177,12 +181,13 @@ def test_backward_with_64_row_query_blocks_at_head_dim_64(monkeypatch, is_causal
 
     calls = []
 
-    def form(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc=None):
-        calls.append(dq_acc is not None)
-        kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal,
-                                                                      scale, dq_acc, block_m=64)
-        kernel[grid](*args, **kwargs)
-    monkeypatch.setattr(backward, "attention_dkdv_gluon", form)
+    def form(*args):
+        calls.append(args[-1] is not None)
+        with mock.patch.object(gluon_backward, "gluon_dkdv_launch",
+                               functools.partial(gluon_backward.gluon_dkdv_launch, block_m=64)):
+            return gluon_backward.gluon_dkdv_spec(*args)
+    monkeypatch.setattr(backward, "gluon_dkdv_spec", form)
+    monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call `form`)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
     torch.manual_seed(seqlen_q)
@@ -464,7 +469,6 @@ def test_a_repeated_call_replays_its_launch(monkeypatch):
     """A second call like the first (shapes, strides, dtypes, options) replays the first's launch with its
     own tensors: fresh values and key counts give their own O and L, within the float64 reference's bound.
     A call with other strides ((B, N, H, D) memory), or with replays off, goes through Triton's launch."""
-    from flashtriton.cache import CACHE
     from flashtriton.launch.runner import last_choice
 
     def call(q, k, v, counts):
@@ -486,3 +490,41 @@ def test_a_repeated_call_replays_its_launch(monkeypatch):
     assert not call(*bnhd, [17, 300]).replayed
     monkeypatch.setattr(CACHE, "replays", False)
     assert not call(*second, [300, 17]).replayed
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_repeated_backward_replays_the_gluon_launch(monkeypatch, deterministic):
+    """The Gluon backward's launch is part of the backward's plan: a second call like the first replays the
+    statistics launch and the Gluon kernel (in the deterministic form also the Triton dQ kernel) with its
+    own tensors, whose gradients are bounded by the float64 reference's; dK and dV (one writer each) equal
+    those of a call that goes through Triton's launch path, bitwise."""
+    from flashtriton import flash_attention
+    from flashtriton.launch.backward import attention_backward
+    from flashtriton.launch.runner import last_choice
+    from flashtriton.testing import compare_with_reference
+
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
+    CACHE.reset()
+    torch.manual_seed(1)
+
+    def checked(q, k, v):
+        checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=True, return_lse=True),
+                                        q, k, v, True)
+        assert all(c.ok for c in checks), checks
+        return last_choice("backward")
+    first, second = (make_qkv(2, 4, 2, 97, 300, 128, torch.bfloat16, DEVICE) for _ in range(2))
+    assert not checked(*first).replayed
+    choice = checked(*second)
+    assert choice.replayed and choice.names()[0].startswith("gluon-N64x2-M64"), choice
+
+    q, k, v = (x.detach() for x in second)
+    do = torch.randn_like(q)
+    o, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
+    replayed = attention_backward(do, q, k, v, o, lse, True, 128 ** -0.5)
+    assert last_choice("backward").replayed
+    monkeypatch.setattr(CACHE, "replays", False)
+    launched = attention_backward(do, q, k, v, o, lse, True, 128 ** -0.5)
+    assert not last_choice("backward").replayed
+    assert torch.equal(replayed[1], launched[1]) and torch.equal(replayed[2], launched[2])

@@ -240,10 +240,10 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
 
 @gluon.jit
 def attn_bwd_dkdv_gluon_kernel(
-    # q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA descriptors with (1, 1, rows,
-    # D) boxes; lse_desc and delta_desc over L * log2(e) and rowsum(dO * O), float32 (B, Hq, Nq) with
-    # (1, 1, BLOCK_M) boxes; DK and DV like k and v (strides given).
-    q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV,
+    # DK and DV like k and v (strides given); q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv,
+    # Nk, D): TMA descriptors with (1, 1, rows, D) boxes; lse_desc and delta_desc over L * log2(e) and
+    # rowsum(dO * O), float32 (B, Hq, Nq) with (1, 1, BLOCK_M) boxes; dq_desc (or None): below.
+    DK, DV, q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,

@@ -23,7 +23,7 @@ from .arguments import (
 from .autotune import autotune_by_default, autotuner, seqlen_bucket, tma_candidate_tile
 from .descriptors import attention_descriptors, statistics_descriptors, tma_strides
 from .forward import empty_in_order
-from .gluon_backward import attention_dkdv_gluon, gluon_backward_selected
+from .gluon_backward import gluon_backward_selected, gluon_dkdv_spec
 from .kernel_set import DEFAULT_KERNELS, Kernels
 from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, backward_configs, block_d
@@ -104,7 +104,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
-    if need_dkdv and not gluon:
+    if gluon:
+        tensors["dkdv"] = ((dk, dv), (q, k, v, do, lse2, delta, dq_acc))
+    elif need_dkdv:
         tensors["dkdv"] = ((q, k, v, do, lse2, delta, dk, dv, *optional), (q, k, v, do, lse2, delta))
     if need_dq and dq_acc is None:
         tensors["dq"] = ((q, k, v, do, lse2, delta, dq, *optional), (q, k, v, do))
@@ -117,22 +119,22 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                               softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs), gluon,
                               dq_acc is None)
         if replay_recorded("backward", key, tensors, stream):
-            return _wanted(_gluon_gradients(gluon, q, k, v, do, lse2, delta, dq, dk, dv, dq_acc, is_causal, scale),
-                           needs)
+            return _wanted(_gradients(dq, dk, dv, dq_acc), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
+    triton_launches = {name: t for name, t in tensors.items() if name != "dkdv" or not gluon}
     specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
-             *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
-                                 softcap, alibi_slopes, varlen, dropout_p, kernels)]
-    run("backward", key, specs, ("dkdv", "dq"))
-    return _wanted(_gluon_gradients(gluon, q, k, v, do, lse2, delta, dq, dk, dv, dq_acc, is_causal, scale), needs)
-
-
-def _gluon_gradients(gluon: bool, q, k, v, do, lse2, delta, dq, dk, dv, dq_acc, is_causal: bool, scale: float):
-    """(dq, dk, dv) once the Triton launches have run: on the Gluon path its kernel writes dk and dv, and with
-    `dq_acc` (float32, zeros) adds dQ into it, which dq then takes in its own dtype."""
+             *_gradient_launches(triton_launches, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune,
+                                 window, softcap, alibi_slopes, varlen, dropout_p, kernels)]
     if gluon:
-        attention_dkdv_gluon(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc)
+        specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc))
+    run("backward", key, specs, ("dkdv", "dq"))
+    return _wanted(_gradients(dq, dk, dv, dq_acc), needs)
+
+
+def _gradients(dq, dk, dv, dq_acc):
+    """(dq, dk, dv) once the launches have run: on the Gluon path with `dq_acc` (float32) its kernel added
+    dQ there, which dq then takes in its own dtype."""
     if dq_acc is not None:
         dq.copy_(dq_acc)
     return dq, dk, dv

@@ -21,6 +21,7 @@ import torch
 
 from .arguments import LOG2E, cdiv
 from .gluon_forward import gluon_forward_supports, path_from_environment
+from .runner import LaunchSpec
 
 # Query rows per block, by head dim: at D = 64 the products of 64-row blocks are too short to hide the
 # softmax between them (docs/performance.md, entry 69); at D = 128, 128 rows would not fit in shared memory.
@@ -67,7 +68,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
                       block_m: int | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
-    stride: launched by attention_dkdv_gluon, compiled offline by tools/inspect.py. With `dq_acc` (float32
+    stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
     (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ * scale into it by TMA reductions (its
     DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms). `stages`
     and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs."""
@@ -103,18 +104,23 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     box = [1, 1, block_m]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     stats_descs = (TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
-    args = (descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m), dq_desc,
-            *stats_descs, dk, dv, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
+    args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m),
+            *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
             compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers)
 
 
-def attention_dkdv_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
-                         delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
-                         dq_acc: torch.Tensor | None = None) -> None:
-    """Write dk and dv (and add dQ into `dq_acc`, if given) through the Gluon kernel; the caller checked
-    gluon_backward_selected and ran the statistics launch."""
+def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
+                    delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
+                    dq_acc: torch.Tensor | None = None) -> LaunchSpec:
+    """The Gluon kernel's launch as attention_backward runs it (runner.run, which records it for replay):
+    dk and dv are its per-call tensors, and the descriptors over (q, k, v, do, lse2, delta[, dq_acc]) are
+    rebuilt on a replay from those sources, in that order."""
     kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc)
-    kernel[grid](*args, **kwargs)
+    descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
+    tiles = (f"gluon-N{KEYS}x{WARPGROUPS}-M{BLOCK_M[q.shape[-1]]}-s{NUM_STAGES}"
+             f"{'' if dq_acc is None else '-dq-atomic'}")
+    return LaunchSpec("dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors], args[2 + descriptors:],
+                      {}, kwargs, tiles)
