@@ -19,9 +19,12 @@ from flashtriton.launch.backward import attention_backward
 from flashtriton.launch.forward import attention_forward
 
 ROUNDS = 5
-# (batch, heads, N, head dim, causal): the paper suite's shapes at N = 4096, cs336's, and shorter ones
+# (batch, heads, N, head dim, causal): the paper suite's shapes at N = 4096, cs336's, and from index 8 the
+# shorter ones around gluon_backward_selected's bounds
 SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True), (4, 32, 4096, 64, False),
-          (4, 32, 4096, 64, True), (1, 16, 16384, 64, True), (16, 16, 1024, 128, True), (8, 16, 2048, 128, False)]
+          (4, 32, 4096, 64, True), (1, 16, 16384, 64, True), (16, 16, 1024, 128, True), (8, 16, 2048, 128, False),
+          (8, 16, 2048, 128, True), (16, 16, 1024, 128, False), (32, 16, 512, 128, False), (8, 16, 2048, 64, False),
+          (16, 16, 1024, 64, False), (2, 16, 8192, 64, True), (8, 16, 2048, 64, True)]
 
 
 def on_path(path: str, fn):

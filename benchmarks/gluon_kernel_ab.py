@@ -99,10 +99,13 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
 
     def backward(path: str = "gluon", launcher=launch, **form):
         """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
-        options), every call through Triton's launch path (a replay would launch the first form's kernel)."""
+        options); each provider keeps its own recorded plans, so that its calls replay its own launches (a
+        launch path without replays would time Triton's host work on the shorter shapes)."""
+        plans = {}
+
         def run():
             with (mock.patch.object(gluon_backward, "gluon_dkdv_launch", functools.partial(launcher, **form)),
-                  mock.patch.object(CACHE, "replays", False)):
+                  mock.patch.object(CACHE, "plans", plans)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
     providers = {"base": backward(launcher=base_launch), "current": backward(), "triton": backward("triton")}

@@ -127,7 +127,7 @@ def test_backward_path_variable(monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 64, 256, 128, torch.bfloat16, "cpu", requires_grad=False)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, " GLUON ")
     assert gluon_backward.backward_path() == "gluon"
-    assert not gluon_backward.gluon_backward_selected(q, k, v, q)
+    assert not gluon_backward.gluon_backward_selected(q, k, v, q, False)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "cudnn")
     with pytest.raises(ValueError, match="FLASHTRITON_BACKWARD='cudnn'.*auto"):
         gluon_backward.backward_path()
@@ -200,17 +200,18 @@ def test_backward_with_64_row_query_blocks_at_head_dim_64(monkeypatch, is_causal
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 def test_auto_backward_takes_gluon_where_measured_faster(monkeypatch):
-    """FLASHTRITON_BACKWARD unset: the Gluon backward at D = 128 from AUTO_MIN_KEYS keys, not at D = 64, nor
-    with fewer keys, nor for a deterministic backward."""
+    """FLASHTRITON_BACKWARD unset: the Gluon backward from AUTO_MIN_KEYS[head dim, causal] keys, not with
+    fewer, nor for a deterministic backward, nor at a head dim the table leaves out."""
     monkeypatch.delenv(gluon_backward.BACKWARD_PATH_VARIABLE, raising=False)
 
-    def selected(head_dim, seqlen_k, deterministic=False):
+    def selected(head_dim, seqlen_k, is_causal, deterministic=False):
         q, k, v = make_qkv(1, 2, 2, 64, seqlen_k, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
-        return gluon_backward.gluon_backward_selected(q, k, v, q, deterministic)
-    assert selected(128, gluon_backward.AUTO_MIN_KEYS)
-    assert not selected(128, gluon_backward.AUTO_MIN_KEYS - 1)
-    assert not selected(64, 2 * gluon_backward.AUTO_MIN_KEYS)
-    assert not selected(128, gluon_backward.AUTO_MIN_KEYS, deterministic=True)
+        return gluon_backward.gluon_backward_selected(q, k, v, q, is_causal, deterministic)
+    for (head_dim, is_causal), keys in gluon_backward.AUTO_MIN_KEYS.items():
+        assert selected(head_dim, keys, is_causal)
+        assert not selected(head_dim, keys - 1, is_causal)
+        assert not selected(head_dim, keys, is_causal, deterministic=True)
+    assert (256, False) not in gluon_backward.AUTO_MIN_KEYS and not selected(256, 8192, False)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -522,6 +523,7 @@ def test_a_repeated_backward_replays_the_gluon_launch(monkeypatch, deterministic
     q, k, v = (x.detach() for x in second)
     do = torch.randn_like(q)
     o, lse = flash_attention(q, k, v, is_causal=True, return_lse=True)
+    attention_backward(do, q, k, v, o, lse, True, 128 ** -0.5)  # (records: its key is not autograd's)
     replayed = attention_backward(do, q, k, v, o, lse, True, 128 ** -0.5)
     assert last_choice("backward").replayed
     monkeypatch.setattr(CACHE, "replays", False)

@@ -98,7 +98,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     gluon = (need_dkdv and configs is None and kernels is None
              and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
-             and gluon_backward_selected(q, k, v, do, deterministic))
+             and gluon_backward_selected(q, k, v, do, is_causal, deterministic))
     dq_acc = None
     if gluon and need_dq and not deterministic:
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)

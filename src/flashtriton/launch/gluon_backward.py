@@ -35,11 +35,11 @@ NUM_STAGES = 2
 REGISTERS = (168, 240)
 
 BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
-# Where "auto" takes the Gluon backward (dQ by TMA reductions), from benchmarks/gluon_backward_ab.py on the
-# H200 (docs/performance.md, entry 58): 1.01-1.19x the Triton backward at D = 128 from 2048 keys, 0.97x at
-# 1024 causal; 0.76-0.88x at D = 64, where the compute warpgroups' softmax is as long and the products half.
-AUTO_HEAD_DIMS = (128,)
-AUTO_MIN_KEYS = 2048
+# Where "auto" takes the Gluon backward (dQ by TMA reductions): AUTO_MIN_KEYS maps (head dim, causal) to the
+# fewest keys, from benchmarks/gluon_backward_ab.py and gluon_kernel_ab.py on the H200 (docs/performance.md,
+# entries 58 and 69). At D = 128, 1.09-1.23x the Triton backward from 2048 keys; at D = 64 (128-row query
+# blocks), 1.13x at 4096 keys without a mask, and with one 1.10x at 16384 keys but 0.96x at 4096.
+AUTO_MIN_KEYS = {(128, False): 2048, (128, True): 2048, (64, False): 4096, (64, True): 8192}
 
 
 def backward_path() -> str:
@@ -47,17 +47,18 @@ def backward_path() -> str:
     return path_from_environment(BACKWARD_PATH_VARIABLE, "backward")
 
 
-def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, is_causal: bool,
                             deterministic: bool = False) -> bool:
     """Whether a plain backward of these (B, H, N, D) tensors runs on the Gluon kernel, on a CUDA device
     where the Gluon forward's conditions (dtype, head dim, TMA-aligned strides, sm_90, Triton 3.6) hold for
     q, k, v and dO: with FLASHTRITON_BACKWARD=gluon always; with "auto" (the default) where it was measured
-    faster than the Triton kernels (AUTO_HEAD_DIMS, at least AUTO_MIN_KEYS keys), and only when the
+    faster than the Triton kernels (AUTO_MIN_KEYS), and only when the
     backward need not be `deterministic` (its deterministic form, dQ from the Triton kernel, is not faster)."""
     path = backward_path()
     if q.device.type != "cuda" or path == "triton":
         return False
-    if path == "auto" and (q.shape[-1] not in AUTO_HEAD_DIMS or k.shape[2] < AUTO_MIN_KEYS or deterministic):
+    if path == "auto" and (deterministic
+                           or k.shape[2] < AUTO_MIN_KEYS.get((q.shape[-1], is_causal), float("inf"))):
         return False
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
 
