@@ -37,9 +37,10 @@ REGISTERS = (168, 240)
 BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
 # Where "auto" takes the Gluon backward (dQ by TMA reductions): AUTO_MIN_KEYS maps (head dim, causal) to the
 # fewest keys, from benchmarks/gluon_backward_ab.py and gluon_kernel_ab.py on the H200 (docs/performance.md,
-# entries 58 and 69). At D = 128, 1.09-1.23x the Triton backward from 2048 keys; at D = 64 (128-row query
-# blocks), 1.13x at 4096 keys without a mask, and with one 1.10x at 16384 keys but 0.96x at 4096.
-AUTO_MIN_KEYS = {(128, False): 2048, (128, True): 2048, (64, False): 4096, (64, True): 8192}
+# entry 69): without a mask 1.07x the Triton backward at D = 128 from 512 keys and 1.04x at D = 64 from 2048
+# (0.97x at 1024); causal 1.02x at D = 128 from 2048, and at D = 64 1.07x at 8192 (0.91x at 2048, 0.96x at
+# 4096; 0.98-1.10x at 16384 across three runs: dQ's reductions vary).
+AUTO_MIN_KEYS = {(128, False): 512, (128, True): 2048, (64, False): 2048, (64, True): 8192}
 
 
 def backward_path() -> str:
