@@ -8,11 +8,11 @@ device copy of the tree has no .git), e.g.
 
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one in its default
 form at 64-row query blocks), on the current one also at D = 128 with three Q/dO stages and at D = 64 with
-64-row query blocks; the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the
-forward's overlapped form on each kernel (the earlier one launched directly, not replayed), the Triton
-forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`,
-medians; one JSON line per shape, with each provider's largest error against float32 SDPA (O, or dQ,
-dK, dV). docs/performance.md, entry 66.
+64-row query blocks and with dQ split by rows; the Triton backward and cuDNN's (TFLOP/s on 2.5x the
+forward's FLOPs). `fwd`: the forward's overlapped form on each kernel (the earlier one launched
+directly, not replayed), the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form.
+Interleaved rounds of `do_bench`, medians; one JSON line per shape, with each provider's largest error
+against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69 and 70.
 """
 
 import argparse
@@ -109,8 +109,9 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
     providers = {"base": backward(launcher=base_launch), "current": backward(), "triton": backward("triton")}
-    if head_dim == 64:  # the current kernel at the earlier 64-row query blocks
+    if head_dim == 64:  # the current kernel at the earlier 64-row query blocks, and with dQ split by rows
         providers["current_m64"] = backward(block_m=64)
+        providers["current_split_rows"] = backward(dq_split_rows=True)
     else:  # (three stages of 128-row blocks do not fit in shared memory)
         providers["current_3_stages"] = backward(stages=3)
     grads = ab_runs.float32_gradients(q, k, v, do, causal)

@@ -79,28 +79,28 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
 
 
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
-    """The dK/dV kernel (D 64 and 128, causal and not, with and without dQ by atomics): its four products
-    per query block on wgmma (S^T and dP^T over D, then dV and dK over 64 queries: 2 x D/16 + 2 x 64/16
-    HGMMA instructions in each of the two compute warpgroups; dQ's, half of D over 128 keys, adds 128/16), not
-    serialised by ptxas, the
-    partitions trading registers, within the SM's registers and shared memory. At D = 128 the compute
-    warpgroups' 240 registers hold dK and dV (128 between them) besides S^T and dP^T: ptxas spills a
-    little there (48-64 bytes on Triton 3.6), bounded here, to be weighed on the H200."""
+    """The dK/dV kernel (D 64 and 128, causal and not, with and without dQ by atomics, and at D = 64 the A/B
+    form that splits dQ by rows): its four products per query block on wgmma (S^T and dP^T over D, then dV
+    and dK over the block's queries; with dQ, its share over the 128 keys), not serialised by ptxas, the
+    partitions trading registers, within the SM's registers and shared memory, no spills without dQ and
+    a bounded few with it."""
     reports = [r for r in reports if r["kernel"] == "attn_bwd_dkdv_gluon_kernel"]
     forms = [(r["head_dim"], r["causal"], "".join(r["config"].split("-", 4)[4:])) for r in reports]
     assert sorted(forms) == sorted([(d, c, f) for d in (64, 128) for c in (False, True) for f in ("", "dq-atomic")]
-                                   ), forms
+                                   + [(64, c, "dq-atomic-split-rows") for c in (False, True)]), forms
     for r in reports:
-        atomic = r["config"].endswith("-dq-atomic")
+        atomic = "-dq-atomic" in r["config"]
+        split_rows = r["config"].endswith("-split-rows")
         block_m = int(r["config"].split("-")[1].removeprefix("M"))
-        # per warpgroup: S^T and dP^T over D, dV and dK over the block's queries, and with dQ its
-        # columns = dS K over the 128 keys, for each 64 of the block's rows
-        products = 2 * r["head_dim"] // 16 + 2 * block_m // 16 + (128 // 16 * block_m // 64 if atomic else 0)
+        # per warpgroup: S^T and dP^T over D, dV and dK over the block's queries, and with dQ its share
+        # = dS K over the 128 keys: for each 64 of the block's rows (half of D), or 64 rows (all of D)
+        dq = 128 // 16 * (1 if split_rows else block_m // 64)
+        products = 2 * r["head_dim"] // 16 + 2 * block_m // 16 + (dq if atomic else 0)
         assert r["hgmma"] == 2 * products, r
         assert r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
-        # dQ's accumulator joins dK and dV in the atomic form (64 x D/2 fp32, beside S^T and dP^T of 128 rows
-        # at D = 64): ptxas spills 8-72 bytes there on Triton 3.6; none in the form without dQ.
+        # dQ's accumulator joins dK and dV in the atomic form (32 registers at D = 64, beside S^T and dP^T of
+        # 128 rows): ptxas spills 8-80 bytes there on Triton 3.6; none in the form without dQ.
         bound = 128 if atomic else 0
         assert r["stack_bytes"] + r["local_bytes"] <= bound, r
         assert r["register_reallocations"] > 0, r
@@ -112,7 +112,7 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
     for head_dim in (64, 128):
         for causal in (False, True):
             plain, atomic = ([r for r in reports if (r["head_dim"], r["causal"]) == (head_dim, causal)
-                              and "stats-tma" not in r["config"] and r["config"].endswith("-dq-atomic") == a][0]
+                              and "split-rows" not in r["config"] and r["config"].endswith("-dq-atomic") == a][0]
                              for a in (False, True))
             assert DS_BARRIER.value not in plain["barriers"], plain
             assert set(atomic["barriers"]) == {*plain["barriers"], DS_BARRIER.value}, (plain, atomic)
@@ -169,12 +169,14 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("form", [dict(block_m=64), dict(dq_split_rows=True)])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
-def test_backward_with_64_row_query_blocks_at_head_dim_64(monkeypatch, is_causal, shape):
-    """The A/B form the launcher keeps beside D = 64's 128-row default: 64-row query blocks. Every gradient
-    within twice plain bf16 attention's error of the float64 reference: odd lengths (rows past Nq read
-    L = 0 and D = 0 there), Nq != Nk both ways, GQA, several key tiles."""
+def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
+    """The A/B forms the launcher keeps beside D = 64's default: 64-row query blocks, and dQ split by rows
+    between the compute warpgroups. Every gradient within twice plain bf16 attention's error of the float64
+    reference: odd lengths (rows past Nq read L = 0 and D = 0 there; the row split's second warpgroup
+    reduces rows past Nq, which TMA clips), Nq != Nk both ways, GQA, several key tiles."""
     from flashtriton import flash_attention
     from flashtriton.launch import backward
     from flashtriton.testing import compare_with_reference
@@ -184,7 +186,7 @@ def test_backward_with_64_row_query_blocks_at_head_dim_64(monkeypatch, is_causal
     def form(*args):
         calls.append(args[-1] is not None)
         with mock.patch.object(gluon_backward, "gluon_dkdv_launch",
-                               functools.partial(gluon_backward.gluon_dkdv_launch, block_m=64)):
+                               functools.partial(gluon_backward.gluon_dkdv_launch, **form)):
             return gluon_backward.gluon_dkdv_spec(*args)
     monkeypatch.setattr(backward, "gluon_dkdv_spec", form)
     monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call `form`)
@@ -237,13 +239,16 @@ def test_backward_without_dq_takes_the_gluon_kernel_alone(monkeypatch, is_causal
 @pytest.mark.parametrize("head_dim, block_m", [(128, 128), (64, 96)])
 def test_backward_launch_rejects_query_blocks_it_cannot_hold(head_dim, block_m):
     """The launcher's A/B option: 128-row query blocks only at D = 64 (at D = 128 the stages would not fit in
-    shared memory), and no size but 64 and 128: a ValueError naming the value, not a compile failure."""
+    shared memory), and no size but 64 and 128: a ValueError naming the value, not a compile failure; and
+    dQ split by rows only where each compute warpgroup gets 64 rows."""
     from flashtriton.launch.backward import statistics_buffer
 
     q = torch.randn(1, 2, 64, head_dim, dtype=torch.bfloat16)
     lse2, delta = statistics_buffer(torch.empty(1, 2, 64))
     with pytest.raises(ValueError, match=f"block_m must be 64, or 128 at head dim 64.*got {block_m}"):
         gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1, block_m=block_m)
+    with pytest.raises(ValueError, match="dq_split_rows needs 128-row query blocks.*got block_m=64"):
+        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1, block_m=64, dq_split_rows=True)
 
 
 def test_supports():

@@ -19,8 +19,8 @@ split by role, as in the Gluon forward (gluon_forward.py):
       dS^T = P^T * (dP^T - D)                               (D = rowsum(dO * O))
       dK  += dS^T Q          (dS^T from registers)
   then dK * scale and dV are stored once. With DQ_ATOMIC, dS^T also goes to shared memory, and each
-  warpgroup computes half of D's columns of dQ = dS K over the program's 128 keys and adds them into a
-  float32 buffer by a TMA reduction (_add_dq).
+  warpgroup computes its share of dQ = dS K over the program's 128 keys (half of D's columns, or half of
+  the rows: _dq_products) and adds it into a float32 buffer by a TMA reduction (_add_dq).
 
 Semantics are the Triton backward's: causal masks align to the bottom-right corner; rows past Nq read
 zeros for Q, dO, L and D (P = 1 there, but dP = 0 and dO = 0: nothing reaches the gradients), and keys
@@ -112,40 +112,54 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_sme
 
 
 @gluon.jit
-def _dq_products(ds_smem, k_smem, buf, WG: gl.constexpr, dq_layout: gl.constexpr):
-    """Issue warpgroup WG's share of one query block's dQ, dQ[:, WG's half of D] = dS K over the program's
-    keys (each warpgroup's dS^T rows in buffer `buf` of ds_smem, read transposed, against its tile of K's
-    columns of that half); the caller has met the other warpgroup at DS_BARRIER, so both halves are in.
+def _dq_products(ds_smem, k_smem, buf, WG: gl.constexpr, dq_smem):
+    """Issue warpgroup WG's share of one query block's dQ = dS K over the program's keys, each warpgroup's
+    dS^T rows in buffer `buf` of ds_smem (read transposed) against its tile of K; the caller has met the
+    other warpgroup at DS_BARRIER, so both halves are in. The share is dq_smem's tile (the launcher's
+    box): half of D's columns for all the block's rows, or, with 128-row blocks split by rows, half of
+    the rows with all of D (FlashAttention-4's split at D = 64: wgmma's N stays 64, not 32).
     Asynchronous: the caller waits."""
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
-    BLOCK_M: gl.constexpr = ds_smem.type.shape[2]
-    DQ_COLS: gl.constexpr = HEAD_DIM // WARPGROUPS
-    dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    DQ_ROWS: gl.constexpr = dq_smem.type.shape[3]
+    DQ_COLS: gl.constexpr = dq_smem.type.shape[4]
+    SPLIT_ROWS: gl.constexpr = DQ_COLS == HEAD_DIM
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    dq = gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, layout=dq_layout)
     for w in gl.static_range(WARPGROUPS):
-        ds = ds_smem.index(buf).slice(w * KEYS, KEYS, dim=0).permute((1, 0))
-        keys = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1)
-        dq = warpgroup_mma(ds, keys, dq, use_acc=w > 0, is_async=True)
+        ds = ds_smem.index(buf).slice(w * KEYS, KEYS, dim=0)  # (keys, the block's rows)
+        keys = k_smem.index(w).reshape([KEYS, HEAD_DIM])
+        if SPLIT_ROWS:
+            ds = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=1)
+        else:
+            keys = keys.slice(WG * DQ_COLS, DQ_COLS, dim=1)
+        dq = warpgroup_mma(ds.permute((1, 0)), keys, dq, use_acc=w > 0, is_async=True)
     return dq
 
 
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, scale, WG: gl.constexpr):
-    """Add warpgroup WG's finished share of dQ, scaled, into dQ's float32 buffer: staged in shared memory,
-    then a TMA reduction that runs on while the next block computes."""
+def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Add warpgroup WG's finished share of dQ (_dq_products), scaled, into dQ's float32 buffer at the
+    block's first row `m_row`: staged in shared memory, then a TMA reduction that runs on while the next
+    block computes."""
+    DQ_ROWS: gl.constexpr = dq.type.shape[0]
     DQ_COLS: gl.constexpr = dq.type.shape[1]
     staged = dq_smem.index(WG)
     tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
-    staged.reshape([dq.type.shape[0], DQ_COLS]).store(dq * scale)
+    staged.reshape([DQ_ROWS, DQ_COLS]).store(dq * scale)
     fence_async_shared()
-    _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
+    if DQ_COLS == HEAD_DIM:  # split by rows
+        _tma_reduce_add(dq_desc, [off_b, head_q, m_row + WG * DQ_ROWS, 0], staged)
+    else:
+        _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
 
 
 @gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
-    half of dQ's columns over all the program's keys (_add_dq). `shared`: the arguments every compute
+    its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
     (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
      DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
@@ -163,8 +177,6 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM // WARPGROUPS, 16])
     key_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
@@ -216,10 +228,10 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
                 ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst.to(dtype))
                 fence_async_shared()
                 named_barrier_sync(DS_BARRIER, WARPGROUPS * 128)
-                dq = _dq_products(ds_smem, k_smem, buf, WG, dq_layout)
+                dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
                 dk = warpgroup_mma(dst_op, q, dk, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
-                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m * BLOCK_M, scale, WG)
+                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m * BLOCK_M, scale, WG, HEAD_DIM)
             else:
                 dk = warpgroup_mma(dst_op, q, dk, is_async=True)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
@@ -251,9 +263,10 @@ def attn_bwd_dkdv_gluon_kernel(
     COMPUTE_REGS: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv. With
-    DQ_ATOMIC, also dQ * scale added into dQ's float32 (B, Hq, Nq, D) buffer (dq_desc, a (1, 1, BLOCK_M, D / 2)
-    box; zeroed by the caller) by TMA reductions: FlashAttention-3's five products per block instead of
-    seven, summed in an order that varies from run to run (not bitwise deterministic)."""
+    DQ_ATOMIC, also dQ * scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller; dq_desc's
+    box is each warpgroup's share, (1, 1, BLOCK_M, D / 2) or (1, 1, BLOCK_M / 2, D)) by TMA reductions:
+    FlashAttention-3's five products per block instead of seven, summed in an order that varies from run
+    to run (not bitwise deterministic)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
@@ -273,8 +286,8 @@ def attn_bwd_dkdv_gluon_kernel(
     ds_smem = gl.allocate_shared_memory(dtype, [2, DS_ROWS, DS_COLS],
                                         gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
     if DQ_ATOMIC:
-        dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM // WARPGROUPS],
-                                            dq_desc.layout)
+        DQ_BOX: gl.constexpr = dq_desc.block_type.shape
+        dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, DQ_BOX[2], DQ_BOX[3]], dq_desc.layout)
     else:
         dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, 8, 8],
                                             gl.NVMMASharedLayout.get_default_for([1, 1, 8, 8], gl.float32))

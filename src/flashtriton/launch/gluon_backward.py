@@ -67,13 +67,16 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
                       dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
-                      block_m: int | None = None) -> tuple:
+                      block_m: int | None = None, dq_split_rows: bool = False) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
     (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ * scale into it by TMA reductions (its
     DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms). `stages`
-    and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs."""
+    and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs, and so
+    is `dq_split_rows`: with 128-row blocks, each compute warpgroup takes half of dQ's rows with all of D
+    (FlashAttention-4's split at D = 64, wgmma at N = 64) instead of half of D's columns for all the rows
+    (N = 32 there). Compiled offline, not yet run on a GPU (docs/performance.md, entry 70)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -97,11 +100,14 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if block_m not in (64, 128) or (block_m == 128 and head_dim != 64):
         raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), got {block_m} at head dim "
                          f"{head_dim}")
+    if dq_split_rows and block_m != WARPGROUPS * 64:
+        raise ValueError(f"dq_split_rows needs {WARPGROUPS * 64}-row query blocks (64 rows per compute "
+                         f"warpgroup), got block_m={block_m}")
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
     dq_desc = None
-    if dq_acc is not None:  # each compute warpgroup reduces half of D
-        box = [1, 1, block_m, head_dim // WARPGROUPS]
+    if dq_acc is not None:  # each compute warpgroup reduces its share
+        box = [1, 1, block_m // WARPGROUPS, head_dim] if dq_split_rows else [1, 1, block_m, head_dim // WARPGROUPS]
         dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
     box = [1, 1, block_m]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)

@@ -299,7 +299,9 @@ def _gluon_config(warpgroups: int, form: str) -> str:
 def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                            target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
-    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics."""
+    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics; at D = 64
+    also the A/B form that splits dQ by rows (gluon_dkdv_launch's dq_split_rows, not what the library
+    runs)."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
@@ -307,13 +309,15 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     lse2, delta = statistics_buffer(torch.empty(1, 2, seqlen))
     launch_registers, compute_registers = gluon_backward.REGISTERS
     reports = []
-    for dq_acc in (None, torch.empty(q.shape)):
+    forms = [(None, False), (torch.empty(q.shape), False)] + ([(torch.empty(q.shape), True)] if head_dim == 64 else [])
+    for dq_acc, split_rows in forms:
         kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal,
-                                                                      head_dim ** -0.5, dq_acc)
+                                                                      head_dim ** -0.5, dq_acc,
+                                                                      dq_split_rows=split_rows)
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
         config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M[head_dim]}-"
                   f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
-                  f"{'' if dq_acc is None else '-dq-atomic'}")
+                  f"{'' if dq_acc is None else '-dq-atomic'}{'-split-rows' if split_rows else ''}")
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
     return reports
 
