@@ -2,12 +2,13 @@
 
 attention_backward (launch/backward.py) runs the statistics launch as always; for a plain call (no
 window, softcap, ALiBi, dropout or packed batch, no forced tiles) that `gluon_backward_selected` accepts,
-the Gluon kernel replaces the Triton dK/dV kernel. The environment
-variable FLASHTRITON_BACKWARD picks the path: "triton", "gluon" (every call it supports) or "auto" (the
-default: the Gluon kernel where it was measured faster, gluon_backward_selected). Unless the call asks
-for a deterministic backward (`deterministic=True`, or torch.use_deterministic_algorithms), the Gluon
-kernel also computes dQ, added into a float32 buffer by TMA reductions (not bitwise reproducible, as
-FlashAttention-2's and -3's default backward); otherwise dQ comes from the Triton dQ kernel.
+the Gluon kernel replaces the Triton dK/dV kernel, in the same recorded plan (a repeated call replays it:
+gluon_dkdv_spec). The environment variable FLASHTRITON_BACKWARD picks the path: "triton", "gluon" (every
+call it supports) or "auto" (the default: the Gluon kernel where it was measured faster,
+gluon_backward_selected). Unless the call asks for a deterministic backward (`deterministic=True`, or
+torch.use_deterministic_algorithms), the Gluon kernel also computes dQ, added into a float32 buffer by TMA
+reductions (not bitwise reproducible, as FlashAttention-2's and -3's default backward); otherwise dQ comes
+from the Triton dQ kernel.
 
 Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), query blocks of BLOCK_M rows
 (64 at D = 128; 128 at D = 64, FlashAttention-4's tile there), NUM_STAGES = 2 stages of Q and dO (2 x 32 KB
@@ -53,8 +54,8 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     """Whether a plain backward of these (B, H, N, D) tensors runs on the Gluon kernel, on a CUDA device
     where the Gluon forward's conditions (dtype, head dim, TMA-aligned strides, sm_90, Triton 3.6) hold for
     q, k, v and dO: with FLASHTRITON_BACKWARD=gluon always; with "auto" (the default) where it was measured
-    faster than the Triton kernels (AUTO_MIN_KEYS), and only when the
-    backward need not be `deterministic` (its deterministic form, dQ from the Triton kernel, is not faster)."""
+    faster than the Triton kernels (AUTO_MIN_KEYS), and only when the backward need not be `deterministic`
+    (its deterministic form, dQ from the Triton kernel, is not faster)."""
     path = backward_path()
     if q.device.type != "cuda" or path == "triton":
         return False
@@ -128,7 +129,7 @@ def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     rebuilt on a replay from those sources, in that order."""
     kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc)
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
-    tiles = (f"gluon-N{KEYS}x{WARPGROUPS}-M{BLOCK_M[q.shape[-1]]}-s{NUM_STAGES}"
-             f"{'' if dq_acc is None else '-dq-atomic'}")
+    block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
+    tiles = f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{'' if dq_acc is None else '-dq-atomic'}"
     return LaunchSpec("dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors], args[2 + descriptors:],
                       {}, kwargs, tiles)
