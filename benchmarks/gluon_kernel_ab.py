@@ -51,7 +51,7 @@ def load_kernel(path: str, name: str):
 
 
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,
-                 rounds: int) -> dict:
+                 rounds: int, skip: frozenset = frozenset()) -> dict:
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = head_dim ** -0.5
@@ -73,6 +73,7 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True))
     providers.update(triton=ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, "triton",
                                             lambda: attention_forward(q, k, v, causal, scale)))
+    providers = {name: fn for name, fn in providers.items() if name not in skip}
     reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     errors = {name: ab_runs.largest_error(fn()[0], reference) for name, fn in providers.items()}
     providers["cudnn"] = ab_runs.cudnn(q, k, v, causal)
@@ -81,7 +82,8 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
                               err=errors)
 
 
-def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: bool, rounds: int) -> dict:
+def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: bool, rounds: int,
+                  skip: frozenset = frozenset()) -> dict:
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     scale = head_dim ** -0.5
@@ -114,6 +116,7 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
         providers["current_split_rows"] = backward(dq_split_rows=True)
     else:  # (three stages of 128-row blocks do not fit in shared memory)
         providers["current_3_stages"] = backward(stages=3)
+    providers = {name: fn for name, fn in providers.items() if name not in skip}
     grads = ab_runs.float32_gradients(q, k, v, do, causal)
     errors = {name: [ab_runs.largest_error(g, r) for g, r in zip(fn(), grads, strict=True)]
               for name, fn in providers.items()}
@@ -130,16 +133,18 @@ def main() -> None:
     parser.add_argument("--pingpong", action="store_true", help="fwd: also each kernel's ping-pong form")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shapes", default=None, help="indices into the mode's shapes (default: all)")
+    parser.add_argument("--skip", default="", help="providers to leave out, e.g. base,current_3_stages")
     args = parser.parse_args()
+    skip = frozenset(filter(None, args.skip.split(",")))
     shapes = FORWARD_SHAPES if args.mode == "fwd" else BACKWARD_SHAPES
     if args.shapes is not None:
         shapes = [shapes[int(i)] for i in args.shapes.split(",")]
     if args.mode == "fwd":
         base = load_kernel(args.base, "attn_fwd_gluon_kernel")
-        lines = (race_forward(base, args.pingpong, *shape, args.rounds) for shape in shapes)
+        lines = (race_forward(base, args.pingpong, *shape, args.rounds, skip) for shape in shapes)
     else:
         base = load_kernel(args.base, "attn_bwd_dkdv_gluon_kernel")
-        lines = (race_backward(base, *shape, args.rounds) for shape in shapes)
+        lines = (race_backward(base, *shape, args.rounds, skip) for shape in shapes)
     for line in lines:
         print(json.dumps(line), flush=True)
 
