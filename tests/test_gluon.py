@@ -236,6 +236,29 @@ def test_backward_without_dq_takes_the_gluon_kernel_alone(monkeypatch, is_causal
     assert torch.equal(dk_alone, dk) and torch.equal(dv_alone, dv)
 
 
+@pytest.mark.parametrize("with_dq", [False, True])
+def test_backward_launch_spec_names_what_a_replay_rebuilds(with_dq):
+    """gluon_dkdv_spec's contract with a replay (runner.run, replay.RecordedLaunch): the spec's per-call
+    tensors are the kernel's first parameters (DK, DV), and its descriptors the next ones, each built over
+    the source that attention_backward hands a replay in the same position: (q, k, v, do, lse2, delta[,
+    dq_acc]). Without dQ, the kernel's None descriptor stays among the recorded scalars."""
+    from flashtriton.launch.backward import statistics_buffer
+
+    q, k, v, do, dk, dv = (torch.randn(1, 2, 97, 64, dtype=torch.bfloat16) for _ in range(6))
+    lse2, delta = statistics_buffer(torch.empty(1, 2, 97))
+    dq_acc = torch.zeros(q.shape) if with_dq else None
+    spec = gluon_backward.gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, True, 0.125, dq_acc)
+    names = spec.kernel.arg_names
+    assert names[:2] == ["DK", "DV"] and spec.tensors[0] is dk and spec.tensors[1] is dv
+    sources = (q, k, v, do, lse2, delta, dq_acc)[:len(spec.descriptors)]
+    assert len(spec.descriptors) == (7 if with_dq else 6)
+    for name, desc, source in zip(names[2:], spec.descriptors, sources, strict=False):
+        assert name.endswith("_desc") and desc.base is source, (name, desc)
+    assert (names[2 + len(spec.descriptors)] == "dq_desc") == (not with_dq)
+    assert spec.scalars[0] is None if not with_dq else spec.scalars[0] == dk.stride(0)
+    assert spec.tiles == f"gluon-N64x2-M128-s2{'-dq-atomic' if with_dq else ''}"
+
+
 @pytest.mark.parametrize("head_dim, block_m", [(128, 128), (64, 96)])
 def test_backward_launch_rejects_query_blocks_it_cannot_hold(head_dim, block_m):
     """The launcher's A/B option: 128-row query blocks only at D = 64 (at D = 128 the stages would not fit in
