@@ -217,15 +217,15 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
             dv = warpgroup_mma(pt_op, do, dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
             delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
-            dst = pt * (dpt - delta[None, :])
-            dst_op = gl.convert_layout(dst.to(dtype), a_layout)
+            dst = (pt * (dpt - delta[None, :])).to(dtype)
+            dst_op = gl.convert_layout(dst, a_layout)
             if DQ_ATOMIC:
                 # dS^T into this warpgroup's rows of the block's buffer (the other warpgroup's products read
                 # what it held two blocks ago before that warpgroup reached the last block's barrier); once
                 # both halves are in, dQ's products are queued ahead of dK's, so that dQ's trip to the
                 # reduction (_add_dq) runs while dK's product does.
                 buf = count % 2
-                ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst.to(dtype))
+                ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst)
                 fence_async_shared()
                 named_barrier_sync(DS_BARRIER, WARPGROUPS * 128)
                 dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
