@@ -105,7 +105,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
     if gluon:
-        tensors["dkdv"] = ((dk, dv), (q, k, v, do, lse2, delta, dq_acc))
+        tensors["gluon_dkdv"] = ((dk, dv), (q, k, v, do, lse2, delta, dq_acc))
     elif need_dkdv:
         tensors["dkdv"] = ((q, k, v, do, lse2, delta, dk, dv, *optional), (q, k, v, do, lse2, delta))
     if need_dq and dq_acc is None:
@@ -122,13 +122,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             return _wanted(_gradients(dq, dk, dv, dq_acc), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
-    triton_launches = {name: t for name, t in tensors.items() if name != "dkdv" or not gluon}
     specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
-             *_gradient_launches(triton_launches, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune,
-                                 window, softcap, alibi_slopes, varlen, dropout_p, kernels)]
+             *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
+                                 softcap, alibi_slopes, varlen, dropout_p, kernels)]
     if gluon:
         specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc))
-    run("backward", key, specs, ("dkdv", "dq"))
+    run("backward", key, specs, ("gluon_dkdv" if gluon else "dkdv", "dq"))
     return _wanted(_gradients(dq, dk, dv, dq_acc), needs)
 
 
