@@ -50,6 +50,13 @@ def load_kernel(path: str, name: str):
     return getattr(module, name)
 
 
+def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
+    """The current kernel's positional `args` for the earlier kernel `base`, matched by parameter name (the
+    two may order them differently), with `earlier`: values of parameters only the earlier kernel has."""
+    named = dict(zip(kernel.arg_names, args, strict=True)) | earlier
+    return tuple(named[name] for name in base.arg_names)
+
+
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,
                  rounds: int, skip: frozenset = frozenset()) -> dict:
     torch.manual_seed(0)
@@ -63,9 +70,7 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
         def run():
             o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, turns)
-            if base.arg_names[0] == "q_desc":  # before 1f6f5dd the kernel took its descriptors first
-                args = (*args[4:7], *args[:4], *args[7:])
-            base[grid](*args, **kwargs)
+            base[grid](*base_arguments(base, kernel, args), **kwargs)
             return o, lse
         return run
     providers = {"base": base_form(False), "current": form(False)}
@@ -95,9 +100,8 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
         """The earlier kernel in its default form (64-row query blocks, L and D loaded by the compute
         warpgroups), its arguments matched to the current ones by name."""
         kernel, grid, arguments, options = launch(q, k, v, do, lse2, delta, *args, block_m=64, **kwargs)
-        named = dict(zip(kernel.arg_names, arguments, strict=True))
-        named.update(lse_desc=None, delta_desc=None, LSE2=lse2, DELTA=delta, stats_stride=lse2.stride(-2))
-        return base, grid, tuple(named[name] for name in base.arg_names), options
+        return base, grid, base_arguments(base, kernel, arguments, lse_desc=None, delta_desc=None, LSE2=lse2,
+                                          DELTA=delta, stats_stride=lse2.stride(-2)), options
 
     def backward(path: str = "gluon", launcher=launch, **form):
         """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
