@@ -30,12 +30,12 @@ def race(batch: int, heads: int, n: int, causal: bool, order: str, rounds: int, 
     o, lse = gluon_forward.attention_forward_gluon(q, k, v, causal, 128 ** -0.5)
     torch.cuda.synchronize()
 
-    def replayed():
-        if backward:
-            return attention_backward(do, q, k, v, o, lse, causal, 128 ** -0.5)
-        return gluon_forward.attention_forward_gluon(q, k, v, causal, 128 ** -0.5)
     if backward:
-        replayed = ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon", replayed)
+        replayed = ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon",
+                                   lambda: attention_backward(do, q, k, v, o, lse, causal, 128 ** -0.5))
+    else:
+        def replayed():
+            return gluon_forward.attention_forward_gluon(q, k, v, causal, 128 ** -0.5)
 
     providers = {"replayed": replayed,
                  "triton_launch": ab_runs.inside(lambda: mock.patch.object(CACHE, "replays", False), replayed)}
