@@ -131,5 +131,5 @@ def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
     block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
     tiles = f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{'' if dq_acc is None else '-dq-atomic'}"
-    return LaunchSpec("gluon_dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors], args[2 + descriptors:],
-                      {}, kwargs, tiles)
+    return LaunchSpec("gluon_dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors],
+                      args[2 + descriptors:], {}, kwargs, tiles)
