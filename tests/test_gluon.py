@@ -183,12 +183,12 @@ def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
 
     calls = []
 
-    def form(*args):
+    def spec_in_form(*args):
         calls.append(args[-1] is not None)
         with mock.patch.object(gluon_backward, "gluon_dkdv_launch",
                                functools.partial(gluon_backward.gluon_dkdv_launch, **form)):
             return gluon_backward.gluon_dkdv_spec(*args)
-    monkeypatch.setattr(backward, "gluon_dkdv_spec", form)
+    monkeypatch.setattr(backward, "gluon_dkdv_spec", spec_in_form)
     monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call `form`)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
