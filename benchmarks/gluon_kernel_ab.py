@@ -4,13 +4,14 @@ device copy of the tree has no .git), e.g.
 
     git show 27b6e9f:src/flashtriton/kernels/gluon_backward.py | sed 's/^from \./from flashtriton.kernels./' \
         > benchmarks/base_kernel.py
-    PYTHONPATH=src python benchmarks/gluon_kernel_ab.py bwd benchmarks/base_kernel.py
+    PYTHONPATH=src python benchmarks/gluon_kernel_ab.py bwd benchmarks/base_kernel.py --base-block-m 64
 
-`bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one in its default
-form at 64-row query blocks), on the current one also at D = 128 with three Q/dO stages and at D = 64 with
-64-row query blocks and with dQ split by rows; the Triton backward and cuDNN's (TFLOP/s on 2.5x the
-forward's FLOPs). `fwd`: the forward's overlapped form on each kernel (the earlier one launched
-directly, not replayed), the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form.
+`bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
+launcher's query blocks unless --base-block-m says otherwise), on the current one also at D = 128 with
+three Q/dO stages and at D = 64 with 64-row query blocks and with dQ split by rows; the Triton backward
+and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the forward's overlapped form on each kernel
+(the earlier one launched directly, not replayed), the current one also with 1 or 2 of every 4 exp2 on
+the FMA pipes, the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form.
 Interleaved rounds of `do_bench`, medians; one JSON line per shape, with each provider's largest error
 against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69 and 70.
 """
@@ -53,7 +54,7 @@ def load_kernel(path: str, name: str):
 def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
     """The current kernel's positional `args` for the earlier kernel `base`, matched by parameter name (the
     two may order them differently), with `earlier`: values of parameters only the earlier kernel has."""
-    named = dict(zip(kernel.arg_names, args, strict=True)) | earlier
+    named = earlier | dict(zip(kernel.arg_names, args, strict=True))
     return tuple(named[name] for name in base.arg_names)
 
 
@@ -63,8 +64,12 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = head_dim ** -0.5
 
-    def form(turns: bool):
-        return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns)
+    def form(turns: bool, exp2_emulated: int = 0):
+        def run():
+            launch = functools.partial(gluon_forward.gluon_forward_launch, exp2_emulated=exp2_emulated)
+            with mock.patch.object(gluon_forward, "gluon_forward_launch", launch):
+                return gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns)
+        return run
 
     def base_form(turns: bool):
         def run():
@@ -73,7 +78,8 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
             base[grid](*base_arguments(base, kernel, args), **kwargs)
             return o, lse
         return run
-    providers = {"base": base_form(False), "current": form(False)}
+    providers = {"base": base_form(False), "current": form(False), "current_exp2_1_in_4": form(False, 1),
+                 "current_exp2_2_in_4": form(False, 2)}
     if pingpong:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True))
     providers.update(triton=ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, "triton",
@@ -87,7 +93,7 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
                               err=errors)
 
 
-def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: bool, rounds: int,
+def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: int, causal: bool, rounds: int,
                   skip: frozenset = frozenset()) -> dict:
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -97,10 +103,11 @@ def race_backward(base, batch: int, heads: int, n: int, head_dim: int, causal: b
     launch = gluon_backward.gluon_dkdv_launch
 
     def base_launch(q, k, v, do, lse2, delta, *args, **kwargs):
-        """The earlier kernel in its default form (64-row query blocks, L and D loaded by the compute
-        warpgroups), its arguments matched to the current ones by name."""
-        kernel, grid, arguments, options = launch(q, k, v, do, lse2, delta, *args, block_m=64, **kwargs)
-        return base, grid, base_arguments(base, kernel, arguments, lse_desc=None, delta_desc=None, LSE2=lse2,
+        """The earlier kernel at `base_block_m` query rows per block (the launcher's default if None), its
+        arguments matched to the current ones by name (with L and D's pointers, for a kernel from before
+        853b0c5, whose compute warpgroups loaded them)."""
+        kernel, grid, arguments, options = launch(q, k, v, do, lse2, delta, *args, block_m=base_block_m, **kwargs)
+        return base, grid, base_arguments(base, kernel, arguments, LSE2=lse2,
                                           DELTA=delta, stats_stride=lse2.stride(-2)), options
 
     def backward(path: str = "gluon", launcher=launch, **form):
@@ -135,6 +142,9 @@ def main() -> None:
     parser.add_argument("mode", choices=("fwd", "bwd"))
     parser.add_argument("base", help="the earlier commit's kernels/gluon_forward.py (fwd) or gluon_backward.py (bwd)")
     parser.add_argument("--pingpong", action="store_true", help="fwd: also each kernel's ping-pong form")
+    parser.add_argument("--base-block-m", type=int, default=None,
+                        help="bwd: the earlier kernel's query rows per block (64 for one from before 853b0c5; "
+                        "default: the current launcher's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shapes", default=None, help="indices into the mode's shapes (default: all)")
     parser.add_argument("--skip", default="", help="providers to leave out, e.g. base,current_3_stages")
@@ -148,7 +158,7 @@ def main() -> None:
         lines = (race_forward(base, args.pingpong, *shape, args.rounds, skip) for shape in shapes)
     else:
         base = load_kernel(args.base, "attn_bwd_dkdv_gluon_kernel")
-        lines = (race_backward(base, *shape, args.rounds, skip) for shape in shapes)
+        lines = (race_backward(base, args.base_block_m, *shape, args.rounds, skip) for shape in shapes)
     for line in lines:
         print(json.dumps(line), flush=True)
 

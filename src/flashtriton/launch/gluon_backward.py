@@ -77,7 +77,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs, and so
     is `dq_split_rows`: with 128-row blocks, each compute warpgroup takes half of dQ's rows with all of D
     (FlashAttention-4's split at D = 64, wgmma at N = 64) instead of half of D's columns for all the rows
-    (N = 32 there). Compiled offline, not yet run on a GPU (docs/performance.md, entry 70)."""
+    (N = 32 there): +3% without a mask at N = 4096, 4-7% slower causal (docs/performance.md, entry 71)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
