@@ -10,8 +10,8 @@ device copy of the tree has no .git), e.g.
 launcher's query blocks unless --base-block-m says otherwise), on the current one also at D = 128 with
 three Q/dO stages and at D = 64 with 64-row query blocks and with dQ split by rows; the Triton backward
 and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the forward's overlapped form on each kernel
-(the earlier one launched directly, not replayed), the current one also with 1 or 2 of every 4 exp2 on
-the FMA pipes, the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form.
+(the earlier one launched directly, not replayed), the Triton forward and cuDNN's; `--pingpong` adds
+both kernels' ping-pong form.
 Interleaved rounds of `do_bench`, medians; one JSON line per shape, with each provider's largest error
 against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69 and 70.
 """
@@ -34,7 +34,8 @@ from flashtriton.launch.forward import attention_forward
 
 FORWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True),
                   (8, 16, 2048, 128, True), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
-                  (4, 32, 4096, 64, False), (4, 32, 4096, 64, True), (8, 16, 2048, 64, True), (1, 16, 16384, 64, True)]
+                  (4, 32, 4096, 64, False), (4, 32, 4096, 64, True), (8, 16, 2048, 64, True), (1, 16, 16384, 64, True),
+                  (2, 16, 8192, 64, True), (1, 16, 32768, 64, True)]
 BACKWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True),
                    (8, 16, 2048, 128, False), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
                    (32, 16, 512, 128, False), (8, 16, 2048, 128, True), (4, 32, 4096, 64, False),
@@ -64,12 +65,8 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = head_dim ** -0.5
 
-    def form(turns: bool, exp2_emulated: int = 0):
-        def run():
-            launch = functools.partial(gluon_forward.gluon_forward_launch, exp2_emulated=exp2_emulated)
-            with mock.patch.object(gluon_forward, "gluon_forward_launch", launch):
-                return gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns)
-        return run
+    def form(turns: bool):
+        return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns)
 
     def base_form(turns: bool):
         def run():
@@ -78,8 +75,7 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
             base[grid](*base_arguments(base, kernel, args), **kwargs)
             return o, lse
         return run
-    providers = {"base": base_form(False), "current": form(False), "current_exp2_1_in_4": form(False, 1),
-                 "current_exp2_2_in_4": form(False, 2)}
+    providers = {"base": base_form(False), "current": form(False)}
     if pingpong:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True))
     providers.update(triton=ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, "triton",

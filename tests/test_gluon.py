@@ -445,6 +445,22 @@ def test_forward_path_variable(monkeypatch):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+def test_forward_auto_selection_follows_its_table(monkeypatch):
+    """FLASHTRITON_FORWARD unset: the Gluon forward from AUTO_MIN_KEYS[head dim, causal] keys, not with one
+    fewer, for calls of at least AUTO_MIN_WORK; none at a (head dim, mask) the table leaves out."""
+    monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)
+
+    def selected(head_dim, seqlen_k, is_causal, seqlen_q):
+        q, k, v = make_qkv(1, 2, 2, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
+        return gluon_forward.gluon_forward_selected(q, k, v, is_causal)
+    for (head_dim, is_causal), keys in gluon_forward.AUTO_MIN_KEYS.items():
+        seqlen_q = -(-gluon_forward.AUTO_MIN_WORK // (2 * (keys - 1) * head_dim))  # enough work either way
+        assert selected(head_dim, keys, is_causal, seqlen_q), (head_dim, is_causal, keys)
+        assert not selected(head_dim, keys - 1, is_causal, seqlen_q), (head_dim, is_causal, keys)
+    assert (256, False) not in gluon_forward.AUTO_MIN_KEYS and not selected(256, 32768, False, 1024)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("path, batch, head_dim, seqlen, variant, gluon", [
     ("auto", 16, 128, 1041, {}, True), ("auto", 1, 128, 1041, {}, False), ("auto", 32, 128, 529, {}, False),
     ("auto", 64, 128, 529, {"is_causal": False}, True),
