@@ -8,12 +8,12 @@ device copy of the tree has no .git), e.g.
 
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
 launcher's query blocks unless --base-block-m says otherwise), on the current one also at D = 128 with
-three Q/dO stages and at D = 64 with 64-row query blocks and with dQ split by rows; the Triton backward
-and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). `fwd`: the forward's overlapped form on each kernel
-(the earlier one launched directly, not replayed), the Triton forward and cuDNN's; `--pingpong` adds
-both kernels' ping-pong form.
-Interleaved rounds of `do_bench`, medians; one JSON line per shape, with each provider's largest error
-against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69 and 70.
+three Q/dO stages and at D = 64 with 64-row query blocks and with dQ split by rows, and with dQ staged in
+register order (DQ_FRAGMENTS); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
+`fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
+the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of
+`do_bench`, medians; one JSON line per shape, with each provider's largest error against float32 SDPA
+(O, or dQ, dK, dV). docs/performance.md, entries 66, 69-73.
 """
 
 import argparse
@@ -106,18 +106,21 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         return base, grid, base_arguments(base, kernel, arguments, LSE2=lse2,
                                           DELTA=delta, stats_stride=lse2.stride(-2)), options
 
-    def backward(path: str = "gluon", launcher=launch, **form):
+    def backward(path: str = "gluon", launcher=launch, fragments: bool = False, **form):
         """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
-        options); each provider keeps its own recorded plans, so that its calls replay its own launches (a
-        launch path without replays would time Triton's host work on the shorter shapes)."""
+        options), dQ's buffer in register order with `fragments` (DQ_FRAGMENTS); each provider keeps its own
+        recorded plans, so that its calls replay its own launches (a launch path without replays would time
+        Triton's host work on the shorter shapes)."""
         plans = {}
 
         def run():
             with (mock.patch.object(gluon_backward, "gluon_dkdv_launch", functools.partial(launcher, **form)),
+                  mock.patch.object(gluon_backward, "DQ_FRAGMENTS", fragments),
                   mock.patch.object(CACHE, "plans", plans)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
-    providers = {"base": backward(launcher=base_launch), "current": backward(), "triton": backward("triton")}
+    providers = {"base": backward(launcher=base_launch), "current": backward(), "triton": backward("triton"),
+                 "current_dq_fragments": backward(fragments=True)}
     if head_dim == 64:  # the current kernel at the earlier 64-row query blocks, and with dQ split by rows
         providers["current_m64"] = backward(block_m=64)
         providers["current_split_rows"] = backward(dq_split_rows=True)

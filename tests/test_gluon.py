@@ -79,14 +79,16 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
 
 
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
-    """The dK/dV kernel (D 64 and 128, causal and not, with and without dQ by atomics, and at D = 64 the A/B
-    form that splits dQ by rows): its four products per query block on wgmma (S^T and dP^T over D, then dV
-    and dK over the block's queries; with dQ, its share over the 128 keys), not serialised by ptxas, the
-    partitions trading registers, within the SM's registers and shared memory, no spills without dQ and
-    a bounded few with it."""
+    """The dK/dV kernel (D 64 and 128, causal and not, with and without dQ by atomics, and the A/B forms: dQ
+    staged in register order, and at D = 64 split by rows): its four products per query block on wgmma
+    (S^T and dP^T over D, then dV and dK over the block's queries; with dQ, its share over the 128 keys),
+    not serialised by ptxas, the partitions trading registers, within the SM's registers and shared memory,
+    no spills without dQ and a bounded few with it; dQ's staging in 16-byte stores in register order (each
+    thread's 32 accumulator registers in 8 stores per compute warpgroup), in 8-byte ones otherwise."""
     reports = [r for r in reports if r["kernel"] == "attn_bwd_dkdv_gluon_kernel"]
     forms = [(r["head_dim"], r["causal"], "".join(r["config"].split("-", 4)[4:])) for r in reports]
-    assert sorted(forms) == sorted([(d, c, f) for d in (64, 128) for c in (False, True) for f in ("", "dq-atomic")]
+    assert sorted(forms) == sorted([(d, c, f) for d in (64, 128) for c in (False, True)
+                                    for f in ("", "dq-atomic", "dq-atomic-fragments")]
                                    + [(64, c, "dq-atomic-split-rows") for c in (False, True)]), forms
     for r in reports:
         atomic = "-dq-atomic" in r["config"]
@@ -103,6 +105,8 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
         # 128 rows): ptxas spills 8-80 bytes there on Triton 3.6; none in the form without dQ.
         bound = 128 if atomic else 0
         assert r["stack_bytes"] + r["local_bytes"] <= bound, r
+        wide = r["shared_stores"].get("16", 0)
+        assert wide == (2 * 8 if r["config"].endswith("-fragments") else 0), r
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * gluon_backward.WARPGROUPS) * 32 <= 65536, r
         assert r["shared_bytes"] <= 227 * 1024, r
@@ -112,7 +116,7 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
     for head_dim in (64, 128):
         for causal in (False, True):
             plain, atomic = ([r for r in reports if (r["head_dim"], r["causal"]) == (head_dim, causal)
-                              and "split-rows" not in r["config"] and r["config"].endswith("-dq-atomic") == a][0]
+                              and (r["config"].endswith("-dq-atomic") if a else "-dq-atomic" not in r["config"])][0]
                              for a in (False, True))
             assert DS_BARRIER.value not in plain["barriers"], plain
             assert set(atomic["barriers"]) == {*plain["barriers"], DS_BARRIER.value}, (plain, atomic)
@@ -198,6 +202,31 @@ def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
                                     q, k, v, is_causal)
     assert all(c.ok for c in checks), checks
     assert calls and all(calls), calls  # the form ran, with dQ by its reductions
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (3, 8, 2, 1000, 1100)])
+def test_backward_with_dq_in_register_order(monkeypatch, head_dim, is_causal, shape):
+    """DQ_FRAGMENTS: the kernel stages dQ in its registers' order into a buffer of that order, which
+    dq_from_fragments_kernel puts back in place. Every gradient within twice plain bf16 attention's error
+    of the float64 reference; odd lengths (the last block's rows past Nq land in the buffer's padding),
+    Nq != Nk both ways, GQA; a second call replays the recorded launches."""
+    from flashtriton import flash_attention
+    from flashtriton.launch import last_choice
+    from flashtriton.testing import compare_with_reference
+
+    monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", True)
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
+    torch.manual_seed(seqlen_q + head_dim)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
+    for _ in range(2):
+        checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal,
+                                                                        return_lse=True), q, k, v, is_causal)
+        assert all(c.ok for c in checks), checks
+    assert "dq-atomic-fragments" in str(last_choice("backward")), last_choice("backward")
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

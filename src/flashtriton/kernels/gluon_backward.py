@@ -29,6 +29,7 @@ by the causal mask, which is the only way it arises. GQA: a key tile's
 program loops over the query heads of its group, so dK and dV have one writer each.
 """
 
+import triton
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -41,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .dq_fragments import fragment_bits
 from .gluon_barriers import named_barrier_sync
 
 # The named barrier at which both compute warpgroups meet once their dS^T of a block is in shared memory.
@@ -139,25 +141,43 @@ def _dq_products(ds_smem, k_smem, buf, WG: gl.constexpr, dq_smem):
     return dq
 
 
+@triton.constexpr_function
+def dq_fragment_layout(rows, cols):
+    """The shared-memory layout that stores a warpgroup's (rows, cols) float32 wgmma accumulator in its
+    registers' own order, 16 bytes per thread at a time (dq_fragments.py): offset bit i is the row or
+    column bit fragment_bits names."""
+    return gl.SharedLinearLayout([[1 << b, 0] if dim == 0 else [0, 1 << b] for dim, b in fragment_bits(rows, cols)])
+
+
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Add warpgroup WG's finished share of dQ (_dq_products), scaled, into dQ's float32 buffer at the
-    block's first row `m_row`: staged in shared memory, then a TMA reduction that runs on while the next
-    block computes."""
+def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m, num_m, heads_q, scale, WG: gl.constexpr,
+            HEAD_DIM: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
+    """Add warpgroup WG's finished share of dQ (_dq_products), scaled, into dQ's float32 buffer for query
+    block m: staged in shared memory, then a TMA reduction that runs on while the next block computes.
+    With DQ_FRAGMENTS the buffer holds each (batch, head, block, warpgroup)'s share as one chunk in the
+    accumulator's register order (dq_fragment_layout: conflict-free 16-byte stores), which
+    dq_from_fragments puts back in place; otherwise the buffer is laid out like dQ."""
     DQ_ROWS: gl.constexpr = dq.type.shape[0]
     DQ_COLS: gl.constexpr = dq.type.shape[1]
+    BLOCK_M: gl.constexpr = DQ_ROWS if DQ_COLS != HEAD_DIM else 2 * DQ_ROWS
     staged = dq_smem.index(WG)
     tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
-    staged.reshape([DQ_ROWS, DQ_COLS]).store(dq * scale)
-    fence_async_shared()
-    if DQ_COLS == HEAD_DIM:  # split by rows
-        _tma_reduce_add(dq_desc, [off_b, head_q, m_row + WG * DQ_ROWS, 0], staged)
+    if DQ_FRAGMENTS:
+        staged._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], dq_fragment_layout(DQ_ROWS, DQ_COLS)).store(dq * scale)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [(off_b * heads_q + head_q) * num_m + m, WG, 0, 0], staged)
     else:
-        _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
+        staged.reshape([DQ_ROWS, DQ_COLS]).store(dq * scale)
+        fence_async_shared()
+        if DQ_COLS == HEAD_DIM:  # split by rows
+            _tma_reduce_add(dq_desc, [off_b, head_q, m * BLOCK_M + WG * DQ_ROWS, 0], staged)
+        else:
+            _tma_reduce_add(dq_desc, [off_b, head_q, m * BLOCK_M, WG * DQ_COLS], staged)
 
 
 @gluon.jit
-def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+                       DQ_FRAGMENTS: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
@@ -231,7 +251,8 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
                 dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
                 dk = warpgroup_mma(dst_op, q, dk, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
-                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m * BLOCK_M, scale, WG, HEAD_DIM)
+                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m, num_m, num_kv_heads * group, scale, WG,
+                        HEAD_DIM, DQ_FRAGMENTS)
             else:
                 dk = warpgroup_mma(dst_op, q, dk, is_async=True)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
@@ -260,13 +281,15 @@ def attn_bwd_dkdv_gluon_kernel(
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-    COMPUTE_REGS: gl.constexpr,
+    DQ_FRAGMENTS: gl.constexpr, COMPUTE_REGS: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv. With
     DQ_ATOMIC, also dQ * scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller; dq_desc's
     box is each warpgroup's share, (1, 1, BLOCK_M, D / 2) or (1, 1, BLOCK_M / 2, D)) by TMA reductions:
     FlashAttention-3's five products per block instead of seven, summed in an order that varies from run
-    to run (not bitwise deterministic)."""
+    to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
+    WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
+    (1, 1, rows, cols) unswizzled."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
@@ -308,8 +331,8 @@ def attn_bwd_dkdv_gluon_kernel(
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
               num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, loads),
-                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC))],
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import _interpreter
-from . import replay
+from . import gluon_backward, replay
 from .arguments import (
     LOG2E,
     Varlen,
@@ -100,8 +100,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
              and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
              and gluon_backward_selected(q, k, v, do, is_causal, deterministic))
     dq_acc = None
+    fragments = gluon_backward.DQ_FRAGMENTS  # (read once: the buffer, the launch and the cast must agree)
     if gluon and need_dq and not deterministic:
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dq_acc = gluon_backward.dq_accumulator(q, fragments)
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
     if gluon:
@@ -117,25 +118,25 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         key = replay.plan_key(device, (q, k, v, do, o, lse, *optional), kernels,
                               is_causal, scale, None if configs is None else tuple(configs), autotune, tuple(window),
                               softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs), gluon,
-                              dq_acc is None)
+                              dq_acc is None, fragments)
         if replay_recorded("backward", key, tensors, stream):
-            return _wanted(_gradients(dq, dk, dv, dq_acc), needs)
+            return _wanted(_gradients(dq, dk, dv, dq_acc, fragments), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
     specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
              *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
                                  softcap, alibi_slopes, varlen, dropout_p, kernels)]
     if gluon:
-        specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc))
+        specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc, fragments))
     run("backward", key, specs, ("gluon_dkdv" if gluon else "dkdv", "dq"))
-    return _wanted(_gradients(dq, dk, dv, dq_acc), needs)
+    return _wanted(_gradients(dq, dk, dv, dq_acc, fragments), needs)
 
 
-def _gradients(dq, dk, dv, dq_acc):
-    """(dq, dk, dv) once the launches have run: on the Gluon path with `dq_acc` (float32) its kernel added
-    dQ there, which dq then takes in its own dtype."""
+def _gradients(dq, dk, dv, dq_acc, fragments: bool):
+    """(dq, dk, dv) once the launches have run: on the Gluon path with `dq_acc` (float32, in register order
+    with `fragments`) its kernel added dQ there, which dq then takes in its own dtype."""
     if dq_acc is not None:
-        dq.copy_(dq_acc)
+        gluon_backward.dq_from_accumulator(dq, dq_acc, fragments)
     return dq, dk, dv
 
 

@@ -42,6 +42,10 @@ BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
 # (0.97x at 1024); causal 1.02x at D = 128 from 2048, and at D = 64 1.07x at 8192 (0.91x at 2048, 0.96x at
 # 4096; 0.98-1.10x at 16384 across three runs: dQ's reductions vary).
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 2048, (64, False): 2048, (64, True): 8192}
+# dQ's float32 buffer in the accumulator's register order (kernels/dq_fragments.py), put back in place by
+# dq_from_fragments_kernel, instead of laid out like dQ: an A/B form, not yet run on a GPU
+# (docs/performance.md, entry 73). attention_backward reads it once per call.
+DQ_FRAGMENTS = False
 
 
 def backward_path() -> str:
@@ -65,10 +69,45 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
 
 
+def dq_share(head_dim: int, block_m: int | None = None, split_rows: bool = False) -> tuple[int, int]:
+    """(rows, cols) of each compute warpgroup's share of a query block's dQ: all the block's rows and half
+    of D, or with `split_rows` half the rows and all of D."""
+    block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    return (block_m // WARPGROUPS, head_dim) if split_rows else (block_m, head_dim // WARPGROUPS)
+
+
+def dq_accumulator(q: torch.Tensor, fragments: bool, block_m: int | None = None,
+                   split_rows: bool = False) -> torch.Tensor:
+    """The zeroed float32 buffer the Gluon kernel adds dQ into: like q, or with `fragments` one chunk per
+    (batch, head, query block, compute warpgroup), (B * Hq * cdiv(Nq, block_m), WARPGROUPS, rows, cols),
+    each in the accumulator's register order."""
+    if not fragments:
+        return torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    batch, heads, seqlen_q, head_dim = q.shape
+    block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    rows, cols = dq_share(head_dim, block_m, split_rows)
+    return torch.zeros(batch * heads * cdiv(seqlen_q, block_m), WARPGROUPS, rows, cols, device=q.device,
+                       dtype=torch.float32)
+
+
+def dq_from_accumulator(dq: torch.Tensor, dq_acc: torch.Tensor, fragments: bool, split_rows: bool = False) -> None:
+    """dq (B, Hq, Nq, D) in its own dtype from dq_accumulator's buffer once the kernel has run."""
+    if not fragments:
+        dq.copy_(dq_acc)
+        return
+    from ..kernels.dq_fragments import dq_from_fragments_kernel
+
+    chunks, _, rows, cols = dq_acc.shape
+    batch, heads, seqlen_q, _ = dq.shape
+    dq_from_fragments_kernel[(chunks * WARPGROUPS, )](
+        dq_acc, dq, *dq.stride()[:3], heads, chunks // (batch * heads), seqlen_q, rows, cols, WARPGROUPS,
+        split_rows, num_warps=4)
+
+
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
                       dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
-                      block_m: int | None = None, dq_split_rows: bool = False) -> tuple:
+                      block_m: int | None = None, dq_split_rows: bool = False, dq_fragments: bool = False) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
@@ -77,7 +116,8 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs, and so
     is `dq_split_rows`: with 128-row blocks, each compute warpgroup takes half of dQ's rows with all of D
     (FlashAttention-4's split at D = 64, wgmma at N = 64) instead of half of D's columns for all the rows
-    (N = 32 there): +3% without a mask at N = 4096, 4-7% slower causal (docs/performance.md, entry 71)."""
+    (N = 32 there): +3% without a mask at N = 4096, 4-7% slower causal (docs/performance.md, entry 71).
+    `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -93,11 +133,13 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if lse2.stride(-1) != 1 or delta.stride() != lse2.stride() or lse2.stride(-2) % 4:
         raise ValueError("lse2 and delta must share one layout with contiguous rows 16-byte aligned for TMA "
                          "(backward.statistics_buffer)")
-    if dq_acc is not None and (dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape
-                               or not dq_acc.is_contiguous()):
-        raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
-                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    rows, cols = dq_share(head_dim, block_m, dq_split_rows)
+    if dq_acc is not None:
+        wanted = (batch * heads * cdiv(seqlen_q, block_m), WARPGROUPS, rows, cols) if dq_fragments else tuple(q.shape)
+        if dq_acc.dtype != torch.float32 or tuple(dq_acc.shape) != wanted or not dq_acc.is_contiguous():
+            raise ValueError(f"dq_acc must be a contiguous float32 tensor of shape {wanted} (dq_accumulator), "
+                             f"got {dq_acc.dtype} {tuple(dq_acc.shape)}")
     if block_m not in (64, 128) or (block_m == 128 and head_dim != 64):
         raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), got {block_m} at head dim "
                          f"{head_dim}")
@@ -108,28 +150,34 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
     dq_desc = None
     if dq_acc is not None:  # each compute warpgroup reduces its share
-        box = [1, 1, block_m // WARPGROUPS, head_dim] if dq_split_rows else [1, 1, block_m, head_dim // WARPGROUPS]
-        dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
+        if dq_fragments:  # a share is one chunk, copied as it lies: no swizzle
+            dq_desc = TensorDescriptor.from_tensor(dq_acc, [1, 1, rows, cols], gl.NVMMASharedLayout(
+                swizzle_byte_width=0, element_bitwidth=32, rank=4))
+        else:
+            box = [1, 1, rows, cols]
+            dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
     box = [1, 1, block_m]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     stats_descs = (TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
     args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
-            compute_registers)
+            dq_fragments, compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers)
 
 
 def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                     delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
-                    dq_acc: torch.Tensor | None = None) -> LaunchSpec:
+                    dq_acc: torch.Tensor | None = None, dq_fragments: bool = False) -> LaunchSpec:
     """The Gluon kernel's launch as attention_backward runs it (runner.run, which records it for replay):
     dk and dv are its per-call tensors, and the descriptors over (q, k, v, do, lse2, delta[, dq_acc]) are
     rebuilt on a replay from those sources, in that order."""
-    kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc)
+    kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
+                                                   dq_fragments=dq_fragments)
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
     block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
-    tiles = f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{'' if dq_acc is None else '-dq-atomic'}"
+    tiles = (f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{'' if dq_acc is None else '-dq-atomic'}"
+             f"{'-fragments' if dq_fragments else ''}")
     return LaunchSpec("gluon_dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors],
                       args[2 + descriptors:], {}, kwargs, tiles)

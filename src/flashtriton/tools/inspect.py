@@ -114,6 +114,9 @@ class KernelReport:
     # The named-barrier ids the SASS syncs or arrives on (BAR.SYNC/ARV/RED with an immediate id): Triton's
     # warp specialisation's own, and those a Gluon kernel names (kernels/gluon_barriers.py) (--json only).
     barriers: tuple[int, ...] = ()
+    # Shared-memory stores by width in bytes, {4: STS, 8: STS.64, 16: STS.128} (--json only): the Gluon
+    # backward's dQ staging takes 16-byte ones in its register-order form.
+    shared_stores: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def _resource_usage(cubin: bytes) -> dict[str, int]:
@@ -153,7 +156,18 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         _wgmma_serialized(compiled.asm["ptx"]), len(re.findall(r"\bUSETMAXREG\b", sass)),
                         len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12],
-                        tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})))
+                        tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
+                        _shared_stores(sass))
+
+
+def _shared_stores(sass: str) -> dict[int, int]:
+    """{bytes per thread: count} of the SASS's STS instructions (STSM, the matrix store, aside)."""
+    sizes = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+    counts: dict[int, int] = {}
+    for suffix in re.findall(r"\bSTS((?:\.\w+)*)\s", sass):
+        size = next((sizes[part] for part in suffix.split(".") if part in sizes), 4)
+        counts[size] = counts.get(size, 0) + 1
+    return counts
 
 
 def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
@@ -299,9 +313,9 @@ def _gluon_config(warpgroups: int, form: str) -> str:
 def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                            target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
-    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics; at D = 64
-    also the A/B form that splits dQ by rows (gluon_dkdv_launch's dq_split_rows, not what the library
-    runs)."""
+    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics; and the
+    A/B forms the library does not run: dQ staged in register order (DQ_FRAGMENTS) and, at D = 64, split
+    by rows (gluon_dkdv_launch's dq_split_rows)."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
@@ -309,15 +323,18 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     lse2, delta = statistics_buffer(torch.empty(1, 2, seqlen))
     launch_registers, compute_registers = gluon_backward.REGISTERS
     reports = []
-    forms = [(None, False), (torch.empty(q.shape), False)] + ([(torch.empty(q.shape), True)] if head_dim == 64 else [])
-    for dq_acc, split_rows in forms:
+    forms = [(False, False, False), (True, False, False), (True, False, True)]
+    forms += [(True, True, False)] if head_dim == 64 else []
+    for atomic, split_rows, fragments in forms:
+        dq_acc = gluon_backward.dq_accumulator(q, fragments, split_rows=split_rows) if atomic else None
         kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal,
                                                                       head_dim ** -0.5, dq_acc,
-                                                                      dq_split_rows=split_rows)
+                                                                      dq_split_rows=split_rows, dq_fragments=fragments)
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
         config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M[head_dim]}-"
                   f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
-                  f"{'' if dq_acc is None else '-dq-atomic'}{'-split-rows' if split_rows else ''}")
+                  f"{'-dq-atomic' if atomic else ''}{'-split-rows' if split_rows else ''}"
+                  f"{'-fragments' if fragments else ''}")
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
     return reports
 
