@@ -2,6 +2,10 @@
 warpgroup's share of every query block back in place, through Triton's interpreter on CPU. The Gluon
 kernel that fills the buffer runs on sm_90 only (tests/test_gluon.py)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -54,3 +58,22 @@ def test_dq_accumulator_shapes():
     assert gluon_backward.dq_accumulator(q, fragments=True).shape == (2 * 3 * 2, 2, rows, cols) == (12, 2, 128, 32)
     assert gluon_backward.dq_accumulator(q, fragments=True, split_rows=True).shape == (12, 2, 64, 64)
     assert not gluon_backward.dq_accumulator(q, fragments=True).any()
+
+
+def test_dq_from_fragments_compiles_for_sm_90():
+    """The same kernel compiled for sm_90 (offline, in a process without TRITON_INTERPRET): Triton's compiler
+    takes the permutation only as a literal tuple, which the interpreter does not check."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "src") + os.pathsep + env.get("PYTHONPATH", "")
+    script = """
+import torch
+from flashtriton.kernels.dq_fragments import dq_from_fragments_kernel
+from flashtriton.tools.inspect import HOPPER, _compile_offline
+for rows, cols, split, head_dim in ((128, 32, False, 64), (64, 64, True, 64), (64, 64, False, 128)):
+    acc, dq = torch.empty(12, 2, rows, cols), torch.empty(2, 3, 130, head_dim, dtype=torch.bfloat16)
+    compiled = _compile_offline(dq_from_fragments_kernel, (24, ), (acc, dq, *dq.stride()[:3], 3, 2, 130, rows, cols,
+                                2, split), dict(num_warps=4), HOPPER)
+    assert "STG" in compiled.asm["sass"]
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -29,15 +29,9 @@ def fragment_bits(rows: int, cols: int) -> list[tuple[int, int]]:
 
 
 @triton.constexpr_function
-def fragment_shape(rows, cols):
-    """A chunk as one axis of 2 per offset bit, highest first (the order a row-major reshape gives)."""
-    return [2] * len(fragment_bits(rows, cols))
-
-
-@triton.constexpr_function
 def fragment_permutation(rows, cols):
-    """The axes of fragment_shape in the order (row bits, highest first, then column bits, highest first):
-    permuted so, a chunk reshapes to its (rows, cols) tile."""
+    """A chunk reshaped to one axis of 2 per offset bit, highest first: its axes in the order (row bits,
+    highest first, then column bits, highest first), which reshapes to the (rows, cols) tile."""
     bits = fragment_bits(rows, cols)
     axis = {bit: len(bits) - 1 - i for i, bit in enumerate(bits)}  # offset bit i is axis len - 1 - i
     row_bits = [(0, b) for b in reversed(range(rows.bit_length() - 1))]
@@ -60,9 +54,12 @@ def dq_from_fragments_kernel(
     m = block % num_m
     b = block // num_m // heads
     h = block // num_m % heads
+    tl.static_assert(ROWS * COLS == 4096, "a share is 4096 floats: 12 offset bits")
     x = tl.load(ACC + pid.to(tl.int64) * (ROWS * COLS) + tl.arange(0, ROWS * COLS))
-    x = tl.reshape(tl.permute(tl.reshape(x, fragment_shape(ROWS, COLS)), fragment_permutation(ROWS, COLS)),
-                   [ROWS, COLS])
+    x = tl.reshape(x, [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2])  # an axis per offset bit, highest first
+    p: tl.constexpr = fragment_permutation(ROWS, COLS)  # (spelt out: the compiler takes a literal tuple)
+    x = tl.permute(x, (p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]))
+    x = tl.reshape(x, [ROWS, COLS])
     if SPLIT_ROWS:
         rows = (m * WARPGROUPS + wg) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, COLS)
