@@ -8,8 +8,9 @@ device copy of the tree has no .git), e.g.
 
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
 launcher's query blocks unless --base-block-m says otherwise), on the current one also at D = 128 with
-three Q/dO stages and at D = 64 with 64-row query blocks and with dQ split by rows, and with dQ staged in
-register order (DQ_FRAGMENTS); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
+three Q/dO stages, at D = 64 with 64-row query blocks and with dQ split by rows, and with dQ staged in
+dQ's own order (DQ_FRAGMENTS off; the earlier kernel and the D = 64 forms run so too); the Triton
+backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
 the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of
 `do_bench`, medians; one JSON line per shape, with each provider's largest error against float32 SDPA
@@ -106,7 +107,7 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         return base, grid, base_arguments(base, kernel, arguments, LSE2=lse2,
                                           DELTA=delta, stats_stride=lse2.stride(-2)), options
 
-    def backward(path: str = "gluon", launcher=launch, fragments: bool = False, **form):
+    def backward(path: str = "gluon", launcher=launch, fragments: bool = gluon_backward.DQ_FRAGMENTS, **form):
         """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
         options), dQ's buffer in register order with `fragments` (DQ_FRAGMENTS); each provider keeps its own
         recorded plans, so that its calls replay its own launches (a launch path without replays would time
@@ -119,11 +120,11 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
                   mock.patch.object(CACHE, "plans", plans)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
-    providers = {"base": backward(launcher=base_launch), "current": backward(), "triton": backward("triton"),
-                 "current_dq_fragments": backward(fragments=True)}
+    providers = {"base": backward(launcher=base_launch, fragments=False), "current": backward(),
+                 "triton": backward("triton"), "current_dq_in_place": backward(fragments=False)}
     if head_dim == 64:  # the current kernel at the earlier 64-row query blocks, and with dQ split by rows
-        providers["current_m64"] = backward(block_m=64)
-        providers["current_split_rows"] = backward(dq_split_rows=True)
+        providers["current_m64"] = backward(block_m=64, fragments=False)
+        providers["current_split_rows"] = backward(dq_split_rows=True, fragments=False)
     else:  # (three stages of 128-row blocks do not fit in shared memory)
         providers["current_3_stages"] = backward(stages=3)
     providers = {name: fn for name, fn in providers.items() if name not in skip}

@@ -194,6 +194,7 @@ def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
             return gluon_backward.gluon_dkdv_spec(*args)
     monkeypatch.setattr(backward, "gluon_dkdv_spec", spec_in_form)
     monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call `form`)
+    monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", False)  # (the buffer's other order: any blocks, any split)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
     torch.manual_seed(seqlen_q)
@@ -208,16 +209,18 @@ def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (3, 8, 2, 1000, 1100)])
-def test_backward_with_dq_in_register_order(monkeypatch, head_dim, is_causal, shape):
-    """DQ_FRAGMENTS: the kernel stages dQ in its registers' order into a buffer of that order, which
-    dq_from_fragments_kernel puts back in place. Every gradient within twice plain bf16 attention's error
-    of the float64 reference; odd lengths (the last block's rows past Nq land in the buffer's padding),
-    Nq != Nk both ways, GQA; a second call replays the recorded launches."""
+@pytest.mark.parametrize("fragments", [True, False])
+def test_backward_in_either_dq_order(monkeypatch, head_dim, is_causal, shape, fragments):
+    """DQ_FRAGMENTS (the library's): the kernel stages dQ in its registers' order into a buffer of that
+    order, which dq_from_fragments_kernel puts back in place; or (False) dQ's own order, as before. Every
+    gradient within twice plain bf16 attention's error of the float64 reference; odd lengths (the last
+    block's rows past Nq land in the buffer's padding), Nq != Nk both ways, GQA; a second call replays
+    the recorded launches."""
     from flashtriton import flash_attention
     from flashtriton.launch import last_choice
     from flashtriton.testing import compare_with_reference
 
-    monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", True)
+    monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", fragments)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
     torch.manual_seed(seqlen_q + head_dim)
@@ -226,7 +229,7 @@ def test_backward_with_dq_in_register_order(monkeypatch, head_dim, is_causal, sh
         checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal,
                                                                         return_lse=True), q, k, v, is_causal)
         assert all(c.ok for c in checks), checks
-    assert "dq-atomic-fragments" in str(last_choice("backward")), last_choice("backward")
+    assert str(last_choice("backward")).endswith("-dq-atomic" + "-fragments" * fragments), last_choice("backward")
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -43,9 +43,11 @@ BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
 # 4096; 0.98-1.10x at 16384 across three runs: dQ's reductions vary).
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 2048, (64, False): 2048, (64, True): 8192}
 # dQ's float32 buffer in the accumulator's register order (kernels/dq_fragments.py), put back in place by
-# dq_from_fragments_kernel, instead of laid out like dQ: an A/B form, not yet run on a GPU
-# (docs/performance.md, entry 73). attention_backward reads it once per call.
-DQ_FRAGMENTS = False
+# dq_from_fragments_kernel, rather than laid out like dQ: conflict-free 16-byte staging stores, 1.05-1.08x
+# at D = 128 and at D = 64 without a mask, even at D = 64 causal (docs/performance.md, entry 73).
+# attention_backward reads it once per call; False keeps the other order (and the A/B forms that need it:
+# other query blocks, dQ split by rows).
+DQ_FRAGMENTS = True
 
 
 def backward_path() -> str:
@@ -117,7 +119,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     is `dq_split_rows`: with 128-row blocks, each compute warpgroup takes half of dQ's rows with all of D
     (FlashAttention-4's split at D = 64, wgmma at N = 64) instead of half of D's columns for all the rows
     (N = 32 there): +3% without a mask at N = 4096, 4-7% slower causal (docs/performance.md, entry 71).
-    `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS)."""
+    `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS, the library's)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 

@@ -313,9 +313,9 @@ def _gluon_config(warpgroups: int, form: str) -> str:
 def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                            target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
-    would launch it under FLASHTRITON_BACKWARD=gluon, and its form that also adds dQ by atomics; and the
-    A/B forms the library does not run: dQ staged in register order (DQ_FRAGMENTS) and, at D = 64, split
-    by rows (gluon_dkdv_launch's dq_split_rows)."""
+    would launch it under FLASHTRITON_BACKWARD=gluon, deterministic (without dQ) and not (dQ by TMA
+    reductions, staged in register order: DQ_FRAGMENTS); and the A/B forms the library does not run: dQ
+    staged like dQ and, at D = 64, split by rows (gluon_dkdv_launch's dq_split_rows)."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
