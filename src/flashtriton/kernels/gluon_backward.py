@@ -156,7 +156,7 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m, num_m, heads_q, scale, WG: g
     block m: staged in shared memory, then a TMA reduction that runs on while the next block computes.
     With DQ_FRAGMENTS the buffer holds each (batch, head, block, warpgroup)'s share as one chunk in the
     accumulator's register order (dq_fragment_layout: conflict-free 16-byte stores), which
-    dq_from_fragments puts back in place; otherwise the buffer is laid out like dQ."""
+    dq_from_fragments_kernel puts back in place; otherwise the buffer is laid out like dQ."""
     DQ_ROWS: gl.constexpr = dq.type.shape[0]
     DQ_COLS: gl.constexpr = dq.type.shape[1]
     BLOCK_M: gl.constexpr = DQ_ROWS if DQ_COLS != HEAD_DIM else 2 * DQ_ROWS
