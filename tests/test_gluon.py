@@ -155,9 +155,9 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
 
     calls = []
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args[-1] is None)  # dq_acc: None when dQ comes from the Triton kernel
-        return gluon_backward.gluon_dkdv_spec(*args)
+        return gluon_backward.gluon_dkdv_spec(*args, **kwargs)
     monkeypatch.setattr(backward, "gluon_dkdv_spec", counted)
     monkeypatch.setattr(CACHE, "replays", False)  # (a replay would launch without building the spec)
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
@@ -187,11 +187,11 @@ def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
 
     calls = []
 
-    def spec_in_form(*args):
-        calls.append(args[-1] is not None)
+    def spec_in_form(*args, **kwargs):
+        calls.append(args[-1] is not None)  # dq_acc
         with mock.patch.object(gluon_backward, "gluon_dkdv_launch",
                                functools.partial(gluon_backward.gluon_dkdv_launch, **form)):
-            return gluon_backward.gluon_dkdv_spec(*args)
+            return gluon_backward.gluon_dkdv_spec(*args, **kwargs)
     monkeypatch.setattr(backward, "gluon_dkdv_spec", spec_in_form)
     monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call `form`)
     monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", False)  # (the buffer's other order: any blocks, any split)

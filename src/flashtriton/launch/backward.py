@@ -127,7 +127,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
              *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
                                  softcap, alibi_slopes, varlen, dropout_p, kernels)]
     if gluon:
-        specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc, fragments))
+        specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
+                                     dq_fragments=fragments))
     run("backward", key, specs, ("gluon_dkdv" if gluon else "dkdv", "dq"))
     return _wanted(_gradients(dq, dk, dv, dq_acc, fragments), needs)
 
