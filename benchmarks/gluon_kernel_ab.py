@@ -9,8 +9,8 @@ device copy of the tree has no .git), e.g.
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
 launcher's query blocks unless --base-block-m says otherwise), on the current one also at D = 128 with
 three Q/dO stages, at D = 64 with 64-row query blocks and with dQ split by rows, and with dQ staged in
-dQ's own order (DQ_FRAGMENTS off; the earlier kernel and the D = 64 forms run so too); the Triton
-backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
+dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
+register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
 the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of
 `do_bench`, medians; one JSON line per shape, with each provider's largest error against float32 SDPA
@@ -120,7 +120,9 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
                   mock.patch.object(CACHE, "plans", plans)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
-    providers = {"base": backward(launcher=base_launch, fragments=False), "current": backward(),
+    # (the earlier kernel in the library's dQ order where it has that form: from 9ab68f7 on)
+    base_fragments = "DQ_FRAGMENTS" in base.arg_names and gluon_backward.DQ_FRAGMENTS
+    providers = {"base": backward(launcher=base_launch, fragments=base_fragments), "current": backward(),
                  "triton": backward("triton"), "current_dq_in_place": backward(fragments=False)}
     if head_dim == 64:  # the current kernel at the earlier 64-row query blocks, and with dQ split by rows
         providers["current_m64"] = backward(block_m=64, fragments=False)

@@ -104,6 +104,8 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
         # dQ's accumulator joins dK and dV in the atomic form (32 registers at D = 64, beside S^T and dP^T of
         # 128 rows): ptxas spills 8-80 bytes there on Triton 3.6; none in the form without dQ.
         bound = 128 if atomic else 0
+        if r["config"].endswith("-fragments") and r["head_dim"] == 128:
+            bound = 0  # the library's form at D = 128, since dQ's chunk index left the loop (entry 74)
         assert r["stack_bytes"] + r["local_bytes"] <= bound, r
         wide = r["shared_stores"].get("16", 0)
         assert wide == (2 * 8 if r["config"].endswith("-fragments") else 0), r
