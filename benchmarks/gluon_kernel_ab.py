@@ -120,8 +120,8 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
                   mock.patch.object(CACHE, "plans", plans)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
-    # (the earlier kernel in the library's dQ order where it has that form: from 9ab68f7 on)
-    base_fragments = "DQ_FRAGMENTS" in base.arg_names and gluon_backward.DQ_FRAGMENTS
+    # (the earlier kernel in the library's dQ order where it has that form, 9ab68f7 on, at the library's blocks)
+    base_fragments = "DQ_FRAGMENTS" in base.arg_names and base_block_m is None and gluon_backward.DQ_FRAGMENTS
     providers = {"base": backward(launcher=base_launch, fragments=base_fragments), "current": backward(),
                  "triton": backward("triton"), "current_dq_in_place": backward(fragments=False)}
     if head_dim == 64:  # the current kernel at the earlier 64-row query blocks, and with dQ split by rows

@@ -150,17 +150,16 @@ def dq_fragment_layout(rows, cols):
 
 
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m, chunk, scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
             DQ_FRAGMENTS: gl.constexpr):
-    """Add warpgroup WG's finished share of dQ (_dq_products), scaled, into dQ's float32 buffer for query
-    block m of query head head_q: staged in shared memory, then a TMA reduction that runs on while the next
-    block computes. With DQ_FRAGMENTS the buffer holds each (batch, head, block, warpgroup)'s share as one
-    chunk in the accumulator's register order (dq_fragment_layout: conflict-free 16-byte stores), which
-    dq_from_fragments_kernel puts back in place, the block's being `chunk`; otherwise the buffer is laid out
-    like dQ."""
+    """Add warpgroup WG's finished share of dQ (_dq_products), scaled, into dQ's float32 buffer for the query
+    block from row m_row of query head head_q: staged in shared memory, then a TMA reduction that runs on
+    while the next block computes. With DQ_FRAGMENTS the buffer holds each (batch, head, block,
+    warpgroup)'s share as one chunk in the accumulator's register order (dq_fragment_layout: conflict-free
+    16-byte stores), which dq_from_fragments_kernel puts back in place, the block's being `chunk`;
+    otherwise the buffer is laid out like dQ."""
     DQ_ROWS: gl.constexpr = dq.type.shape[0]
     DQ_COLS: gl.constexpr = dq.type.shape[1]
-    BLOCK_M: gl.constexpr = DQ_ROWS if DQ_COLS != HEAD_DIM else 2 * DQ_ROWS
     staged = dq_smem.index(WG)
     tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
     if DQ_FRAGMENTS:
@@ -171,9 +170,9 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m, chunk, scale, WG: gl.constex
         staged.reshape([DQ_ROWS, DQ_COLS]).store(dq * scale)
         fence_async_shared()
         if DQ_COLS == HEAD_DIM:  # split by rows
-            _tma_reduce_add(dq_desc, [off_b, head_q, m * BLOCK_M + WG * DQ_ROWS, 0], staged)
+            _tma_reduce_add(dq_desc, [off_b, head_q, m_row + WG * DQ_ROWS, 0], staged)
         else:
-            _tma_reduce_add(dq_desc, [off_b, head_q, m * BLOCK_M, WG * DQ_COLS], staged)
+            _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
 
 
 @gluon.jit
@@ -213,8 +212,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     mbarrier.wait(kv_ready, 0)
     count = 0
     for i in range(group):
-        # dQ's chunk of block 0 of this query head (DQ_FRAGMENTS), once per head: computed in the loop from
-        # its parts, it cost 16-48 bytes of spills (docs/performance.md, entry 74)
+        # dQ's chunk of this query head's block 0 (DQ_FRAGMENTS), once per head: per block it spills
         first_chunk = (off_b * num_kv_heads * group + off_hkv * group + i) * num_m
         for m in range(m_first, num_m):
             stage = count % NUM_STAGES
@@ -255,8 +253,8 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
                 dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
                 dk = warpgroup_mma(dst_op, q, dk, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
-                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m, first_chunk + m, scale, WG, HEAD_DIM,
-                        DQ_FRAGMENTS)
+                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m * BLOCK_M, first_chunk + m, scale, WG,
+                        HEAD_DIM, DQ_FRAGMENTS)
             else:
                 dk = warpgroup_mma(dst_op, q, dk, is_async=True)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))

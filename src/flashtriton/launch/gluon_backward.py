@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.dq_fragments import dq_from_fragments_kernel
 from .arguments import LOG2E, cdiv
 from .gluon_forward import gluon_forward_supports, path_from_environment
 from .runner import LaunchSpec
@@ -78,32 +79,36 @@ def dq_share(head_dim: int, block_m: int | None = None, split_rows: bool = False
     return (block_m // WARPGROUPS, head_dim) if split_rows else (block_m, head_dim // WARPGROUPS)
 
 
+def dq_accumulator_shape(q_shape: tuple, fragments: bool, block_m: int | None = None,
+                         split_rows: bool = False) -> tuple:
+    """The shape of the float32 buffer the Gluon kernel adds dQ into, for q of `q_shape` (B, Hq, Nq, D): q's,
+    or with `fragments` one chunk per (batch, head, query block, compute warpgroup), (B * Hq * cdiv(Nq,
+    block_m), WARPGROUPS, rows, cols), each in the accumulator's register order."""
+    if not fragments:
+        return tuple(q_shape)
+    batch, heads, seqlen_q, head_dim = q_shape
+    block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    return (batch * heads * cdiv(seqlen_q, block_m), WARPGROUPS, *dq_share(head_dim, block_m, split_rows))
+
+
 def dq_accumulator(q: torch.Tensor, fragments: bool, block_m: int | None = None,
                    split_rows: bool = False) -> torch.Tensor:
-    """The zeroed float32 buffer the Gluon kernel adds dQ into: like q, or with `fragments` one chunk per
-    (batch, head, query block, compute warpgroup), (B * Hq * cdiv(Nq, block_m), WARPGROUPS, rows, cols),
-    each in the accumulator's register order."""
-    if not fragments:
-        return torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    batch, heads, seqlen_q, head_dim = q.shape
-    block_m = BLOCK_M[head_dim] if block_m is None else block_m
-    rows, cols = dq_share(head_dim, block_m, split_rows)
-    return torch.zeros(batch * heads * cdiv(seqlen_q, block_m), WARPGROUPS, rows, cols, device=q.device,
+    """That buffer (dq_accumulator_shape), zeroed."""
+    return torch.zeros(dq_accumulator_shape(q.shape, fragments, block_m, split_rows), device=q.device,
                        dtype=torch.float32)
 
 
-def dq_from_accumulator(dq: torch.Tensor, dq_acc: torch.Tensor, fragments: bool, split_rows: bool = False) -> None:
-    """dq (B, Hq, Nq, D) in its own dtype from dq_accumulator's buffer once the kernel has run."""
+def dq_from_accumulator(dq: torch.Tensor, dq_acc: torch.Tensor, fragments: bool) -> None:
+    """dq (B, Hq, Nq, D) in its own dtype from dq_accumulator's buffer once the kernel has run. A share with
+    all of D's columns is a split by rows."""
     if not fragments:
         dq.copy_(dq_acc)
         return
-    from ..kernels.dq_fragments import dq_from_fragments_kernel
-
     chunks, _, rows, cols = dq_acc.shape
-    batch, heads, seqlen_q, _ = dq.shape
+    batch, heads, seqlen_q, head_dim = dq.shape
     dq_from_fragments_kernel[(chunks * WARPGROUPS, )](
         dq_acc, dq, *dq.stride()[:3], heads, chunks // (batch * heads), seqlen_q, rows, cols, WARPGROUPS,
-        split_rows, num_warps=4)
+        cols == head_dim, num_warps=4)
 
 
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
@@ -138,7 +143,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
     rows, cols = dq_share(head_dim, block_m, dq_split_rows)
     if dq_acc is not None:
-        wanted = (batch * heads * cdiv(seqlen_q, block_m), WARPGROUPS, rows, cols) if dq_fragments else tuple(q.shape)
+        wanted = dq_accumulator_shape(q.shape, dq_fragments, block_m, dq_split_rows)
         if dq_acc.dtype != torch.float32 or tuple(dq_acc.shape) != wanted or not dq_acc.is_contiguous():
             raise ValueError(f"dq_acc must be a contiguous float32 tensor of shape {wanted} (dq_accumulator), "
                              f"got {dq_acc.dtype} {tuple(dq_acc.shape)}")
