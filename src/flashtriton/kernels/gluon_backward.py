@@ -176,11 +176,11 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, scale, WG: gl.con
 
 
 @gluon.jit
-def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_FRAGMENTS: gl.constexpr):
-    """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
-    its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
-    warpgroup takes (the kernel's)."""
+def _query_block(shared, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
+                 MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
+    """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`) against warpgroup
+    WG's keys from n_wg: the five products and the elementwise work between them; returns dK and dV.
+    MASKED: the block crosses the causal diagonal, and its scores are masked."""
     (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
      DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
      group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
@@ -194,71 +194,99 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     # 64 x D gradients; P^T and dS^T as the A operand of the gradients' products.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+    query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    stage = count % NUM_STAGES
+    mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
+    q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    # (made here: a zero tile kept across the loop would hold 32 registers the accumulators need)
+    no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
+    # L and D from the ring, read where used (loaded ahead, they would hold 32 registers each across the
+    # products at 128-row blocks). Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1
+    # there, but dO = 0 and dP = 0, so nothing reaches dV, dK or (clipped) dQ.
+    lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
+    pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
+    if MASKED:
+        keys = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+        queries = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=query_cols)
+        pt = gl.where(keys[:, None] <= queries[None, :] + (seqlen_k - seqlen_q), pt, 0.0)
+    pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+    dv = warpgroup_mma(pt_op, do, dv, is_async=True)
+    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
+    delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
+    dst = (pt * (dpt - delta[None, :])).to(dtype)
+    dst_op = gl.convert_layout(dst, a_layout)
+    if DQ_ATOMIC:
+        # dS^T into this warpgroup's rows of the block's buffer (the other warpgroup's products read what
+        # it held two blocks ago before that warpgroup reached the last block's barrier); once both halves
+        # are in, dQ's products are queued ahead of dK's, so that dQ's trip to the reduction (_add_dq) runs
+        # while dK's product does.
+        buf = count % 2
+        ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst)
+        fence_async_shared()
+        named_barrier_sync(DS_BARRIER, WARPGROUPS * 128)
+        dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
+        dk = warpgroup_mma(dst_op, q, dk, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
+        _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m * BLOCK_M, chunk, scale, WG, HEAD_DIM, DQ_FRAGMENTS)
+    else:
+        dk = warpgroup_mma(dst_op, q, dk, is_async=True)
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    mbarrier.arrive(empty.index(stage), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+                       DQ_FRAGMENTS: gl.constexpr):
+    """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
+    its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
+    warpgroup takes (the kernel's)."""
+    (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
+     DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
+     group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
+    WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
+    KEYS: gl.constexpr = k_smem.type.shape[3]
+    HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    dtype: gl.constexpr = q_smem.dtype
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    key_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
     off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, WARPGROUPS * KEYS)
     n_wg = n_start + WG * KEYS
     k = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
     v = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
-    keys = n_wg + gl.arange(0, KEYS, layout=key_rows)
     m_first = _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
+    # Causal: the blocks before m_full cross the diagonal (some of the program's keys are past some of
+    # their rows). They run in a loop of their own, so that the loop over the rest carries no mask: the
+    # mask's indices held registers that the steady state then spilled (docs/performance.md, entry 75).
+    m_full = m_first
+    if IS_CAUSAL:
+        last_key = n_start + WARPGROUPS * KEYS - 1 - (seqlen_k - seqlen_q)  # relative to the diagonal
+        m_full = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(last_key, 0), BLOCK_M), m_first), num_m)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
     mbarrier.wait(kv_ready, 0)
     count = 0
     for i in range(group):
+        head_q = off_hkv * group + i
         # dQ's chunk of this query head's block 0 (DQ_FRAGMENTS), once per head: per block it spills
-        first_chunk = (off_b * num_kv_heads * group + off_hkv * group + i) * num_m
-        for m in range(m_first, num_m):
-            stage = count % NUM_STAGES
-            mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
-            q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-            # (made in the loop: a zero tile kept across it would hold 32 registers the accumulators need)
-            no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-            st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
-            dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
-            queries = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=query_cols)
-            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
-            # L and D from the ring, read where used (loaded ahead, they would hold 32 registers each across
-            # the products at 128-row blocks). Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and
-            # dO: P = 1 there, but dO = 0 and dP = 0, so nothing reaches dV, dK or (clipped) dQ.
-            lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
-            pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
-            if IS_CAUSAL:
-                # Only the blocks that cross the diagonal are masked: the others skip the comparisons.
-                if n_wg + KEYS - 1 > m * BLOCK_M + (seqlen_k - seqlen_q):
-                    visible = keys[:, None] <= queries[None, :] + (seqlen_k - seqlen_q)
-                    pt = gl.where(visible, pt, 0.0)
-            pt_op = gl.convert_layout(pt.to(dtype), a_layout)
-            dv = warpgroup_mma(pt_op, do, dv, is_async=True)
-            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
-            delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
-            dst = (pt * (dpt - delta[None, :])).to(dtype)
-            dst_op = gl.convert_layout(dst, a_layout)
-            if DQ_ATOMIC:
-                # dS^T into this warpgroup's rows of the block's buffer (the other warpgroup's products read
-                # what it held two blocks ago before that warpgroup reached the last block's barrier); once
-                # both halves are in, dQ's products are queued ahead of dK's, so that dQ's trip to the
-                # reduction (_add_dq) runs while dK's product does.
-                buf = count % 2
-                ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst)
-                fence_async_shared()
-                named_barrier_sync(DS_BARRIER, WARPGROUPS * 128)
-                dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
-                dk = warpgroup_mma(dst_op, q, dk, is_async=True)
-                dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
-                _add_dq(dq, dq_smem, dq_desc, off_b, off_hkv * group + i, m * BLOCK_M, first_chunk + m, scale, WG,
-                        HEAD_DIM, DQ_FRAGMENTS)
-            else:
-                dk = warpgroup_mma(dst_op, q, dk, is_async=True)
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-            mbarrier.arrive(empty.index(stage), count=1)
+        first_chunk = (off_b * num_kv_heads * group + head_q) * num_m
+        if IS_CAUSAL:
+            for m in range(m_first, m_full):
+                dk, dv = _query_block(shared, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, True,
+                                      DQ_ATOMIC, DQ_FRAGMENTS)
+                count += 1
+        for m in range(m_full, num_m):
+            dk, dv = _query_block(shared, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
+                                  DQ_ATOMIC, DQ_FRAGMENTS)
             count += 1
 
     if DQ_ATOMIC:

@@ -110,7 +110,7 @@ class KernelReport:
     wgmma_serialized: bool
     register_reallocations: int  # USETMAXREG in the SASS: warp-specialised partitions trading registers
     f2f: int  # F2F in the SASS: float conversions on the SM's slow conversion unit (16 per clock)
-    sass_sha1: str  # of the SASS without the kernel's name: equal hashes, same machine code (--json only)
+    sass_sha1: str  # of the SASS's instructions: equal hashes, same machine code (--json only)
     # The named-barrier ids the SASS syncs or arrives on (BAR.SYNC/ARV/RED with an immediate id): Triton's
     # warp specialisation's own, and those a Gluon kernel names (kernels/gluon_barriers.py) (--json only).
     barriers: tuple[int, ...] = ()
@@ -119,14 +119,28 @@ class KernelReport:
     shared_stores: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
-def _resource_usage(cubin: bytes) -> dict[str, int]:
+def _cuobjdump(cubin: bytes, option: str) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                             check=True).stdout
+        return subprocess.run([tool, option, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    out = _cuobjdump(cubin, "--dump-resource-usage")
     return {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out)}
+
+
+# An instruction of cuobjdump's listing: `/*1a2b0*/   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ ;`
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]+\*/\s+([^;]*;)")
+
+
+def _sass(cubin: bytes) -> str:
+    """The kernel's instructions, one per line. Not Triton's asm["sass"]: its parser reads a four-digit
+    address and stops at the first instruction past 64 KB of code, which the backward's causal kernels
+    pass (two loops over the query blocks per compute warpgroup)."""
+    return "\n".join(_INSTRUCTION.findall(_cuobjdump(cubin, "-sass")))
 
 
 def _wgmma_serialized(ptx: str) -> bool:
@@ -148,14 +162,14 @@ _NAMED_BARRIER = re.compile(r"\bBAR\.(?:SYNC|ARV|RED)[\w.]*\s+(0x[0-9a-f]+|\d+)\
 
 def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool, config: str) -> KernelReport:
     usage = _resource_usage(compiled.asm["cubin"])
-    sass = compiled.asm["sass"]
+    sass = _sass(compiled.asm["cubin"])
     return KernelReport(name, head_dim, str(dtype).removeprefix("torch."), causal, config,
                         usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
                         compiled.metadata.shared, len(re.findall(r"\b[HQ]GMMA\.", sass)),
                         len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
                         _wgmma_serialized(compiled.asm["ptx"]), len(re.findall(r"\bUSETMAXREG\b", sass)),
                         len(re.findall(r"\bF2F\.", sass)),
-                        hashlib.sha1(re.sub(rf"\b{name}\w*", "", sass).encode()).hexdigest()[:12],
+                        hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
                         _shared_stores(sass))
 
