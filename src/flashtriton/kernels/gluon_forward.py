@@ -146,45 +146,27 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
 
 
 @gluon.jit
-def _masked_block(j, seqlen_k, first_visible_end, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """Whether key block j needs _mask_scores: it reaches past Nk or, causal, past the diagonal of the
-    warpgroup's first row (`first_visible_end`: that row's last visible key)."""
+def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
+                    IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr):
+    """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
+    running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
+    masked: the others skip the comparisons in the softmax's critical path. SHIFTED: the block that
+    crosses Nk was loaded ending at it (_block_start), and its keys before j * BLOCK_N, the previous
+    block's, are masked too."""
+    BLOCK_N: gl.constexpr = qk.type.shape[1]
     block_end = (j + 1) * BLOCK_N
     partial = block_end > seqlen_k
     if IS_CAUSAL:
         partial = partial | (block_end - 1 > first_visible_end)
-    return partial
-
-
-@gluon.jit
-def _unmasked_blocks(seqlen_k, first_visible_end, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """How many key blocks from the first need no mask (_masked_block is false for them and true for every
-    later one): those inside Nk and, causal, before the warpgroup's first row's diagonal."""
-    blocks = seqlen_k // BLOCK_N
-    if IS_CAUSAL:
-        blocks = gl.minimum(blocks, gl.maximum(first_visible_end + 1, 0) // BLOCK_N)
-    return blocks
-
-
-@gluon.jit
-def _mask_scores(qk, j, last_key, seqlen_k, SHIFTED: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """Key block j's scores with the keys past Nk and, causal, past each row's diagonal (`last_key`) at
-    -inf. SHIFTED: the block that crosses Nk was loaded ending at it (_block_start), and its keys before
-    j * BLOCK_N, the previous block's, are masked too."""
-    BLOCK_N: gl.constexpr = qk.type.shape[1]
-    keys = _block_start(j, seqlen_k, BLOCK_N, SHIFTED) + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
-    visible = keys[None, :] < seqlen_k
-    if SHIFTED:
-        visible = visible & (keys[None, :] >= j * BLOCK_N)
-    if IS_CAUSAL:
-        visible = visible & (keys[None, :] <= last_key[:, None])
-    return gl.where(visible, qk, float("-inf"))
-
-
-@gluon.jit
-def _online_softmax(qk, m_i, l_i, qk_scale_log2):
-    """A key block's scores (fp32, unscaled, masked where needed) -> (P, the factor that rescales what came
-    before, the running max and sum)."""
+    if partial:
+        keys = _block_start(j, seqlen_k, BLOCK_N, SHIFTED) + gl.arange(0, BLOCK_N,
+                                                                     layout=gl.SliceLayout(0, qk.type.layout))
+        visible = keys[None, :] < seqlen_k
+        if SHIFTED:
+            visible = visible & (keys[None, :] >= j * BLOCK_N)
+        if IS_CAUSAL:
+            visible = visible & (keys[None, :] <= last_key[:, None])
+        qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
     m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale_log2)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
@@ -216,42 +198,6 @@ def _values(v_smem, stage, FP8: gl.constexpr):
     if FP8:
         tile = tile.permute((1, 0))
     return tile
-
-
-@gluon.jit
-def _overlapped_block(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns, fills, turn, acc, p_op, m_i, l_i,
-                      no_scores, last_key, seqlen_k, qk_scale_log2, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
-                      MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
-                      SHIFTED: gl.constexpr):
-    """Key block j (j >= 1) of the overlapped form (_attend): its Q K^T, then block j-1's P V on the tensor
-    cores while block j's softmax runs; returns O's accumulator, P's operand and the running max and sum.
-    MASKED: the block's scores go through _mask_scores."""
-    FIRST: gl.constexpr = 1 if WG == 0 else 0
-    NEXT: gl.constexpr = (WG + 1) % WARPGROUPS
-    NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
-    HEAD_DIM: gl.constexpr = q.type.shape[1]
-    stage = (fills + j) % NUM_STAGES
-    prev = (fills + j - 1) % NUM_STAGES
-    mbarrier.wait(k_ready.index(stage), ((fills + j) // NUM_STAGES) & 1)
-    mbarrier.wait(v_ready.index(prev), ((fills + j - 1) // NUM_STAGES) & 1)
-    if PINGPONG:
-        mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
-    qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
-                       use_acc=False, is_async=True)
-    acc = warpgroup_mma(p_op, _values(v_smem, prev, FP8), acc, is_async=True)
-    if PINGPONG:
-        mbarrier.arrive(turns.index(NEXT), count=1)
-    qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
-    mbarrier.arrive(k_empty.index(stage), count=1)
-    if MASKED:
-        qk = _mask_scores(qk, j, last_key, seqlen_k, SHIFTED, IS_CAUSAL)
-    p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale_log2)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(v_empty.index(prev), count=1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    p_layout: gl.constexpr = p_op.type.layout
-    return acc, _probabilities_operand(p, q.dtype, p_layout, FP8), m_i, l_i
 
 
 @gluon.jit
@@ -307,26 +253,29 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                 mbarrier.arrive(turns.index(NEXT), count=1)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
-            if _masked_block(0, seqlen_k, first_visible_end, BLOCK_N, IS_CAUSAL):
-                qk = _mask_scores(qk, 0, last_key, seqlen_k, SHIFTED, IS_CAUSAL)
-            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale_log2)
+            p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
-            # The blocks before `split` need no mask; the rest (past Nk, or across the diagonal) do. Two loops,
-            # so that the first, nearly all of a long row's blocks, has no branch between the scores and the
-            # softmax: the mask's comparisons and the branch around them cost the steady state its schedule
-            # (docs/performance.md, entry 76).
-            split = _unmasked_blocks(seqlen_k, first_visible_end, BLOCK_N, IS_CAUSAL)
-            split = gl.minimum(gl.maximum(split, 1), n_blocks)
-            for j in range(1, split):
-                acc, p_op, m_i, l_i = _overlapped_block(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                                                        fills, turn, acc, p_op, m_i, l_i, no_scores, last_key, seqlen_k,
-                                                        qk_scale_log2, WG, WARPGROUPS, False, IS_CAUSAL, PINGPONG, FP8,
-                                                        SHIFTED)
-            for j in range(split, n_blocks):
-                acc, p_op, m_i, l_i = _overlapped_block(j, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turns,
-                                                        fills, turn, acc, p_op, m_i, l_i, no_scores, last_key, seqlen_k,
-                                                        qk_scale_log2, WG, WARPGROUPS, True, IS_CAUSAL, PINGPONG, FP8,
-                                                        SHIFTED)
+            for j in range(1, n_blocks):
+                stage = (fills + j) % NUM_STAGES
+                prev = (fills + j - 1) % NUM_STAGES
+                mbarrier.wait(k_ready.index(stage), ((fills + j) // NUM_STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((fills + j - 1) // NUM_STAGES) & 1)
+                if PINGPONG:
+                    mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
+                qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
+                                   use_acc=False, is_async=True)
+                acc = warpgroup_mma(p_op, _values(v_smem, prev, FP8), acc, is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(turns.index(NEXT), count=1)
+                qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
+                mbarrier.arrive(k_empty.index(stage), count=1)
+                p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                     qk_scale_log2, IS_CAUSAL, SHIFTED)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(v_empty.index(prev), count=1)
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
             last = (fills + n_blocks - 1) % NUM_STAGES
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
@@ -349,9 +298,8 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                                use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
-            if _masked_block(j, seqlen_k, first_visible_end, BLOCK_N, IS_CAUSAL):
-                qk = _mask_scores(qk, j, last_key, seqlen_k, SHIFTED, IS_CAUSAL)
-            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale_log2)
+            p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
