@@ -178,9 +178,9 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, scale, WG: gl.con
 @gluon.jit
 def _query_block(shared, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
-    """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`) against warpgroup
-    WG's keys from n_wg: the five products and the elementwise work between them; returns dK and dV.
-    MASKED: the block crosses the causal diagonal, and its scores are masked."""
+    """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
+    against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
+    returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked."""
     (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
      DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
      group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
