@@ -57,24 +57,16 @@ def _program_tile(r, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _tile(tile, num_m_blocks, num_tiles, heads_per_group, num_heads, seqlen_q, seqlen_k, SEQUSED_K,
-          IS_CAUSAL: gl.constexpr, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
+def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL: gl.constexpr,
+          TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Work item `tile` -> (batch, head, batch * heads + head, first query row, the sequence's keys, key
     blocks to visit). Tiles go head by head, so that the programs running at once share their heads' K and
-    V in L2. Causal tiles differ in length: they go longest first across a group of heads_per_group
-    (batch, head) pairs, group by group, so that the short ones fill the end of the run (with one
-    program per tile, a head at a time left each head's longest tile to start late; one per group is
-    within a head, longest first)."""
+    V in L2; within a head, causal tiles go longest first, so that the short ones fill the end of the
+    run."""
+    bh = tile // num_m_blocks
+    m_block = tile % num_m_blocks
     if IS_CAUSAL:
-        group_tiles = heads_per_group * num_m_blocks
-        first_bh = tile // group_tiles * heads_per_group
-        width = gl.minimum(heads_per_group, num_tiles // num_m_blocks - first_bh)  # the last group's may be fewer
-        r = tile % group_tiles
-        bh = first_bh + r % width
-        m_block = num_m_blocks - 1 - r // width
-    else:
-        bh = tile // num_m_blocks
-        m_block = tile % num_m_blocks
+        m_block = num_m_blocks - 1 - m_block
     first_row = m_block * TILE_M
     keys = seqlen_k
     if SEQUSED_K is not None:
@@ -122,7 +114,7 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                    v_empty, num_tiles, heads_per_group, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
+                    v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
                     IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j."""
@@ -135,9 +127,8 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
         tile = _program_tile(r, IS_CAUSAL)
         if tile < num_tiles:
-            off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_tiles, heads_per_group,
-                                                                num_heads, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL,
-                                                                WARPGROUPS * BLOCK_M, BLOCK_N)
+            off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
+                                                                SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
             off_hkv = off_h // group
             if n_blocks > 0:  # the first K does not wait on Q's stage
                 _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED)
@@ -338,8 +329,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
-     stride_om, num_tiles, heads_per_group, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2,
-     DESCALE, SEQUSED_K) = shared
+     stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
+     SEQUSED_K) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -352,9 +343,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
         tile = _program_tile(r, IS_CAUSAL)
         if tile < num_tiles:
-            off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_tiles, heads_per_group,
-                                                                num_heads, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL,
-                                                                WARPGROUPS * BLOCK_M, BLOCK_N)
+            off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
+                                                                SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
             o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
             tile_scale = qk_scale_log2
             v_descale = 1.0
@@ -379,7 +369,7 @@ def attn_fwd_gluon_kernel(
     # box). Tensors before descriptors, as launch/replay.py replays a recorded launch.
     O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc,
     stride_ob, stride_oh, stride_om,
-    num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles, heads_per_group,
+    num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr,
@@ -421,11 +411,10 @@ def attn_fwd_gluon_kernel(
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-             num_tiles, heads_per_group, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL,
-             FP8)
+             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL, FP8)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
-              stride_oh, stride_om, num_tiles, heads_per_group, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-              qk_scale_log2, DESCALE, SEQUSED_K)
+              stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2,
+              DESCALE, SEQUSED_K)
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, loads),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),

@@ -94,9 +94,6 @@ AUTO_MIN_WORK = 2 ** 33
 # tile from 1024 to 8192 keys and 0.69x at 16384 (entry 55); in FP8, 1.01x at 8192 and 0.66x at 16384,
 # and at D = 64 0.91x at 16384 (entry 60), though a head's K and V take half the bytes or less there.
 PERSISTENT_CAUSAL_MAX_KEYS = 8192
-# K and V bytes of the heads whose causal tiles one-program-per-tile grids start longest first together: a
-# share of the H200's 50 MB of L2.
-LONGEST_FIRST_KV_BYTES = 32 << 20
 
 
 def path_from_environment(variable: str, what: str) -> str:
@@ -178,6 +175,11 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     max_registers, softmax_registers = REGISTERS[warpgroups]
     num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
+    args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
+            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
+            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
+            num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
+            softmax_registers, fp8)
     # Persistent, one program per SM (the stages' shared memory admits one), each looping over tiles;
     # but causal tiles differ in length, so the programs drift apart across heads, and past
     # PERSISTENT_CAUSAL_MAX_KEYS the heads in flight no longer share L2: one program per tile then,
@@ -185,17 +187,6 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     if persistent is None:
         persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
     grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
-    # With one program per tile, causal tiles start longest first across as many heads as share L2
-    # (the kernel's _tile), not a head at a time, which started each head's longest tile late (entry 76).
-    heads_per_group = 1
-    if is_causal and not persistent:
-        kv_bytes_per_head = 2 * seqlen_k * head_dim * k.element_size() * k.shape[1] // heads
-        heads_per_group = max(1, min(batch * heads, LONGEST_FIRST_KV_BYTES // kv_bytes_per_head))
-    args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
-            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
-            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
-            num_tiles, heads_per_group, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
-            softmax_registers, fp8)
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
 
