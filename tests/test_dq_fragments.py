@@ -11,6 +11,7 @@ import torch
 
 from flashtriton.launch import gluon_backward
 from flashtriton.launch.arguments import cdiv
+from flashtriton.launch.runner import run
 
 
 def _share_positions(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +47,7 @@ def test_dq_from_fragments_puts_each_share_back(head_dim, split_rows, seqlen_q):
         share = blocks[:, g * rows:(g + 1) * rows] if split_rows else blocks[:, :, g * cols:(g + 1) * cols]
         acc[:, g] = share[:, row, col].view(-1, rows, cols)
     dq = torch.full((batch, heads, seqlen_q, head_dim), float("nan"), dtype=torch.bfloat16)
-    gluon_backward.dq_from_accumulator(dq, acc, fragments=True)
+    run("dq_fragments", None, [gluon_backward.dq_fragments_spec(dq, acc)], ())  # (as a backward's plan runs it)
     assert torch.equal(dq, full[:, :, :seqlen_q].to(torch.bfloat16))
 
 

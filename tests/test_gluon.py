@@ -576,10 +576,10 @@ def test_a_repeated_call_replays_its_launch(monkeypatch):
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_a_repeated_backward_replays_the_gluon_launch(monkeypatch, deterministic):
-    """The Gluon backward's launch is part of the backward's plan: a second call like the first replays the
-    statistics launch and the Gluon kernel (in the deterministic form also the Triton dQ kernel) with its
-    own tensors, whose gradients are bounded by the float64 reference's; dK and dV (one writer each) equal
-    those of a call that goes through Triton's launch path, bitwise."""
+    """The Gluon backward's launch is part of the backward's plan: a second call like the first replays
+    the statistics launch and the Gluon kernel, then dQ's un-permute (in the deterministic form the Triton
+    dQ kernel instead) with its own tensors, whose gradients are bounded by the float64 reference's; dK
+    and dV (one writer each) equal those of a call that goes through Triton's launch path, bitwise."""
     from flashtriton import flash_attention
     from flashtriton.launch.backward import attention_backward
     from flashtriton.launch.runner import last_choice
@@ -606,6 +606,10 @@ def test_a_repeated_backward_replays_the_gluon_launch(monkeypatch, deterministic
     attention_backward(do, q, k, v, o, lse, True, 128 ** -0.5)  # (records: its key is not autograd's)
     replayed = attention_backward(do, q, k, v, o, lse, True, 128 ** -0.5)
     assert last_choice("backward").replayed
+    # dQ's trip back from the kernel's register order is the plan's last launch, not one through Triton
+    backward_plans = [list(plan.launches) for plan in CACHE.plans.values() if "stats" in plan.launches]
+    expected = ["stats", "dq", "gluon_dkdv"] if deterministic else ["stats", "gluon_dkdv", "dq_fragments"]
+    assert backward_plans and all(names == expected for names in backward_plans), backward_plans
     monkeypatch.setattr(CACHE, "replays", False)
     launched = attention_backward(do, q, k, v, o, lse, True, 128 ** -0.5)
     assert not last_choice("backward").replayed

@@ -107,6 +107,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
     if gluon:
         tensors["gluon_dkdv"] = ((dk, dv), (q, k, v, do, lse2, delta, dq_acc))
+        if dq_acc is not None and fragments:  # dQ back in place from the kernel's register order
+            tensors["dq_fragments"] = ((dq_acc, dq), ())
     elif need_dkdv:
         tensors["dkdv"] = ((q, k, v, do, lse2, delta, dk, dv, *optional), (q, k, v, do, lse2, delta))
     if need_dq and dq_acc is None:
@@ -129,15 +131,18 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if gluon:
         specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
                                      dq_fragments=fragments))
+        if "dq_fragments" in tensors:
+            specs.append(gluon_backward.dq_fragments_spec(dq, dq_acc))
     run("backward", key, specs, ("gluon_dkdv" if gluon else "dkdv", "dq"))
     return _wanted(_gradients(dq, dk, dv, dq_acc, fragments), needs)
 
 
 def _gradients(dq, dk, dv, dq_acc, fragments: bool):
-    """(dq, dk, dv) once the launches have run: on the Gluon path with `dq_acc` (float32, in register order
-    with `fragments`) its kernel added dQ there, which dq then takes in its own dtype."""
-    if dq_acc is not None:
-        gluon_backward.dq_from_accumulator(dq, dq_acc, fragments)
+    """(dq, dk, dv) once the launches have run: on the Gluon path with `dq_acc` (float32) its kernel added
+    dQ there, which dq then takes in its own dtype (in register order, with `fragments`, the plan's last
+    launch did)."""
+    if dq_acc is not None and not fragments:
+        dq.copy_(dq_acc)
     return dq, dk, dv
 
 

@@ -98,17 +98,16 @@ def dq_accumulator(q: torch.Tensor, fragments: bool, block_m: int | None = None,
                        dtype=torch.float32)
 
 
-def dq_from_accumulator(dq: torch.Tensor, dq_acc: torch.Tensor, fragments: bool) -> None:
-    """dq (B, Hq, Nq, D) in its own dtype from dq_accumulator's buffer once the kernel has run. A share with
-    all of D's columns is a split by rows."""
-    if not fragments:
-        dq.copy_(dq_acc)
-        return
+def dq_fragments_spec(dq: torch.Tensor, dq_acc: torch.Tensor) -> LaunchSpec:
+    """dq_from_fragments_kernel's launch, which writes dq (B, Hq, Nq, D) in its own dtype from dq_accumulator's
+    buffer in register order once the Gluon kernel has run: attention_backward records it with that kernel,
+    so that a replayed backward puts dQ back in place without a launch through Triton. A share with all of
+    D's columns is a split by rows."""
     chunks, _, rows, cols = dq_acc.shape
     batch, heads, seqlen_q, head_dim = dq.shape
-    dq_from_fragments_kernel[(chunks * WARPGROUPS, )](
-        dq_acc, dq, *dq.stride()[:3], heads, chunks // (batch * heads), seqlen_q, rows, cols, WARPGROUPS,
-        cols == head_dim, num_warps=4)
+    return LaunchSpec("dq_fragments", dq_from_fragments_kernel, lambda meta: (chunks * WARPGROUPS, ), (dq_acc, dq),
+                      (), (*dq.stride()[:3], heads, chunks // (batch * heads), seqlen_q),
+                      dict(ROWS=rows, COLS=cols, WARPGROUPS=WARPGROUPS, SPLIT_ROWS=cols == head_dim))
 
 
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
