@@ -1,5 +1,5 @@
 """dQ's float32 buffer in register order (kernels/dq_fragments.py): dq_from_fragments_kernel puts every
-warpgroup's share of every query block back in place, through Triton's interpreter on CPU. The Gluon
+warpgroup's share of every query block back in place (on a GPU, or through Triton's interpreter on CPU). The Gluon
 kernel that fills the buffer runs on sm_90 only (tests/test_gluon.py)."""
 
 import os
@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from conftest import DEVICE
 from flashtriton.launch import gluon_backward
 from flashtriton.launch.arguments import cdiv
 from flashtriton.launch.runner import run
@@ -40,13 +41,13 @@ def test_dq_from_fragments_puts_each_share_back(head_dim, split_rows, seqlen_q):
     torch.manual_seed(seqlen_q + head_dim)
     # dQ, its last block padded; values bf16 holds exactly, so that the cast's rounding is not under test
     # (Triton 3.6's interpreter truncates to bf16 where a GPU rounds to nearest)
-    full = torch.randn(batch, heads, num_m * block_m, head_dim).to(torch.bfloat16).float()
+    full = torch.randn(batch, heads, num_m * block_m, head_dim).to(torch.bfloat16).float().to(DEVICE)
     blocks = full.view(batch * heads * num_m, block_m, head_dim)
-    acc = torch.empty(batch * heads * num_m, gluon_backward.WARPGROUPS, rows, cols)
+    acc = torch.empty(batch * heads * num_m, gluon_backward.WARPGROUPS, rows, cols, device=DEVICE)
     for g in range(gluon_backward.WARPGROUPS):
         share = blocks[:, g * rows:(g + 1) * rows] if split_rows else blocks[:, :, g * cols:(g + 1) * cols]
         acc[:, g] = share[:, row, col].view(-1, rows, cols)
-    dq = torch.full((batch, heads, seqlen_q, head_dim), float("nan"), dtype=torch.bfloat16)
+    dq = torch.full((batch, heads, seqlen_q, head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     run("dq_fragments", None, [gluon_backward.dq_fragments_spec(dq, acc)], ())  # (as a backward's plan runs it)
     assert torch.equal(dq, full[:, :, :seqlen_q].to(torch.bfloat16))
 
