@@ -176,14 +176,14 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, scale, WG: gl.con
 
 
 @gluon.jit
-def _query_block(shared, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
+def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
     """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
-    returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked."""
-    (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
-     DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
-     group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
+    returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked. `ring`:
+    the shared memory, barriers and sizes every block reads (_compute_partition's)."""
+    (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, empty, seqlen_q, seqlen_k, scale,
+     qk_scale_log2) = ring
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
@@ -273,6 +273,8 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         m_full = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(last_key, 0), BLOCK_M), m_first), num_m)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
+    ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, empty, seqlen_q, seqlen_k, scale,
+            qk_scale_log2)
     mbarrier.wait(kv_ready, 0)
     count = 0
     for i in range(group):
@@ -281,11 +283,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         first_chunk = (off_b * num_kv_heads * group + head_q) * num_m
         if IS_CAUSAL:
             for m in range(m_first, m_full):
-                dk, dv = _query_block(shared, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, True,
+                dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, True,
                                       DQ_ATOMIC, DQ_FRAGMENTS)
                 count += 1
         for m in range(m_full, num_m):
-            dk, dv = _query_block(shared, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
+            dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
                                   DQ_ATOMIC, DQ_FRAGMENTS)
             count += 1
 
