@@ -1,6 +1,6 @@
 """dQ's float32 buffer in register order (kernels/dq_fragments.py): dq_from_fragments_kernel puts every
-warpgroup's share of every query block back in place (on a GPU, or through Triton's interpreter on CPU). The Gluon
-kernel that fills the buffer runs on sm_90 only (tests/test_gluon.py)."""
+warpgroup's share of every query block back in place (on a GPU, or through Triton's interpreter on CPU).
+The Gluon kernel that fills the buffer runs on sm_90 only (tests/test_gluon.py)."""
 
 import os
 import subprocess
