@@ -77,6 +77,13 @@ def _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, IS_CA
 
 
 @gluon.jit
+def _first_unmasked_query_block(n_end, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr):
+    """Causal: the first query block whose first row sees every key before n_end (the later blocks need
+    no mask; it may lie past the last block)."""
+    return gl.cdiv(gl.maximum(n_end - 1 - (seqlen_k - seqlen_q), 0), BLOCK_M)
+
+
+@gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
                     stats_smem, kv_ready, ready, empty, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
                     IS_CAUSAL: gl.constexpr):
@@ -269,8 +276,8 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     # mask's indices held registers that the steady state then spilled (docs/performance.md, entry 75).
     m_full = m_first
     if IS_CAUSAL:
-        last_key = n_start + WARPGROUPS * KEYS - 1 - (seqlen_k - seqlen_q)  # relative to the diagonal
-        m_full = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(last_key, 0), BLOCK_M), m_first), num_m)
+        m_full = _first_unmasked_query_block(n_start + WARPGROUPS * KEYS, seqlen_q, seqlen_k, BLOCK_M)
+        m_full = gl.minimum(gl.maximum(m_full, m_first), num_m)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
     ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, empty, seqlen_q, seqlen_k, scale,
