@@ -72,6 +72,14 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
 
 
+def dkdv_form(dq_atomic: bool, split_rows: bool = False, fragments: bool = False) -> str:
+    """How the dK/dV kernel's tiles are named after its blocks (gluon_dkdv_spec's `tiles`, inspect's
+    reports): "-dq-atomic" with dQ by TMA reductions, then its buffer's form, "-split-rows" and/or
+    "-fragments"."""
+    return "".join(name for name, on in (("-dq-atomic", dq_atomic), ("-split-rows", split_rows),
+                                         ("-fragments", fragments)) if on)
+
+
 def dq_share(head_dim: int, block_m: int | None = None, split_rows: bool = False) -> tuple[int, int]:
     """(rows, cols) of each compute warpgroup's share of a query block's dQ: all the block's rows and half
     of D, or with `split_rows` half the rows and all of D."""
@@ -183,7 +191,6 @@ def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
                                                    dq_fragments=dq_fragments)
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
     block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
-    tiles = (f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{'' if dq_acc is None else '-dq-atomic'}"
-             f"{'-fragments' if dq_fragments else ''}")
+    tiles = f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{dkdv_form(dq_acc is not None, False, dq_fragments)}"
     return LaunchSpec("gluon_dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors],
                       args[2 + descriptors:], {}, kwargs, tiles)

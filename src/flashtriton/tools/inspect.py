@@ -347,8 +347,7 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
         config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M[head_dim]}-"
                   f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
-                  f"{'-dq-atomic' if atomic else ''}{'-split-rows' if split_rows else ''}"
-                  f"{'-fragments' if fragments else ''}")
+                  f"{gluon_backward.dkdv_form(atomic, split_rows, fragments)}")
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
     return reports
 
