@@ -7,9 +7,10 @@ FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for
 (D = 64 too, any length), "auto" (the default) decides by head dim, length and size. The Triton kernels
 stay the reference: interpreter-tested, portable, and what every variant runs.
 
-Tiles: WARPGROUPS softmax warpgroups (two at D = 128, three at D = 64) of BLOCK_M = 64 query rows each (a tile holds
-128 or 192), key blocks of BLOCK_N = 128, NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at
-D = 128, with Q's 32 KB: 160 KB of the H200's 227 KB per block).
+Tiles: WARPGROUPS softmax warpgroups (two at D = 128, three at D = 64, two on a persistent causal grid) of
+BLOCK_M = 64 query rows each (a tile holds 128 or 192), key blocks of BLOCK_N = 128, NUM_STAGES = 2
+shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB of the H200's 227 KB per
+block).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ BLOCK_N = 128
 NUM_STAGES = 2
 HEAD_DIMS = (64, 128)
 WARPGROUPS = {64: 3, 128: 2}  # softmax warpgroups per tile, by head dim (the faster on the H200: entry 49)
+# ... but a persistent causal grid takes two at D = 64 in 16-bit: its 192-row tiles shared out among the
+# programs less evenly than 128-row ones, and 1.10-1.38x from 2048 to 8192 keys (entry 80)
+PERSISTENT_CAUSAL_WARPGROUPS = {64: 2, 128: 2}
 # Registers per thread by softmax warpgroups: (at launch, each softmax thread's after setmaxnreg). The SM's
 # 64K are shared by the loader's 4 warps and the softmax warpgroups: with two (12 warps), 168 at launch,
 # then 240 per softmax thread and what is left (24) per loader thread; with three (16 warps), 128, then
@@ -111,12 +115,26 @@ def forward_path() -> str:
     return path_from_environment(FORWARD_PATH_VARIABLE, "forward")
 
 
-def gluon_tiles(head_dim: int, overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
-                stages: int = NUM_STAGES, warpgroups: int | None = None) -> str:
-    """What attention_forward_gluon runs with these arguments (by default, what it runs at this head dim),
-    for logs: e.g. M64x2-N128-s2-overlap."""
+def gluon_tiles(warpgroups: int, overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
+                stages: int = NUM_STAGES) -> str:
+    """What attention_forward_gluon runs with these arguments, for logs: e.g. M64x2-N128-s2-overlap."""
     form = next(name for name, flags in FORMS.items() if flags == (overlap, pingpong))
-    return f"M{BLOCK_M}x{warpgroups or WARPGROUPS[head_dim]}-N{block_n}-s{stages}-{form}"
+    return f"M{BLOCK_M}x{warpgroups}-N{block_n}-s{stages}-{form}"
+
+
+def grid_form(head_dim: int, is_causal: bool, seqlen_k: int, fp8: bool = False, persistent: bool | None = None,
+              warpgroups: int | None = None) -> tuple[bool, int]:
+    """(persistent, softmax warpgroups) of a launch, each as given or by the rules: persistent, one program
+    per SM, unless a causal call's heads are long; causal tiles differ in length, so the programs drift
+    apart across heads, and past PERSISTENT_CAUSAL_MAX_KEYS the heads in flight no longer share L2: one
+    program per tile then, longest first (docs/performance.md, entries 47, 55 and 60). The warpgroups:
+    WARPGROUPS by head dim, or in 16-bit PERSISTENT_CAUSAL_WARPGROUPS on a persistent causal grid."""
+    if persistent is None:
+        persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
+    if warpgroups is None:
+        table = PERSISTENT_CAUSAL_WARPGROUPS if is_causal and persistent and not fp8 else WARPGROUPS
+        warpgroups = table[head_dim]
+    return persistent, warpgroups
 
 
 def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
@@ -145,8 +163,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
-    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: WARPGROUPS[D]);
-    `persistent` forces the grid, one program per SM or one per tile (None: the rule below). FP8
+    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: grid_form's rule);
+    `persistent` forces the grid, one program per SM or one per tile (None: grid_form's rule). FP8
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's)."""
@@ -157,8 +175,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
 
     batch, heads, seqlen_q, head_dim = q.shape
     seqlen_k = k.shape[2]
-    warpgroups = warpgroups or WARPGROUPS[head_dim]
     fp8 = q.dtype == torch.float8_e4m3fn
+    persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[q.dtype]
 
     def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):
@@ -180,12 +198,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
             num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
             softmax_registers, fp8)
-    # Persistent, one program per SM (the stages' shared memory admits one), each looping over tiles;
-    # but causal tiles differ in length, so the programs drift apart across heads, and past
-    # PERSISTENT_CAUSAL_MAX_KEYS the heads in flight no longer share L2: one program per tile then,
-    # longest first (docs/performance.md, entries 47, 55 and 60).
-    if persistent is None:
-        persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
+    # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
     grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
@@ -215,7 +228,8 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
             return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
                                                       stages, warpgroups, seqused_k=seqused_k)
-    tiles = "gluon-" + gluon_tiles(q.shape[-1], overlap, pingpong, block_n, stages, warpgroups)
+    warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
+    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages)
     run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:7], args[7:], {},
                                     kwargs, tiles)], ("gluon_fwd", ))
     return o, lse

@@ -294,7 +294,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, vt, o, lse, causal, head_dim ** -0.5,
                                                                         overlap=True, descale=torch.ones(3, 1, 2))
         return [_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
-                        causal, _gluon_config(gluon_forward.WARPGROUPS[head_dim], "overlap-fp8"))]
+                        causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1],
+                                              "overlap-fp8"))]
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
     variants = [(form, flags, 2) for form, flags in gluon_forward.FORMS.items()]
@@ -311,7 +312,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"],
         seqused_k=torch.tensor([seqlen // 3], dtype=torch.int32))
     reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
-                           causal, _gluon_config(gluon_forward.WARPGROUPS[head_dim], "overlap-key-counts")))
+                           causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
+                                                 "overlap-key-counts")))
     return reports
 
 
