@@ -62,12 +62,14 @@ def _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSA
     """Work item `tile` -> (batch, head, batch * heads + head, first query row, the sequence's keys, key
     blocks to visit). Tiles go head by head, so that the programs running at once share their heads' K and
     V in L2; within a head, causal tiles go longest first, so that the short ones fill the end of the
-    run."""
+    run. Causal tiles are counted up from the last query row: when TILE_M does not divide Nq, the tile
+    that overhangs is the first, which sees the fewest keys, not the last, which sees them all (its first
+    row is then negative: TMA reads zeros there and the stores skip those rows)."""
     bh = tile // num_m_blocks
     m_block = tile % num_m_blocks
-    if IS_CAUSAL:
-        m_block = num_m_blocks - 1 - m_block
     first_row = m_block * TILE_M
+    if IS_CAUSAL:
+        first_row = seqlen_q - (m_block + 1) * TILE_M
     keys = seqlen_k
     if SEQUSED_K is not None:
         keys = gl.load(SEQUSED_K + bh // num_heads)
@@ -317,9 +319,9 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     rows_o = rows0 + gl.arange(0, BLOCK_M, layout=o_rows)
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(O.dtype.element_ty),
-             mask=rows_o[:, None] < seqlen_q)
+             mask=(rows_o[:, None] >= 0) & (rows_o[:, None] < seqlen_q))
     lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-    gl.store(LSE + lse_base + rows, lse, mask=rows < seqlen_q)
+    gl.store(LSE + lse_base + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
     return fills + n_blocks, turn
 
 
