@@ -5,16 +5,16 @@ command line that picks shapes, and the peers and references they race against. 
 
 import argparse
 import json
-import os
 import statistics
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
+
+from flashtriton.tools.bench import environment_variable
 
 
 def timed_rounds(providers: dict[str, Callable], rounds: int, graphs: bool = False) -> dict[str, float]:
@@ -66,7 +66,7 @@ def cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fals
 
 def inside(context: Callable[[], AbstractContextManager], fn: Callable) -> Callable:
     """fn as a provider that runs inside a fresh `context()` each call: e.g. a path forced by
-    `lambda: mock.patch.dict(os.environ, {variable: value})`, or a kernel swapped in by mock.patch.object."""
+    `lambda: environment_variable(variable, value)`, or a kernel swapped in by mock.patch.object."""
     def run():
         with context():
             return fn()
@@ -76,7 +76,7 @@ def inside(context: Callable[[], AbstractContextManager], fn: Callable) -> Calla
 def on_path(variable: str, path: str, fn: Callable) -> Callable:
     """fn with the environment variable that picks a path (FLASHTRITON_FORWARD, FLASHTRITON_BACKWARD) set
     to `path` while it runs."""
-    return inside(lambda: mock.patch.dict(os.environ, {variable: path}), fn)
+    return inside(lambda: environment_variable(variable, path), fn)
 
 
 def largest_error(x: torch.Tensor, reference: torch.Tensor) -> float:

@@ -2,11 +2,21 @@
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from flashtriton.tools.bench import SUITES, Row, Shape, article_table, memory_table, provider_table, write_results
+from flashtriton.tools.bench import (
+    SUITES,
+    Row,
+    Shape,
+    article_table,
+    environment_variable,
+    memory_table,
+    provider_table,
+    write_results,
+)
 
 
 def test_suites_match_their_definitions():
@@ -279,3 +289,21 @@ def test_fa4_provider_is_unavailable_without_its_wheels(monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 16, 16, 64, torch.bfloat16, "cpu")
     with pytest.raises(NotImplementedError, match="flash-attn-4 is not importable"):
         run(q, k, v, bench.Shape(1, 2, 2, 16, 16, 64, True))
+
+
+@pytest.mark.parametrize("before", [None, "triton"])
+def test_environment_variable_sets_one_variable_and_restores_it(monkeypatch, before):
+    """The forced-path providers' context: the variable holds the value inside, and afterwards what it held
+    before (absent stays absent), also when the block raises; the rest of the environment is untouched."""
+    name = "FLASHTRITON_TEST_PATH"
+    if before is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, before)
+    others = {key: value for key, value in os.environ.items() if key != name}
+    with pytest.raises(RuntimeError):
+        with environment_variable(name, "gluon"):
+            assert os.environ[name] == "gluon"
+            raise RuntimeError
+    assert os.environ.get(name) == before
+    assert {key: value for key, value in os.environ.items() if key != name} == others

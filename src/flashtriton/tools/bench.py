@@ -18,7 +18,6 @@ import platform
 import re
 import statistics
 import subprocess
-import unittest.mock
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -177,7 +176,23 @@ def _forward_path(path: str) -> Callable[[], contextlib.AbstractContextManager]:
     FLASHTRITON_FORWARD) while the provider runs: "triton" or "gluon" (which still runs the Triton kernels
     for what the Gluon one does not take: the variants, D other than 64 and 128, GPUs other than sm_90)."""
     from ..launch.gluon_forward import FORWARD_PATH_VARIABLE
-    return lambda: unittest.mock.patch.dict(os.environ, {FORWARD_PATH_VARIABLE: path})
+    return lambda: environment_variable(FORWARD_PATH_VARIABLE, path)
+
+
+@contextlib.contextmanager
+def environment_variable(variable: str, value: str):
+    """`variable` set to `value` inside the block, then as it was. Only the one variable is touched:
+    mock.patch.dict(os.environ) copies and restores every variable (a putenv each), 150 µs per call with
+    35 of them, which the timed calls of small shapes then measured (docs/performance.md, entry 80)."""
+    old = os.environ.get(variable)
+    os.environ[variable] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = old
 
 
 def _fa4() -> Provider:
