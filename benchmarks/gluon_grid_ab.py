@@ -1,8 +1,7 @@
 """The Gluon forward's grid at short lengths, on an sm_90 GPU: a persistent grid (one program per SM, each
 looping over tiles) against one program per tile, with a causal mask, and the Gluon kernel against the
 Triton kernel at N = 512 and 1024, with cuDNN beside them; at D = 64 each grid with two and with three
-softmax warpgroups (128- or 192-row tiles); with a causal mask also the persistent programs taking the
-launcher's shares of the tiles (ordered). Providers in interleaved rounds, `do_bench` medians, bf16;
+softmax warpgroups (128- or 192-row tiles). Providers in interleaved rounds, `do_bench` medians, bf16;
 prints one JSON line per shape (TFLOP/s, and each output's largest error against SDPA in float32).
 docs/performance.md, entries 55 and 80.
 
@@ -30,16 +29,13 @@ SHAPES = [(32, 16, 512, 128, False), (32, 16, 512, 128, True), (16, 16, 1024, 12
           (8, 16, 2048, 64, True), (2, 16, 8192, 64, True), (1, 16, 32768, 64, True)]
 
 
-def gluon(q, k, v, causal: bool, scale: float, persistent: bool, warpgroups: int | None = None,
-          ordered: bool = False) -> torch.Tensor:
+def gluon(q, k, v, causal: bool, scale: float, persistent: bool, warpgroups: int | None = None) -> torch.Tensor:
     """The Gluon forward (overlapped form) on a grid of one program per SM or one per tile, with `warpgroups`
-    softmax warpgroups (None: the launcher's choice); `ordered`: persistent programs taking the launcher's
-    shares of the causal tiles."""
+    softmax warpgroups (None: the launcher's choice)."""
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, False,
-                                                                    persistent=persistent, warpgroups=warpgroups,
-                                                                    ordered=ordered)
+                                                                    persistent=persistent, warpgroups=warpgroups)
     kernel[grid](*args, **kwargs)
     return o
 
@@ -62,11 +58,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
             for warpgroups in (2, 3):
                 providers[f"gluon_{grid}_w{warpgroups}"] = functools.partial(gluon, q, k, v, causal, scale, persistent,
                                                                              warpgroups)
-    if causal:
-        for warpgroups in (2, 3) if head_dim == 64 else (2, ):
-            providers[f"gluon_ordered_w{warpgroups}"] = functools.partial(gluon, q, k, v, causal, scale, True,
-                                                                          warpgroups, True)
-    else:
+    if not causal:
         providers = {name: fn for name, fn in providers.items() if not name.startswith("gluon_tile")}
     reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     errors = {name: (fn().float() - reference).abs().max().item() for name, fn in providers.items()}

@@ -14,7 +14,7 @@ import torch
 
 from conftest import DEVICE, ON_GPU
 from flashtriton.cache import CACHE
-from flashtriton.launch import gluon_backward, gluon_forward, last_choice
+from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded, make_qkv
 
@@ -39,18 +39,16 @@ def reports():
 
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
-    warpgroups, at D = 64 the overlapped form with three, causal with the launcher's shares of the tiles
-    (ordered), and the library's form with key counts, three warpgroups at D = 64 without a mask and two
-    with one): matrix
+    warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts, three
+    warpgroups at D = 64 without a mask and two with one): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
     stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
-    # head dims x masks x (forms + key counts), D = 64's three warpgroups with each mask, and causal ordered
-    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1) + 2 + 2
-    assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts",
-                                                               "overlap-ordered"}
-    assert sum(r["config"].startswith("M64x3-") for r in reports) == 4
+    # head dims x masks x (forms + key counts), and D = 64's three warpgroups with each mask
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1) + 2
+    assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts"}
+    assert sum(r["config"].startswith("M64x3-") for r in reports) == 3
     for r in reports:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
@@ -223,6 +221,7 @@ def test_backward_in_either_dq_order(monkeypatch, head_dim, is_causal, shape, fr
     block's rows past Nq land in the buffer's padding), Nq != Nk both ways, GQA; a second call replays
     the recorded launches."""
     from flashtriton import flash_attention
+    from flashtriton.launch import last_choice
     from flashtriton.testing import compare_with_reference
 
     monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", fragments)
@@ -388,6 +387,7 @@ def test_chunked_prefill_with_lengths_takes_the_gluon_forward(monkeypatch, path)
     Triton forward under FLASHTRITON_FORWARD=triton: O and L of each sequence against the float64
     reference on its own keys, NaN past each length in the cache."""
     from flashtriton.kvcache import flash_attention_with_kvcache
+    from flashtriton.launch import last_choice
 
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
     torch.manual_seed(7)
@@ -406,29 +406,6 @@ def test_chunked_prefill_with_lengths_takes_the_gluon_forward(monkeypatch, path)
         one = slice(b, b + 1)
         assert_matches_reference(q[one], k_cache[one, :, :length], v_cache[one, :, :length], True, 128 ** -0.5,
                                  o[one], lse[one])
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("warpgroups", [2, 3])
-@pytest.mark.parametrize("shape", [(1, 4, 2, 1, 1), (2, 4, 2, 97, 130), (2, 4, 2, 300, 333), (3, 8, 2, 2000, 2100),
-                                   (1, 4, 4, 2100, 2000)])
-def test_ordered_tiles_match_float64_reference(head_dim, warpgroups, shape):
-    """Causal, the persistent programs taking the launcher's shares of the tiles (ordered): the float64
-    reference bounds O and L, rows that see no key give O = 0 and L = -inf (Nq > Nk), and the launch
-    replays; ragged Nq and Nk, GQA, more tiles than SMs in the longer shapes."""
-    if head_dim == 128 and warpgroups == 3:
-        pytest.skip("three warpgroups are D = 64's tile")
-    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
-    torch.manual_seed(seqlen_q + warpgroups)
-    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE,
-                       requires_grad=False)
-    for _ in range(2):
-        torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
-        o, lse = gluon_forward.attention_forward_gluon(q, k, v, True, head_dim ** -0.5, warpgroups=warpgroups,
-                                                       ordered=True)
-        assert_matches_reference(q, k, v, True, head_dim ** -0.5, o, lse)
-    assert last_choice("forward").replayed and str(last_choice("forward")).endswith("-ordered")
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -468,48 +445,11 @@ def test_causal_grid_is_persistent_up_to_its_keys(seqlen_k, head_dim, persistent
     (64, False, 4096, False, (True, 3)), (64, True, 8192, False, (True, 2)), (64, True, 8193, False, (False, 3)),
     (64, True, 4096, True, (True, 3)), (128, True, 4096, False, (True, 2)), (128, False, 512, False, (True, 2))])
 def test_grid_form_takes_two_warpgroups_on_a_persistent_causal_grid(head_dim, is_causal, seqlen_k, fp8, form):
-    """(persistent, softmax warpgroups, ordered) by the rules: three warpgroups at D = 64 but two on a
-    persistent causal grid in 16-bit (FP8 keeps three), the tiles' fixed zigzag unless `ordered` is asked
-    for (causal only: it makes the grid persistent, with WARPGROUPS); what a caller forces stands."""
-    assert gluon_forward.grid_form(head_dim, is_causal, seqlen_k, fp8) == (*form, False)
-    assert gluon_forward.grid_form(head_dim, is_causal, seqlen_k, fp8, False, 3) == (False, 3, False)
+    """(persistent, softmax warpgroups) by the rules: three warpgroups at D = 64 but two on a persistent causal
+    grid in 16-bit (FP8 keeps three); what a caller forces stands."""
+    assert gluon_forward.grid_form(head_dim, is_causal, seqlen_k, fp8) == form
+    assert gluon_forward.grid_form(head_dim, is_causal, seqlen_k, fp8, persistent=False, warpgroups=3) == (False, 3)
     assert gluon_forward.grid_form(head_dim, is_causal, seqlen_k, fp8, persistent=True)[0]
-    ordered = gluon_forward.grid_form(head_dim, is_causal, seqlen_k, fp8, ordered=True)
-    assert ordered == ((True, gluon_forward.WARPGROUPS[head_dim], True) if is_causal else (*form, False))
-    if is_causal:
-        with pytest.raises(ValueError, match="ordered=True .* persistent=True"):
-            gluon_forward.grid_form(head_dim, is_causal, seqlen_k, fp8, persistent=False, ordered=True)
-
-
-@pytest.mark.parametrize("batch_heads, seqlen, tile_m, programs", [(32, 8192, 192, 132), (128, 4096, 192, 132),
-                                                                  (16, 16384, 128, 132), (3, 1000, 192, 7)])
-def test_causal_tile_order_shares_every_tile_once_in_order(batch_heads, seqlen, tile_m, programs):
-    """Every tile once, each program's in the kernel's order (head by head, longest first: increasing
-    indices), rows padded with the tile count; the shares' key blocks within a few tiles' worth of each
-    other (the fixed zigzag's busiest program had 1.30x the mean at 32 heads of 8192 keys)."""
-    num_m = -(-seqlen // tile_m)
-    table = gluon_forward.causal_tile_order(torch.device("cpu"), batch_heads, num_m, seqlen, tile_m, programs)
-    tiles = batch_heads * num_m
-    assert table.dtype == torch.int32 and table.shape[0] == programs
-    rows = [[t for t in row if t < tiles] for row in table.tolist()]
-    assert sorted(t for row in rows for t in row) == list(range(tiles))
-    assert all(row == sorted(row) for row in rows)
-    assert all(t == tiles for row in table.tolist() for t in row[len([x for x in row if x < tiles]):])
-    blocks = [-(-max(seqlen - (t % num_m) * tile_m, 0) // gluon_forward.BLOCK_N) for t in range(tiles)]
-    loads = [sum(blocks[t] + gluon_forward.TILE_COST_BLOCKS for t in row) for row in rows]
-    assert max(loads) - min(loads) <= max(blocks) + gluon_forward.TILE_COST_BLOCKS
-
-
-def test_ordered_launch_rejects_what_it_cannot_price():
-    """ordered=True with key counts (seqused_k: on the GPU, so the tiles' lengths are unknown to the host)
-    or with key blocks other than the table's: a ValueError naming the option."""
-    q = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
-    o, lse = torch.empty_like(q), torch.empty(1, 2, 256)
-    with pytest.raises(ValueError, match="seqused_k"):
-        gluon_forward.gluon_forward_launch(q, q, q, o, lse, True, 0.1, True, ordered=True,
-                                           seqused_k=torch.tensor([100], dtype=torch.int32))
-    with pytest.raises(ValueError, match="block_n=64"):
-        gluon_forward.gluon_forward_launch(q, q, q, o, lse, True, 0.1, True, block_n=64, ordered=True)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -584,6 +524,7 @@ def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, g
     Triton backward on the Gluon forward's O and L) match the float64 reference. Causal unless the variant
     says otherwise."""
     from flashtriton import flash_attention
+    from flashtriton.launch import last_choice
     from flashtriton.testing import compare_with_reference
 
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)

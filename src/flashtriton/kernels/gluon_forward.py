@@ -42,17 +42,14 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _program_tile(r, rounds, TILE_ORDER, IS_CAUSAL: gl.constexpr):
+def _program_tile(r, IS_CAUSAL: gl.constexpr):
     """This program's work item in round r of a grid of P programs: tile r * P + p for program p, or with a
     causal mask, r * P + P - 1 - p in odd rounds. A zigzag: causal tiles differ in length, and taking p in
     every round gave program p the same place in each head whenever P was a multiple of a head's count of
     tiles (132 programs, 22 tiles of 192 rows at 4096 queries), so some programs took only the longest
-    tiles; the zigzag pairs a long tile with a short one. With TILE_ORDER (int32, P x rounds) the launcher
-    shared the tiles out instead, and round r's is read there (num_tiles past a program's share)."""
+    tiles; the zigzag pairs a long tile with a short one."""
     p = gl.program_id(0)
     programs = gl.num_programs(0)
-    if TILE_ORDER is not None:
-        return gl.load(TILE_ORDER + p * rounds + r)
     if IS_CAUSAL:
         if r % 2 == 1:
             p = programs - 1 - p
@@ -119,8 +116,8 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                    v_empty, num_tiles, rounds, TILE_ORDER, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-                    SEQUSED_K, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
+                    v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
+                    IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j."""
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
@@ -129,8 +126,8 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
     SHIFTED: gl.constexpr = SEQUSED_K is not None
     fills = 0  # blocks loaded into each ring so far
     tiles_done = 0
-    for r in range(rounds):
-        tile = _program_tile(r, rounds, TILE_ORDER, IS_CAUSAL)
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        tile = _program_tile(r, IS_CAUSAL)
         if tile < num_tiles:
             off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
                                                                 SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
@@ -334,8 +331,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
-     stride_om, num_tiles, rounds, TILE_ORDER, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2,
-     DESCALE, SEQUSED_K) = shared
+     stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
+     SEQUSED_K) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -345,8 +342,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     fills = 0
     turn = 0
     tiles_done = 0
-    for r in range(rounds):
-        tile = _program_tile(r, rounds, TILE_ORDER, IS_CAUSAL)
+    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+        tile = _program_tile(r, IS_CAUSAL)
         if tile < num_tiles:
             off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
                                                                 SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
@@ -371,21 +368,19 @@ def attn_fwd_gluon_kernel(
     # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv);
     # SEQUSED_K (B,) int32 or None; q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA
     # descriptors with a (1, 1, rows, D) box (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N)
-    # box). Per-call tensors before descriptors, as launch/replay.py replays a recorded launch; TILE_ORDER
-    # (P, rounds) int32 or None (_program_tile) after them: the launcher's table for the call's sizes.
-    O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc, TILE_ORDER,
+    # box). Tensors before descriptors, as launch/replay.py replays a recorded launch.
+    O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc,
     stride_ob, stride_oh, stride_om,
-    num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles, rounds,
+    num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr,
 ):
-    """Program p takes tiles p, p + P, p + 2P, ... (or TILE_ORDER's row p), `rounds` of them, of the
-    num_tiles = batch x heads x num_m_blocks (WARPGROUPS x 64 query rows each) for a grid of P programs:
-    persistent when P is the SM count, one tile each when P = num_tiles. WARPGROUPS softmax warpgroups (2
-    or 3) share each key block. FP8: float8 e4m3 Q, K and V, each with its factor per (batch, KV head) in
-    DESCALE, FlashAttention-3's q/k/v_descale; O in O's dtype. SEQUSED_K: each sequence's count of keys
-    on a padded K and V (see the module docstring)."""
+    """Program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x num_m_blocks (WARPGROUPS
+    x 64 query rows each) for a grid of P programs: persistent when P is the SM count, one tile each when
+    P = num_tiles. WARPGROUPS softmax warpgroups (2 or 3) share each key block. FP8: float8 e4m3 Q, K and
+    V, each with its factor per (batch, KV head) in DESCALE, FlashAttention-3's q/k/v_descale; O in O's
+    dtype. SEQUSED_K: each sequence's count of keys on a padded K and V (see the module docstring)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -418,11 +413,10 @@ def attn_fwd_gluon_kernel(
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-             num_tiles, rounds, TILE_ORDER, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL,
-             FP8)
+             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL, FP8)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
-              stride_oh, stride_om, num_tiles, rounds, TILE_ORDER, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-              qk_scale_log2, DESCALE, SEQUSED_K)
+              stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2,
+              DESCALE, SEQUSED_K)
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, loads),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),

@@ -16,7 +16,6 @@ block).
 from __future__ import annotations
 
 import functools
-import heapq
 import os
 
 import torch
@@ -117,59 +116,25 @@ def forward_path() -> str:
 
 
 def gluon_tiles(warpgroups: int, overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
-                stages: int = NUM_STAGES, ordered: bool = False) -> str:
-    """What attention_forward_gluon runs with these arguments, for logs: e.g. M64x2-N128-s2-overlap, with
-    -ordered where the programs take causal_tile_order's shares."""
+                stages: int = NUM_STAGES) -> str:
+    """What attention_forward_gluon runs with these arguments, for logs: e.g. M64x2-N128-s2-overlap."""
     form = next(name for name, flags in FORMS.items() if flags == (overlap, pingpong))
-    return f"M{BLOCK_M}x{warpgroups}-N{block_n}-s{stages}-{form}" + ("-ordered" if ordered else "")
+    return f"M{BLOCK_M}x{warpgroups}-N{block_n}-s{stages}-{form}"
 
 
 def grid_form(head_dim: int, is_causal: bool, seqlen_k: int, fp8: bool = False, persistent: bool | None = None,
-              warpgroups: int | None = None, ordered: bool | None = None) -> tuple[bool, int, bool]:
-    """(persistent, softmax warpgroups, ordered) of a launch, each as given or by the rules: persistent, one
-    program per SM, unless a causal call's heads are long; causal tiles differ in length, so the programs
-    drift apart across heads, and past PERSISTENT_CAUSAL_MAX_KEYS the heads in flight no longer share L2:
-    one program per tile then, longest first (docs/performance.md, entries 47, 55 and 60). The warpgroups:
-    WARPGROUPS by head dim, or in 16-bit PERSISTENT_CAUSAL_WARPGROUPS on a persistent causal grid.
-    `ordered` (causal only; persistent): the programs take the tiles causal_tile_order shares out instead
-    of a fixed zigzag; off unless asked for."""
-    ordered = bool(ordered) and is_causal
-    if ordered and persistent is False:
-        raise ValueError("ordered=True shares the tiles out among persistent programs; it takes persistent=True "
-                         "or None")
+              warpgroups: int | None = None) -> tuple[bool, int]:
+    """(persistent, softmax warpgroups) of a launch, each as given or by the rules: persistent, one program
+    per SM, unless a causal call's heads are long; causal tiles differ in length, so the programs drift
+    apart across heads, and past PERSISTENT_CAUSAL_MAX_KEYS the heads in flight no longer share L2: one
+    program per tile then, longest first (docs/performance.md, entries 47, 55 and 60). The warpgroups:
+    WARPGROUPS by head dim, or in 16-bit PERSISTENT_CAUSAL_WARPGROUPS on a persistent causal grid."""
     if persistent is None:
-        persistent = ordered or not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
+        persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
     if warpgroups is None:
-        table = PERSISTENT_CAUSAL_WARPGROUPS if is_causal and persistent and not ordered and not fp8 else WARPGROUPS
+        table = PERSISTENT_CAUSAL_WARPGROUPS if is_causal and persistent and not fp8 else WARPGROUPS
         warpgroups = table[head_dim]
-    return persistent, warpgroups, ordered
-
-
-# A tile's fixed cost (its Q load, the pipeline's fill and drain, the epilogue) in key blocks' worth, for
-# causal_tile_order's shares: a guess, not measured.
-TILE_COST_BLOCKS = 2
-
-
-@functools.lru_cache(maxsize=64)
-def causal_tile_order(device: torch.device, batch_heads: int, num_m_blocks: int, seqlen_k: int, tile_m: int,
-                      programs: int) -> torch.Tensor:
-    """(programs, rounds) int32 on `device`: the causal tiles shared out among persistent programs as the
-    hardware hands out one-program-per-tile grids, each tile in the kernel's order (head by head, longest
-    first) to the program that would be free first, by a cost of its key blocks plus TILE_COST_BLOCKS; a
-    program's row padded with the tile count (no tile). Programs then work on neighbouring heads, whose K
-    and V share L2, however long the heads, and finish together, where the kernel's fixed zigzag let
-    their loads drift apart (the busiest had 1.30x the mean work at 2 x 16 heads of 8192 keys, 192-row
-    tiles). Tile m_block of a head (the kernel's _tile) ends m_block * tile_m rows before the last."""
-    blocks = [cdiv(max(seqlen_k - m * tile_m, 0), BLOCK_N) + TILE_COST_BLOCKS for m in range(num_m_blocks)]
-    free = [(0, p) for p in range(programs)]  # (busy until, program), a heap
-    shares: list[list[int]] = [[] for _ in range(programs)]
-    for tile in range(batch_heads * num_m_blocks):
-        busy, p = heapq.heappop(free)
-        shares[p].append(tile)
-        heapq.heappush(free, (busy + blocks[tile % num_m_blocks], p))
-    rounds = max(len(share) for share in shares)
-    table = [share + [batch_heads * num_m_blocks] * (rounds - len(share)) for share in shares]
-    return torch.tensor(table, dtype=torch.int32).to(device)
+    return persistent, warpgroups
 
 
 def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
@@ -193,14 +158,13 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
-                         seqused_k: torch.Tensor | None = None, ordered: bool | None = None) -> tuple:
+                         seqused_k: torch.Tensor | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
     block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
     key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: grid_form's rule);
-    `persistent` forces the grid, one program per SM or one per tile, and `ordered` (causal) has the
-    persistent programs take the tiles causal_tile_order shares out (None: grid_form's rules). FP8
+    `persistent` forces the grid, one program per SM or one per tile (None: grid_form's rule). FP8
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's)."""
@@ -212,10 +176,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     batch, heads, seqlen_q, head_dim = q.shape
     seqlen_k = k.shape[2]
     fp8 = q.dtype == torch.float8_e4m3fn
-    persistent, warpgroups, ordered = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups, ordered)
-    if ordered and seqused_k is not None:
-        raise ValueError("ordered=True shares the tiles out by their lengths, which seqused_k's counts (on the "
-                         "GPU) would change; leave ordered off with seqused_k")
+    persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[q.dtype]
 
     def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):
@@ -230,34 +191,25 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         raise ValueError(f"warpgroups must be one of {tuple(REGISTERS)} (softmax warpgroups per tile), "
                          f"got {warpgroups}")
     max_registers, softmax_registers = REGISTERS[warpgroups]
-    if ordered and block_n != BLOCK_N:
-        raise ValueError(f"ordered=True prices tiles in key blocks of {BLOCK_N}; got block_n={block_n}")
     num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
-    # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
-    programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
-    tile_order = None
-    if ordered:
-        tile_order = causal_tile_order(q.device, batch * heads, num_m_blocks, seqlen_k, warpgroups * BLOCK_M, programs)
-    rounds = tile_order.shape[1] if ordered else cdiv(num_tiles, programs)
     args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
-            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n), tile_order,
+            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
-            num_tiles, rounds, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
+            num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
             softmax_registers, fp8)
-    grid = (programs, )
+    # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
+    grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES, warpgroups: int | None = None,
-                            seqused_k: torch.Tensor | None = None,
-                            ordered: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
-    on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's; `ordered`
-    and the tile options: as gluon_forward_launch's. A call
+    on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's. A call
     like an earlier one (equal plan key: replay.py) replays that call's launch instead of going through
     Triton's launch path and building its arguments again; what ran is last_choice("forward")."""
     from .forward import empty_in_order
@@ -271,13 +223,13 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if replay.replayable(q.device):
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, seqused_k), "gluon", is_causal, scale, overlap, pingpong, block_n,
-                              stages, warpgroups, ordered)
+                              stages, warpgroups)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
-                                                      stages, warpgroups, seqused_k=seqused_k, ordered=ordered)
-    _, warpgroups, ordered = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups, ordered=ordered)
-    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages, ordered)
+                                                      stages, warpgroups, seqused_k=seqused_k)
+    warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
+    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages)
     run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:7], args[7:], {},
                                     kwargs, tiles)], ("gluon_fwd", ))
     return o, lse

@@ -282,9 +282,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                   target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
     would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
-    D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs); causal,
-    overlapped with the launcher's shares of the tiles (ordered); and the library's form with key counts
-    (seqused_k). For float8_e4m3fn, the FP8 forward as fp8_forward_gluon
+    D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs); and the
+    library's form with key counts (seqused_k). For float8_e4m3fn, the FP8 forward as fp8_forward_gluon
     launches it."""
     from ..launch import gluon_forward
 
@@ -308,11 +307,6 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                                                                         overlap, pingpong, warpgroups=warpgroups)
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, _gluon_config(warpgroups, form)))
-    if causal:  # the persistent programs taking the launcher's shares of the tiles (causal_tile_order)
-        kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
-            q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], ordered=True)
-        reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
-                               causal, _gluon_config(gluon_forward.WARPGROUPS[head_dim], "overlap-ordered")))
     # the form the library runs, with a key count per sequence (a KV cache's chunked prefill)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
         q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"],
