@@ -31,7 +31,7 @@ NUM_STAGES = 2
 HEAD_DIMS = (64, 128)
 WARPGROUPS = {64: 3, 128: 2}  # softmax warpgroups per tile, by head dim (the faster on the H200: entry 49)
 # ... but a persistent causal grid takes two at D = 64 in 16-bit: its 192-row tiles shared out among the
-# programs less evenly than 128-row ones, and 1.10-1.38x from 2048 to 8192 keys (entry 80)
+# programs less evenly than 128-row ones: 1.04-1.38x three there from 2048 to 8192 keys (entry 80)
 PERSISTENT_CAUSAL_WARPGROUPS = {64: 2, 128: 2}
 # Registers per thread by softmax warpgroups: (at launch, each softmax thread's after setmaxnreg). The SM's
 # 64K are shared by the loader's 4 warps and the softmax warpgroups: with two (12 warps), 168 at launch,
