@@ -127,7 +127,7 @@ def flash_attention(
         return_attn_probs: also return the (B, Hq, Nq, Nk) float32 probabilities after dropout (0 where
             dropped): a testing aid that materialises them, for small sizes only.
         deterministic: a bitwise reproducible backward. Without it (and outside
-            torch.use_deterministic_algorithms), where the Gluon backward runs (sm_90, D = 128; see
+            torch.use_deterministic_algorithms), where the Gluon backward runs (sm_90, D = 64 and 128; see
             launch/gluon_backward.py) dQ is added up by atomic reductions, whose order varies; the Triton
             backward is deterministic either way.
 
