@@ -226,9 +226,10 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                               stages, warpgroups)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
+    # (resolved here, so that the launch and the log name the same count)
+    warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
                                                       stages, warpgroups, seqused_k=seqused_k)
-    warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
     tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages)
     run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:7], args[7:], {},
                                     kwargs, tiles)], ("gluon_fwd", ))
