@@ -116,7 +116,7 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                    v_empty, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
+                    v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
                     IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j."""
@@ -126,7 +126,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
     SHIFTED: gl.constexpr = SEQUSED_K is not None
     fills = 0  # blocks loaded into each ring so far
     tiles_done = 0
-    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+    for r in range(rounds):
         tile = _program_tile(r, IS_CAUSAL)
         if tile < num_tiles:
             off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
@@ -353,7 +353,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
-     stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
+     stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
      SEQUSED_K) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -364,7 +364,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     fills = 0
     turn = 0
     tiles_done = 0
-    for r in range(gl.cdiv(num_tiles, gl.num_programs(0))):
+    for r in range(rounds):
         tile = _program_tile(r, IS_CAUSAL)
         if tile < num_tiles:
             off_b, off_h, bh, first_row, keys, n_blocks = _tile(tile, num_m_blocks, num_heads, seqlen_q, seqlen_k,
@@ -393,16 +393,17 @@ def attn_fwd_gluon_kernel(
     # box). Tensors before descriptors, as launch/replay.py replays a recorded launch.
     O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc,
     stride_ob, stride_oh, stride_om,
-    num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles,
+    num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles, rounds,
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr,
 ):
-    """Program p takes tiles p, p + P, p + 2P, ... of the num_tiles = batch x heads x num_m_blocks (WARPGROUPS
-    x 64 query rows each) for a grid of P programs: persistent when P is the SM count, one tile each when
-    P = num_tiles. WARPGROUPS softmax warpgroups (2 or 3) share each key block. FP8: float8 e4m3 Q, K and
-    V, each with its factor per (batch, KV head) in DESCALE, FlashAttention-3's q/k/v_descale; O in O's
-    dtype. SEQUSED_K: each sequence's count of keys on a padded K and V (see the module docstring)."""
+    """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them) of the
+    num_tiles = batch x heads x num_m_blocks (WARPGROUPS x 64 query rows each) for a grid of P programs:
+    persistent when P is the SM count, one tile each when P = num_tiles. WARPGROUPS softmax warpgroups (2
+    or 3) share each key block. FP8: float8 e4m3 Q, K and V, each with its factor per (batch, KV head) in
+    DESCALE, FlashAttention-3's q/k/v_descale; O in O's dtype. SEQUSED_K: each sequence's count of keys
+    on a padded K and V (see the module docstring)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -435,10 +436,10 @@ def attn_fwd_gluon_kernel(
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-             num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL, FP8)
+             num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL, FP8)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
-              stride_oh, stride_om, num_tiles, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2,
-              DESCALE, SEQUSED_K)
+              stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
+              qk_scale_log2, DESCALE, SEQUSED_K)
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, loads),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),

@@ -193,13 +193,14 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     max_registers, softmax_registers = REGISTERS[warpgroups]
     num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
+    # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
+    programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
     args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
             descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
-            num_tiles, scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
+            num_tiles, cdiv(num_tiles, programs), scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
             softmax_registers, fp8)
-    # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
-    grid = (min(num_tiles, sm_count(q)) if persistent else num_tiles, )
+    grid = (programs, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
 
