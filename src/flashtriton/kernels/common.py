@@ -175,28 +175,10 @@ def modified_scores(qk, rows, cols, diag, qk_scale_log2, softcap_scale, softcap_
 
 
 @triton.jit
-def row_max(x):
-    """max over each row of x (M, N), in 4 interleaved chains per row: tl.max's in-thread loop is one chain
-    of dependent max instructions, on the softmax's critical path (33 deep at 128 keys per tile); grouping
-    the columns by their top bits makes four a quarter as long (FlashAttention-4's fmax_reduce). Exact."""
-    M: tl.constexpr = x.shape[0]
-    N: tl.constexpr = x.shape[1]
-    return tl.max(tl.max(tl.reshape(x, (M, 4, N // 4)), 1), 1)
-
-
-@triton.jit
-def row_sum(x):
-    """sum over each row of x (M, N), in row_max's four chains (another order of additions than tl.sum's)."""
-    M: tl.constexpr = x.shape[0]
-    N: tl.constexpr = x.shape[1]
-    return tl.sum(tl.sum(tl.reshape(x, (M, 4, N // 4)), 1), 1)
-
-
-@triton.jit
 def softmax_update(l_i, m_i, qk, qk_scale_log2, MAY_BE_EMPTY: tl.constexpr):
     """One score tile's step of the online softmax: returns (p, alpha, l, m) with p the tile's
     unnormalised probabilities and alpha the factor that rescales the old state to the new running max."""
-    m_new = tl.maximum(m_i, row_max(qk) * qk_scale_log2)
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale_log2)
     if MAY_BE_EMPTY:
         # A row with no visible key so far still has m = -inf: shift it by 0 so that exp2 gives 0
         # instead of exp2(-inf + inf) = NaN.
@@ -205,7 +187,7 @@ def softmax_update(l_i, m_i, qk, qk_scale_log2, MAY_BE_EMPTY: tl.constexpr):
         m_shift = m_new
     p = tl.exp2(qk * qk_scale_log2 - m_shift[:, None])
     alpha = tl.exp2(m_i - m_shift)
-    l_i = l_i * alpha + row_sum(p)
+    l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, l_i, m_new
 
 

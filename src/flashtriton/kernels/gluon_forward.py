@@ -148,28 +148,6 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_e
 
 
 @gluon.jit
-def _row_max(x):
-    """max over each row of x (M, N), in 4 interleaved chains per row: gl.max's in-thread loop is one chain
-    of dependent FMNMX, N / 4 long per row in wgmma's layout, on the softmax's critical path; splitting
-    the columns' top bits (registers in that layout: no data moves) leaves chains a quarter as long, as
-    FlashAttention-4's fmax_reduce does. Exact: max does not round."""
-    M: gl.constexpr = x.type.shape[0]
-    N: gl.constexpr = x.type.shape[1]
-    rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-    return gl.convert_layout(gl.max(gl.max(x.reshape([M, 4, N // 4]), 1), 1), rows)  # (the same registers)
-
-
-@gluon.jit
-def _row_sum(x):
-    """sum over each row of x (M, N), in 4 interleaved chains per row (_row_max's split): a different
-    order of additions than gl.sum's, as rounding goes."""
-    M: gl.constexpr = x.type.shape[0]
-    N: gl.constexpr = x.type.shape[1]
-    rows: gl.constexpr = gl.SliceLayout(1, x.type.layout)
-    return gl.convert_layout(gl.sum(gl.sum(x.reshape([M, 4, N // 4]), 1), 1), rows)
-
-
-@gluon.jit
 def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
                     IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr):
     """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
@@ -192,11 +170,11 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
             visible = visible & (keys[None, :] <= last_key[:, None])
         qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
-    m_new = gl.maximum(m_i, _row_max(qk) * qk_scale_log2)
+    m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale_log2)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
     p = gl.exp2(qk * qk_scale_log2 - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
-    return p, alpha, m_new, l_i * alpha + _row_sum(p)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
