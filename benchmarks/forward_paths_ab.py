@@ -1,0 +1,41 @@
+"""The forward's two paths as a user reaches them, on an sm_90 GPU: `flash_attention` (no gradient) with
+FLASHTRITON_FORWARD=triton and with =gluon, beside cuDNN, bf16, in interleaved rounds of `do_bench`
+(medians, TFLOP/s on 4·B·H·N²·D, halved when causal). Where `auto` switches paths
+(launch/gluon_forward.py AUTO_MIN_KEYS) comes from races like this one; one JSON line per shape, with each
+path's largest error against float32 SDPA. docs/performance.md, entry 81.
+
+    PYTHONPATH=src python benchmarks/forward_paths_ab.py [--shapes 0,1]
+"""
+
+import torch
+import torch.nn.functional as F
+
+import ab_runs
+from flashtriton import flash_attention
+from flashtriton.launch import gluon_forward
+
+ROUNDS = 5
+# (batch, heads, N, head dim, causal): D = 64, causal, where auto's bound sits, and two without a mask
+SHAPES = [(16, 16, 1024, 64, True), (8, 16, 2048, 64, True), (4, 32, 4096, 64, True), (2, 16, 8192, 64, True),
+          (1, 16, 16384, 64, True), (8, 16, 2048, 64, False), (4, 32, 4096, 64, False)]
+
+
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
+    q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+
+    def forward():
+        with torch.no_grad():
+            return flash_attention(q, k, v, is_causal=causal)
+
+    providers = {path: ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, path, forward)
+                 for path in ("triton", "gluon")}
+    errors = {path: ab_runs.largest_error(fn(), reference) for path, fn in providers.items()}
+    providers["cudnn"] = ab_runs.cudnn(q, k, v, causal)
+    flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, ROUNDS),
+                              err=errors)
+
+
+if __name__ == "__main__":
+    ab_runs.main(race, SHAPES, __doc__.split("\n\n")[0])
