@@ -15,9 +15,10 @@ from flashtriton import flash_attention
 from flashtriton.launch import gluon_forward
 
 ROUNDS = 5
-# (batch, heads, N, head dim, causal): D = 64, causal, where auto's bound sits, and two without a mask
+# (batch, heads, N, head dim, causal): D = 64, causal and not, around auto's bounds
 SHAPES = [(16, 16, 1024, 64, True), (8, 16, 2048, 64, True), (4, 32, 4096, 64, True), (2, 16, 8192, 64, True),
-          (1, 16, 16384, 64, True), (8, 16, 2048, 64, False), (4, 32, 4096, 64, False)]
+          (1, 16, 16384, 64, True), (8, 16, 2048, 64, False), (4, 32, 4096, 64, False), (16, 32, 1024, 64, False),
+          (8, 32, 2048, 64, False)]
 
 
 def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
