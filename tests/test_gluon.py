@@ -513,12 +513,13 @@ def test_forward_auto_selection_follows_its_table(monkeypatch):
     ("auto", 16, 128, 1041, {}, True), ("auto", 1, 128, 1041, {}, False), ("auto", 32, 128, 529, {}, False),
     ("auto", 64, 128, 529, {"is_causal": False}, True),
     ("auto", 8, 64, 4113, {}, False), ("auto", 8, 64, 4113, {"is_causal": False}, True),
-    ("auto", 8, 64, 2065, {"is_causal": False}, False), ("gluon", 1, 64, 300, {}, True),
+    ("auto", 8, 64, 2065, {"is_causal": False}, True), ("auto", 16, 64, 2040, {"is_causal": False}, False),
+    ("gluon", 1, 64, 300, {}, True),
     ("triton", 8, 128, 2065, {}, False), ("auto", 16, 128, 1041, {"window_size": (64, 0)}, False),
     ("gluon", 1, 128, 1041, {"softcap": 20.0}, False)])
 def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, gluon):
     """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
-    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 without a mask from 4096; and
+    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 without a mask from 2048; and
     B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 and 64 x 4 x 512 x 529 x 128 are over it,
     1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
     Triton backward on the Gluon forward's O and L) match the float64 reference. Causal unless the variant
