@@ -213,9 +213,10 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
     dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
-    # L and D from the ring, read where used (loaded ahead, they would hold 32 registers each across the
-    # products at 128-row blocks). Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1
-    # there, but dO = 0 and dP = 0, so nothing reaches dV, dK or (clipped) dQ.
+    # L and D from the ring, read where used: read while the products run, they would hold 32 registers
+    # each across them at 128-row blocks, which spilled and ran slower (docs/performance.md, entry 81).
+    # Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there, but dO = 0 and dP = 0,
+    # so nothing reaches dV, dK or (clipped) dQ.
     lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
     pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
     if MASKED:
