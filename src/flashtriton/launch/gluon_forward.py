@@ -87,10 +87,10 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # maps (head dim, causal) to the fewest keys. At D = 128, 1.1-1.3x from 1024 keys, causal or not, and
 # 1.16x at 512 keys without a mask (0.91x with one; docs/performance.md, entry 55). At
 # D = 64 with three warpgroups, without a mask 1.03-1.05x at 2048 and 4096 keys but 0.89x at 1024 (two
-# runs through flash_attention with each path forced, entry 81); causal 0.95-1.01x from 1024 to 8192
+# runs through flash_attention with each path forced, entry 81); causal 0.95-1.03x from 1024 to 8192
 # keys (entries 80, 81), and 1.02-1.12x from 16384, one program per tile (entries 72, 81). And only for
-# calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton path replayed a
-# recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
+# calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton
+# path replayed a recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
 # where the two paths now cross for small calls is not re-measured, so the bound stays.
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 16384}
 AUTO_MIN_WORK = 2 ** 33
