@@ -376,7 +376,8 @@ def attn_fwd_gluon_kernel(
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr,
 ):
-    """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them) of the
+    """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
+    derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
     num_tiles = batch x heads x num_m_blocks (WARPGROUPS x 64 query rows each) for a grid of P programs:
     persistent when P is the SM count, one tile each when P = num_tiles. WARPGROUPS softmax warpgroups (2
     or 3) share each key block. FP8: float8 e4m3 Q, K and V, each with its factor per (batch, KV head) in
