@@ -7,8 +7,8 @@ split by role, as in the Gluon forward (gluon_forward.py):
 
 - the load partition (4 warps) brings each compute warpgroup's K and V once, then streams the query
   side, block by block of BLOCK_M query rows: Q and dO, with the rows' L and D, into a ring of NUM_STAGES
-  stages, each guarded by mbarriers (ready: the bytes have landed; empty: every compute warpgroup is done
-  with them);
+  stages, each guarded by an mbarrier (ready: the bytes have landed) and a named barrier (EMPTY_BARRIER:
+  every compute warpgroup is done with them);
 - WARPGROUPS compute partitions (4 warps each) own 64 keys each, resident in shared memory, with their
   dK and dV accumulators (64 x D fp32 each) in registers for the whole loop. Per query block, with the
   keys as rows (so that P^T and dS^T come out of the first products as the A operands of the next):
@@ -43,10 +43,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .dq_fragments import fragment_bits
-from .gluon_barriers import named_barrier_sync
+from .gluon_barriers import named_barrier_arrive, named_barrier_sync
 
 # The named barrier at which both compute warpgroups meet once their dS^T of a block is in shared memory.
 DS_BARRIER = gl.constexpr(15)
+# The ring's stage s is handed back to the loader at named barrier EMPTY_BARRIER - s.
+EMPTY_BARRIER = gl.constexpr(14)
 
 
 @builtin
@@ -84,11 +86,13 @@ def _first_unmasked_query_block(n_end, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem,
-                    stats_smem, kv_ready, ready, empty, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
-                    IS_CAUSAL: gl.constexpr):
+def _load_partition(loads, IS_CAUSAL: gl.constexpr):
     """K and V of every compute warpgroup's 64 keys once, then Q and dO of each query block of each query
-    head of the group, with the block's L * log2(e) and D beside them, into the ring."""
+    head of the group, with the block's L * log2(e) and D beside them, into the ring. `loads`: the kernel's
+    arguments this partition takes (the flag comes apart: in a tuple the kernel names, a flag becomes a
+    run-time value)."""
+    (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem, kv_ready,
+     ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k) = loads
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -105,9 +109,8 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_sme
         off_h = off_hkv * group + i
         for m in range(m_first, num_m):
             stage = count % NUM_STAGES
-            # A fresh mbarrier counts as having completed the phase before its first: the first pass
-            # through the ring does not wait.
-            mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+            if count >= NUM_STAGES:  # the stage's previous block is done in every compute warpgroup
+                named_barrier_sync(EMPTY_BARRIER - stage, (WARPGROUPS + 1) * 128)
             mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
                                             stats_smem.index(2 * stage))
@@ -118,6 +121,9 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_sme
             tma.async_copy_global_to_shared(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
                                             do_smem.index(stage))
             count += 1
+    # Meet the compute warpgroups' hand-backs of the last blocks, so that each barrier ends balanced.
+    for last in range(gl.maximum(count - NUM_STAGES, 0), count):
+        named_barrier_sync(EMPTY_BARRIER - last % NUM_STAGES, (WARPGROUPS + 1) * 128)
 
 
 @gluon.jit
@@ -189,7 +195,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
     returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked. `ring`:
     the shared memory, barriers and sizes every block reads (_compute_partition's)."""
-    (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, empty, seqlen_q, seqlen_k, scale,
+    (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k, scale,
      qk_scale_log2) = ring
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
@@ -245,7 +251,9 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     else:
         dk = warpgroup_mma(dst_op, q, dk, is_async=True)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
-    mbarrier.arrive(empty.index(stage), count=1)
+    # The stage back to the loader through a named barrier: every thread arrives once its own warp is past
+    # the wait, with no barrier across the warpgroup first (Gluon's mbarrier.arrive has one).
+    named_barrier_arrive(EMPTY_BARRIER - stage, (WARPGROUPS + 1) * 128)
     return dk, dv
 
 
@@ -255,7 +263,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
-    (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
+    (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready,
      DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
      group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
@@ -281,7 +289,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         m_full = gl.minimum(gl.maximum(m_full, m_first), num_m)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
-    ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, empty, seqlen_q, seqlen_k, scale,
+    ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k, scale,
             qk_scale_log2)
     mbarrier.wait(kv_ready, 0)
     count = 0
@@ -356,21 +364,19 @@ def attn_bwd_dkdv_gluon_kernel(
                                             gl.NVMMASharedLayout.get_default_for([1, 1, 8, 8], gl.float32))
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(stage), count=1)
-        mbarrier.init(empty.index(stage), count=WARPGROUPS)  # released once every compute warpgroup is done
 
     # The default partition (the kernel's num_warps = 4) loads; the workers compute, with COMPUTE_REGS
     # registers per thread (what they leave goes to the loader). Triton 3.6 takes the partitions as a
     # literal list (gluon_forward.py says why).
     loads = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem,
-             kv_ready, ready, empty, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, IS_CAUSAL)
-    shared = (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready, empty,
+             kv_ready, ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k)
+    shared = (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready,
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
               num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
-    gl.warp_specialize([(_load_partition, loads),
+    gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL)),
                         (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS)),
                         (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
@@ -378,4 +384,3 @@ def attn_bwd_dkdv_gluon_kernel(
     mbarrier.invalidate(kv_ready)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(stage))
-        mbarrier.invalidate(empty.index(stage))
