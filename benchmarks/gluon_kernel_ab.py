@@ -8,7 +8,7 @@ device copy of the tree has no .git), e.g.
 
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
 launcher's query blocks unless --base-block-m says otherwise), on the current one also at D = 128 with
-three Q/dO stages, at D = 64 with 64-row query blocks and with dQ split by rows, and with dQ staged in
+three Q/dO stages, at D = 64 with 64-row query blocks and with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
@@ -114,8 +114,12 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         Triton's host work on the shorter shapes)."""
         plans = {}
 
+        buffer = functools.partial(gluon_backward.dq_accumulator, block_m=form.get("block_m"),
+                                   split_rows=form.get("dq_split_rows"))  # (dQ's buffer to match the form)
+
         def run():
             with (mock.patch.object(gluon_backward, "gluon_dkdv_launch", functools.partial(launcher, **form)),
+                  mock.patch.object(gluon_backward, "dq_accumulator", buffer),
                   mock.patch.object(gluon_backward, "DQ_FRAGMENTS", fragments),
                   mock.patch.object(CACHE, "plans", plans)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
@@ -124,9 +128,9 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
     base_fragments = "DQ_FRAGMENTS" in base.arg_names and base_block_m is None and gluon_backward.DQ_FRAGMENTS
     providers = {"base": backward(launcher=base_launch, fragments=base_fragments), "current": backward(),
                  "triton": backward("triton"), "current_dq_in_place": backward(fragments=False)}
-    if head_dim == 64:  # the current kernel at the earlier 64-row query blocks, and with dQ split by rows
+    if head_dim == 64:  # the current kernel at the earlier 64-row query blocks, and with dQ split by columns
         providers["current_m64"] = backward(block_m=64, fragments=False)
-        providers["current_split_rows"] = backward(dq_split_rows=True, fragments=False)
+        providers["current_split_cols"] = backward(dq_split_rows=False)
     else:  # (three stages of 128-row blocks do not fit in shared memory)
         providers["current_3_stages"] = backward(stages=3)
     providers = {name: fn for name, fn in providers.items() if name not in skip}

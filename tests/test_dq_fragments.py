@@ -53,12 +53,14 @@ def test_dq_from_fragments_puts_each_share_back(head_dim, split_rows, seqlen_q):
 
 
 def test_dq_accumulator_shapes():
-    """The buffer dq_accumulator makes: like q, or one chunk per (batch, head, query block, warpgroup)."""
+    """The buffer dq_accumulator makes: like q, or one chunk per (batch, head, query block, warpgroup), each
+    warpgroup's share half the block's rows at D = 64 (split_dq_by_rows) and half of D's columns at 128."""
     q = torch.empty(2, 3, 130, 64)
     assert gluon_backward.dq_accumulator(q, fragments=False).shape == q.shape
     rows, cols = gluon_backward.dq_share(64)
-    assert gluon_backward.dq_accumulator(q, fragments=True).shape == (2 * 3 * 2, 2, rows, cols) == (12, 2, 128, 32)
-    assert gluon_backward.dq_accumulator(q, fragments=True, split_rows=True).shape == (12, 2, 64, 64)
+    assert gluon_backward.dq_accumulator(q, fragments=True).shape == (2 * 3 * 2, 2, rows, cols) == (12, 2, 64, 64)
+    assert gluon_backward.dq_accumulator(q, fragments=True, split_rows=False).shape == (12, 2, 128, 32)
+    assert gluon_backward.dq_accumulator(torch.empty(2, 3, 130, 128), fragments=True).shape == (2 * 3 * 3, 2, 64, 64)
     assert not gluon_backward.dq_accumulator(q, fragments=True).any()
 
 

@@ -80,8 +80,8 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
 
 
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
-    """The dK/dV kernel (D 64 and 128, causal and not, with and without dQ by atomics, and the A/B forms: dQ
-    staged in register order, and at D = 64 split by rows): its four products per query block on wgmma
+    """The dK/dV kernel (D 64 and 128, causal and not, with and without dQ by atomics, staged in register
+    order or like dQ, and at D = 64 split by rows or by columns): its four products per query block on wgmma
     (S^T and dP^T over D, then dV and dK over the block's queries; with dQ, its share over the 128 keys),
     not serialised by ptxas, the partitions trading registers, within the SM's registers and shared memory,
     no spills without dQ and a bounded few with it; dQ's staging in 16-byte stores in register order (each
@@ -90,10 +90,11 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
     forms = [(r["head_dim"], r["causal"], "".join(r["config"].split("-", 4)[4:])) for r in reports]
     assert sorted(forms) == sorted([(d, c, f) for d in (64, 128) for c in (False, True)
                                     for f in ("", "dq-atomic", "dq-atomic-fragments")]
-                                   + [(64, c, "dq-atomic-split-rows") for c in (False, True)]), forms
+                                   + [(64, c, f) for c in (False, True)
+                                      for f in ("dq-atomic-split-rows", "dq-atomic-split-rows-fragments")]), forms
     for r in reports:
         atomic = "-dq-atomic" in r["config"]
-        split_rows = r["config"].endswith("-split-rows")
+        split_rows = "-split-rows" in r["config"]
         block_m = int(r["config"].split("-")[1].removeprefix("M"))
         # per warpgroup: S^T and dP^T over D, dV and dK over the block's queries, and with dQ its share
         # = dS K over the 128 keys: for each 64 of the block's rows (half of D), or 64 rows (all of D)
@@ -106,7 +107,7 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
         # dQ's accumulator joins dK and dV in the atomic form (32 registers at D = 64, beside S^T and dP^T of
         # 128 rows): ptxas spills 8-80 bytes there on Triton 3.6; none in the form without dQ.
         bound = 128 if atomic else 0
-        if r["config"].endswith("-fragments"):  # the library's form (entries 74, 75)
+        if r["config"].endswith("-fragments"):  # the library's order (entries 74, 75, 82)
             bound = {(64, False): 0, (64, True): 24, (128, False): 0, (128, True): 8}[r["head_dim"], r["causal"]]
         assert r["stack_bytes"] + r["local_bytes"] <= bound, r
         wide = r["shared_stores"].get("16", 0)
@@ -177,14 +178,14 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("form", [dict(block_m=64), dict(dq_split_rows=True)])
+@pytest.mark.parametrize("form", [dict(block_m=64), dict(dq_split_rows=False)])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
 def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
-    """The A/B forms the launcher keeps beside D = 64's default: 64-row query blocks, and dQ split by rows
-    between the compute warpgroups. Every gradient within twice plain bf16 attention's error of the float64
-    reference: odd lengths (rows past Nq read L = 0 and D = 0 there; the row split's second warpgroup
-    reduces rows past Nq, which TMA clips), Nq != Nk both ways, GQA, several key tiles."""
+    """The A/B forms the launcher keeps beside D = 64's default: 64-row query blocks, and dQ split by D's
+    columns between the compute warpgroups (the default splits its rows). Every gradient within twice plain
+    bf16 attention's error of the float64 reference: odd lengths (rows past Nq read L = 0 and D = 0 there),
+    Nq != Nk both ways, GQA, several key tiles."""
     from flashtriton import flash_attention
     from flashtriton.launch import backward
     from flashtriton.testing import compare_with_reference
@@ -218,8 +219,9 @@ def test_backward_in_either_dq_order(monkeypatch, head_dim, is_causal, shape, fr
     """DQ_FRAGMENTS (the library's): the kernel stages dQ in its registers' order into a buffer of that
     order, which dq_from_fragments_kernel puts back in place; or (False) dQ's own order, as before. Every
     gradient within twice plain bf16 attention's error of the float64 reference; odd lengths (the last
-    block's rows past Nq land in the buffer's padding), Nq != Nk both ways, GQA; a second call replays
-    the recorded launches."""
+    block's rows past Nq land in the buffer's padding, or in dQ's order are clipped by TMA; at D = 64, split
+    by rows, the second warpgroup's share can lie wholly past Nq), Nq != Nk both ways, GQA; a second call
+    replays the recorded launches."""
     from flashtriton import flash_attention
     from flashtriton.launch import last_choice
     from flashtriton.testing import compare_with_reference
@@ -234,7 +236,7 @@ def test_backward_in_either_dq_order(monkeypatch, head_dim, is_causal, shape, fr
                                                                         return_lse=True), q, k, v, is_causal)
         assert all(c.ok for c in checks), checks
     dkdv = last_choice("backward").names()[0]  # (its str also names dQ's kernel, which this path does not run)
-    assert dkdv.endswith("-dq-atomic" + "-fragments" * fragments), dkdv
+    assert dkdv.endswith(gluon_backward.dkdv_form(True, gluon_backward.split_dq_by_rows(head_dim), fragments)), dkdv
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -293,7 +295,7 @@ def test_backward_launch_spec_names_what_a_replay_rebuilds(with_dq):
         assert name.endswith("_desc") and desc.base is source, (name, desc)
     assert (names[2 + len(spec.descriptors)] == "dq_desc") == (not with_dq)
     assert spec.scalars[0] is None if not with_dq else spec.scalars[0] == dk.stride(0)
-    assert spec.tiles == f"gluon-N64x2-M128-s2{'-dq-atomic' if with_dq else ''}"
+    assert spec.tiles == f"gluon-N64x2-M128-s2{'-dq-atomic-split-rows' if with_dq else ''}"  # (D = 64's split)
 
 
 @pytest.mark.parametrize("head_dim, block_m", [(128, 128), (64, 96)])

@@ -80,15 +80,25 @@ def dkdv_form(dq_atomic: bool, split_rows: bool = False, fragments: bool = False
                                          ("-fragments", fragments)) if on)
 
 
-def dq_share(head_dim: int, block_m: int | None = None, split_rows: bool = False) -> tuple[int, int]:
-    """(rows, cols) of each compute warpgroup's share of a query block's dQ: all the block's rows and half
-    of D, or with `split_rows` half the rows and all of D."""
+def split_dq_by_rows(head_dim: int, block_m: int | None = None) -> bool:
+    """The library's split of a query block's dQ between the compute warpgroups: by rows where each gets 64
+    of them (D = 64's 128-row blocks: FlashAttention-4's split there, wgmma at N = 64 over all of D), by
+    D's columns otherwise. In register order, rows ran 1.02-1.04x columns on five D = 64 shapes, causal
+    or not (docs/performance.md, entry 82)."""
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    return block_m == WARPGROUPS * 64
+
+
+def dq_share(head_dim: int, block_m: int | None = None, split_rows: bool | None = None) -> tuple[int, int]:
+    """(rows, cols) of each compute warpgroup's share of a query block's dQ: all the block's rows and half
+    of D, or with `split_rows` half the rows and all of D (None: the library's, split_dq_by_rows)."""
+    block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    split_rows = split_dq_by_rows(head_dim, block_m) if split_rows is None else split_rows
     return (block_m // WARPGROUPS, head_dim) if split_rows else (block_m, head_dim // WARPGROUPS)
 
 
 def dq_accumulator_shape(q_shape: tuple, fragments: bool, block_m: int | None = None,
-                         split_rows: bool = False) -> tuple:
+                         split_rows: bool | None = None) -> tuple:
     """The shape of the float32 buffer the Gluon kernel adds dQ into, for q of `q_shape` (B, Hq, Nq, D): q's,
     or with `fragments` one chunk per (batch, head, query block, compute warpgroup), (B * Hq * cdiv(Nq,
     block_m), WARPGROUPS, rows, cols), each in the accumulator's register order."""
@@ -100,7 +110,7 @@ def dq_accumulator_shape(q_shape: tuple, fragments: bool, block_m: int | None = 
 
 
 def dq_accumulator(q: torch.Tensor, fragments: bool, block_m: int | None = None,
-                   split_rows: bool = False) -> torch.Tensor:
+                   split_rows: bool | None = None) -> torch.Tensor:
     """That buffer (dq_accumulator_shape), zeroed."""
     return torch.zeros(dq_accumulator_shape(q.shape, fragments, block_m, split_rows), device=q.device,
                        dtype=torch.float32)
@@ -121,17 +131,18 @@ def dq_fragments_spec(dq: torch.Tensor, dq_acc: torch.Tensor) -> LaunchSpec:
 def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
                       dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
-                      block_m: int | None = None, dq_split_rows: bool = False, dq_fragments: bool = False) -> tuple:
+                      block_m: int | None = None, dq_split_rows: bool | None = None,
+                      dq_fragments: bool = False) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
     (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ * scale into it by TMA reductions (its
     DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms). `stages`
     and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs, and so
-    is `dq_split_rows`: with 128-row blocks, each compute warpgroup takes half of dQ's rows with all of D
-    (FlashAttention-4's split at D = 64, wgmma at N = 64) instead of half of D's columns for all the rows
-    (N = 32 there): +3% without a mask at N = 4096, 4-7% slower causal (docs/performance.md, entry 71).
-    `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS, the library's)."""
+    is `dq_split_rows` (None: the library's, split_dq_by_rows): with 128-row blocks each compute warpgroup
+    can take half of dQ's rows with all of D (wgmma at N = 64), or half of D's columns for all the rows
+    (N = 32 at D = 64). `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS,
+    the library's)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -148,6 +159,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
         raise ValueError("lse2 and delta must share one layout with contiguous rows 16-byte aligned for TMA "
                          "(backward.statistics_buffer)")
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    dq_split_rows = split_dq_by_rows(head_dim, block_m) if dq_split_rows is None else dq_split_rows
     rows, cols = dq_share(head_dim, block_m, dq_split_rows)
     if dq_acc is not None:
         wanted = dq_accumulator_shape(q.shape, dq_fragments, block_m, dq_split_rows)
@@ -191,6 +203,8 @@ def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
                                                    dq_fragments=dq_fragments)
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
     block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
-    tiles = f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{dkdv_form(dq_acc is not None, False, dq_fragments)}"
+    split_rows = dq_acc is not None and args[8].block_shape[3] == q.shape[-1]  # (dQ's box: a share's columns)
+    form = dkdv_form(dq_acc is not None, split_rows, dq_fragments)
+    tiles = f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{form}"
     return LaunchSpec("gluon_dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors],
                       args[2 + descriptors:], {}, kwargs, tiles)
