@@ -39,10 +39,10 @@ REGISTERS = (168, 240)
 BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
 # Where "auto" takes the Gluon backward (dQ by TMA reductions): AUTO_MIN_KEYS maps (head dim, causal) to the
 # fewest keys, from benchmarks/gluon_backward_ab.py and gluon_kernel_ab.py on the H200 (docs/performance.md,
-# entries 69 and 75): without a mask 1.07x the Triton backward at D = 128 from 512 keys and 1.04x at D = 64
-# from 2048 (0.78x at 1024); causal 1.06x at D = 128 from 1024, and at D = 64 1.07x at 8192 (0.93x at 2048,
-# 0.97x at 4096; 0.98-1.10x at 16384 across three runs: dQ's reductions vary).
-AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 8192}
+# entries 69, 75 and 82): without a mask 1.07x the Triton backward at D = 128 from 512 keys and at D = 64
+# 1.16x at 2048 (0.78x at 1024, before entry 82); causal 1.06x at D = 128 from 1024, and at D = 64 1.12x
+# at 4096 and 1.19x at 16384, 1.005x at 2048.
+AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 4096}
 # dQ's float32 buffer in the accumulator's register order (kernels/dq_fragments.py), put back in place by
 # dq_from_fragments_kernel, rather than laid out like dQ: conflict-free 16-byte staging stores, 1.05-1.08x
 # at D = 128 and at D = 64 without a mask, even at D = 64 causal (docs/performance.md, entry 73).
