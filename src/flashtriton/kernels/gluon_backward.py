@@ -343,6 +343,7 @@ def attn_bwd_dkdv_gluon_kernel(
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(WARPGROUPS == 2, "the partition list below spells out two compute warpgroups")
+    gl.static_assert(NUM_STAGES <= 8, "the ring's named barriers take ids 14 down to 7 (Triton's are 0-3)")
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)

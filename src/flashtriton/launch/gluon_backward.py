@@ -83,8 +83,8 @@ def dkdv_form(dq_atomic: bool, split_rows: bool = False, fragments: bool = False
 def split_dq_by_rows(head_dim: int, block_m: int | None = None) -> bool:
     """The library's split of a query block's dQ between the compute warpgroups: by rows where each gets 64
     of them (D = 64's 128-row blocks: FlashAttention-4's split there, wgmma at N = 64 over all of D), by
-    D's columns otherwise. In register order, rows ran 1.02-1.04x columns on five D = 64 shapes, causal
-    or not (docs/performance.md, entry 82)."""
+    D's columns otherwise. In register order, rows ran 1.02-1.11x columns on five D = 64 shapes, causal
+    or not, in two calls (docs/performance.md, entry 82)."""
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
     return block_m == WARPGROUPS * 64
 
