@@ -113,7 +113,6 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         recorded plans, so that its calls replay its own launches (a launch path without replays would time
         Triton's host work on the shorter shapes)."""
         plans = {}
-
         buffer = functools.partial(gluon_backward.dq_accumulator, block_m=form.get("block_m"),
                                    split_rows=form.get("dq_split_rows"))  # (dQ's buffer to match the form)
 

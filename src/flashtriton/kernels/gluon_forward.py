@@ -115,11 +115,13 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                    v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
-                    IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
+def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
-    warpgroup is done with the previous tile's, then K of block j + 1 before V of block j."""
+    warpgroup is done with the previous tile's, then K of block j + 1 before V of block j. `loads`: the
+    kernel's arguments this partition takes (the flags come apart: in a tuple the kernel names, a flag
+    becomes a run-time value, and both sides of each `if` on it would be compiled)."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, num_tiles,
+     rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K) = loads
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
@@ -415,18 +417,18 @@ def attn_fwd_gluon_kernel(
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-             num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, IS_CAUSAL, FP8)
+             num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
               stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
               qk_scale_log2, DESCALE, SEQUSED_K)
     if WARPGROUPS == 3:
-        gl.warp_specialize([(_load_partition, loads),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
-        gl.warp_specialize([(_load_partition, loads),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
