@@ -14,8 +14,10 @@ by role instead, each role a partition of warps with its own registers:
   D = 64) own 64 query rows each of a tile's 128 or 192: per
   key block, S = Q K^T by an asynchronous wgmma from shared memory, the online softmax in registers,
   then O += P V with P kept in registers as the wgmma's A operand (no trip through shared memory). One
-  warpgroup's softmax can run while another's wgmma uses the tensor cores, and with OVERLAP (the form
-  the launcher runs) each also runs block j's softmax under its own block j-1's P V;
+  warpgroup's softmax runs while another's wgmma uses the tensor cores; with OVERLAP (the form the
+  launcher runs) each warpgroup issues block j's Q K^T and block j-1's P V together. The softmax of
+  block j is written between the waits for the two, as FlashAttention-3 has it, but ptxas waits for
+  both first (docs/performance.md, entry 83: held under P V, it ran slower);
 - a program loops over tiles of 128 query rows (program p takes p, p + P, ...): with one program per SM
   (the launcher's choice, unless a causal call's heads are long: launch/gluon_forward.py) a tile's last
   products and its stores overlap the next tile's first loads, the barriers' phases running on across
@@ -211,14 +213,15 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             FP8: gl.constexpr, SHIFTED: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
-    Q K^T is issued before block j-1's P V and the softmax of block j runs while that P V is still on the
-    tensor cores (FlashAttention-3's intra-warpgroup pipelining); without it, each block's two products
-    and softmax run in turn. With PINGPONG (OVERLAP only), the warpgroups take turns, in a cycle, to issue
-    their products (`turns`: mbarrier i lets warpgroup i issue), so that one's softmax runs while another's
-    products hold the tensor cores (FlashAttention-3's inter-warpgroup ping-pong). WG is this warpgroup's
-    index of WARPGROUPS. FP8: Q, K and V^T in float8 e4m3, P rounded to it for P V, O multiplied by
-    `v_descale` (the scores' descales are in qk_scale_log2). SHIFTED: `seqlen_k` is this sequence's count
-    of keys on a padded K and V (_block_start)."""
+    Q K^T is issued with block j-1's P V, K's stage is released once Q K^T has run, and the softmax of
+    block j is written before the wait for P V (FlashAttention-3's intra-warpgroup pipelining); ptxas
+    puts that wait first, so here the softmax follows both products (module docstring). Without OVERLAP,
+    each block's two products and softmax run in turn. With PINGPONG (OVERLAP only), the warpgroups take
+    turns, in a cycle, to issue their products (`turns`: mbarrier i lets warpgroup i issue), so that one's
+    softmax runs while another's products hold the tensor cores (FlashAttention-3's inter-warpgroup
+    ping-pong). WG is this warpgroup's index of WARPGROUPS. FP8: Q, K and V^T in float8 e4m3, P rounded to
+    it for P V, O multiplied by `v_descale` (the scores' descales are in qk_scale_log2). SHIFTED:
+    `seqlen_k` is this sequence's count of keys on a padded K and V (_block_start)."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0

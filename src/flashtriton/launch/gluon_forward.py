@@ -39,8 +39,9 @@ PERSISTENT_CAUSAL_WARPGROUPS = {64: 2, 128: 2}
 # 160 and 32, as FlashAttention-3 runs D = 64 (S is 64 x 128 fp32 and O 64 x 64: 96 registers).
 REGISTERS = {2: (168, 240), 3: (128, 160)}
 _DTYPES = (torch.bfloat16, torch.float16)
-# The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; the softmax of
-# block j under block j-1's P V; and that with the two warpgroups taking turns on the tensor cores.
+# The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; block j's Q K^T
+# issued with block j-1's P V (the softmax written between their waits, which ptxas runs first: the
+# kernel's module docstring); and that with the warpgroups taking turns on the tensor cores.
 FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
 
 
@@ -160,8 +161,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
                          seqused_k: torch.Tensor | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
-    by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup runs a
-    block's softmax under the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
+    by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
+    block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
     key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: grid_form's rule);
     `persistent` forces the grid, one program per SM or one per tile (None: grid_form's rule). FP8
