@@ -10,14 +10,13 @@ signature instead of the tree's (a variant made with `git show`, as for gluon_ke
 """
 
 import argparse
-import importlib.util
 import re
-import sys
 
 import torch
 
 from flashtriton.launch import gluon_forward
 from flashtriton.tools import inspect
+from gluon_kernel_ab import load_kernel
 
 FORMS = [(128, False, 2, False), (128, True, 2, False), (128, False, 2, True), (64, False, 3, False),
          (64, True, 3, False), (64, True, 2, False)]
@@ -40,13 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", help="a kernel file with attn_fwd_gluon_kernel (default: the tree's)")
     args = parser.parse_args()
-    kernel_fn = None
-    if args.kernel:
-        spec = importlib.util.spec_from_file_location("variant_kernels", args.kernel)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["variant_kernels"] = module
-        spec.loader.exec_module(module)
-        kernel_fn = module.attn_fwd_gluon_kernel
+    kernel_fn = load_kernel(args.kernel, "attn_fwd_gluon_kernel") if args.kernel else None
     print("| D | causal | warpgroups | ping-pong | exp2 before the P V wait / all |")
     print("|---|---|---|---|---|")
     for head_dim, causal, warpgroups, pingpong in FORMS:
