@@ -44,6 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .dq_fragments import fragment_bits
 from .gluon_barriers import named_barrier_arrive, named_barrier_sync
+from .gluon_masks import columns_at_least
 
 # The named barrier at which both compute warpgroups meet once their dS^T of a block is in shared memory.
 DS_BARRIER = gl.constexpr(15)
@@ -227,8 +228,8 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
     if MASKED:
         keys = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
-        queries = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=query_cols)
-        pt = gl.where(keys[:, None] <= queries[None, :] + (seqlen_k - seqlen_q), pt, 0.0)
+        first = keys - (seqlen_k - seqlen_q) - m * BLOCK_M  # each key's first visible column of this block
+        pt = gl.where(columns_at_least(gl.arange(0, BLOCK_M, layout=query_cols), first), pt, 0.0)
     pt_op = gl.convert_layout(pt.to(dtype), a_layout)
     dv = warpgroup_mma(pt_op, do, dv, is_async=True)
     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run

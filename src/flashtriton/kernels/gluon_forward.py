@@ -40,6 +40,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .gluon_masks import columns_at_most
+
 LN2 = gl.constexpr(0.6931471805599453)
 
 
@@ -165,13 +167,14 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     if IS_CAUSAL:
         partial = partial | (block_end - 1 > first_visible_end)
     if partial:
-        keys = _block_start(j, seqlen_k, BLOCK_N, SHIFTED) + gl.arange(0, BLOCK_N,
-                                                                     layout=gl.SliceLayout(0, qk.type.layout))
-        visible = keys[None, :] < seqlen_k
-        if SHIFTED:
-            visible = visible & (keys[None, :] >= j * BLOCK_N)
+        start = _block_start(j, seqlen_k, BLOCK_N, SHIFTED)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))  # keys from `start`
         if IS_CAUSAL:
-            visible = visible & (keys[None, :] <= last_key[:, None])
+            visible = columns_at_most(cols, gl.minimum(last_key, seqlen_k - 1) - start)
+        else:
+            visible = cols[None, :] < seqlen_k - start
+        if SHIFTED:
+            visible = visible & (cols[None, :] >= j * BLOCK_N - start)
         qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
     m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale_log2)

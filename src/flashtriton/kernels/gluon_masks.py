@@ -1,0 +1,26 @@
+"""Causal masks on wgmma accumulator tiles, at one comparison with a constant and one select per score
+(issue 21).
+
+In wgmma's accumulator layout (m64nNk16) a thread holds, of every 8 columns, the two at 2 (lane % 4) and
+2 (lane % 4) + 1. So a column index is `cols & 6`, the part that depends on the lane, plus a constant of
+the register. Written as `cols[None, :] <= last[:, None]`, the comparison keeps every column index in a
+register and compares register with register; moved to `cols - (cols & 6) <= last - (cols & 6)`, the left
+side folds to each register's constant and the right side to one value per row, so that ptxas compares
+with an immediate (docs/performance.md, entry 84). Both spellings give the same booleans in any layout."""
+
+from triton.experimental import gluon
+
+
+@gluon.jit
+def columns_at_most(cols, last):
+    """cols[None, :] <= last[:, None]: `cols` a tile's column indices (SliceLayout(0, accumulator)),
+    `last` each row's last visible column (SliceLayout(1, accumulator))."""
+    lane = cols & 6
+    return (cols - lane)[None, :] <= last[:, None] - lane[None, :]
+
+
+@gluon.jit
+def columns_at_least(cols, first):
+    """cols[None, :] >= first[:, None], as columns_at_most."""
+    lane = cols & 6
+    return (cols - lane)[None, :] >= first[:, None] - lane[None, :]
