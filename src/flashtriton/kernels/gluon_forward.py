@@ -171,10 +171,12 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))  # keys from `start`
         if IS_CAUSAL:
             visible = columns_at_most(cols, gl.minimum(last_key, seqlen_k - 1) - start)
+            if SHIFTED:
+                visible = visible & (cols[None, :] >= j * BLOCK_N - start)
+        elif SHIFTED:  # (the block ends at Nk)
+            visible = cols[None, :] >= j * BLOCK_N - start
         else:
             visible = cols[None, :] < seqlen_k - start
-        if SHIFTED:
-            visible = visible & (cols[None, :] >= j * BLOCK_N - start)
         qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
     m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale_log2)

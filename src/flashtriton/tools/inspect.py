@@ -117,6 +117,8 @@ class KernelReport:
     # Shared-memory stores by width in bytes, {4: STS, 8: STS.64, 16: STS.128} (--json only): the Gluon
     # backward's dQ staging takes 16-byte ones in its register-order form.
     shared_stores: dict[int, int] = dataclasses.field(default_factory=dict)
+    # SASS instructions in all (--json only): what a change of the elementwise code costs in issue slots.
+    instructions: int = 0
 
 
 def _cuobjdump(cubin: bytes, option: str) -> str:
@@ -171,7 +173,7 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
-                        _shared_stores(sass))
+                        _shared_stores(sass), sass.count(";"))
 
 
 def _shared_stores(sass: str) -> dict[int, int]:
