@@ -426,12 +426,12 @@ def test_persistent_programs_take_several_tiles(head_dim, form, is_causal):
     assert_matches_reference(q, k, v, is_causal, head_dim ** -0.5, o, lse)
 
 
-@pytest.mark.parametrize("seqlen_k, head_dim, persistent", [(8192, 128, True), (8193, 128, False), (8192, 64, True),
-                                                           (16384, 64, False)])
+@pytest.mark.parametrize("seqlen_k, head_dim, persistent", [(8192, 128, True), (8193, 128, False), (4096, 64, True),
+                                                           (4097, 64, False), (16384, 64, False)])
 def test_causal_grid_is_persistent_up_to_its_keys(seqlen_k, head_dim, persistent):
     """The launch's grid (no GPU needed: off the GPU it is sized for an H200's 132 SMs): one program per SM
-    without a mask at any length, and with a causal mask up to PERSISTENT_CAUSAL_MAX_KEYS keys (8192) at
-    any head dim; one program per tile past it."""
+    without a mask at any length, and with a causal mask up to PERSISTENT_CAUSAL_MAX_KEYS keys (8192 at
+    D = 128, 4096 at D = 64); one program per tile past it."""
     def grid(is_causal):
         q = torch.empty(4, 8, 4096, head_dim, dtype=torch.bfloat16)
         k = torch.empty(4, 8, seqlen_k, head_dim, dtype=torch.bfloat16)
@@ -444,7 +444,7 @@ def test_causal_grid_is_persistent_up_to_its_keys(seqlen_k, head_dim, persistent
 
 
 @pytest.mark.parametrize("head_dim, is_causal, seqlen_k, fp8, form", [
-    (64, False, 4096, False, (True, 3)), (64, True, 8192, False, (True, 2)), (64, True, 8193, False, (False, 3)),
+    (64, False, 4096, False, (True, 3)), (64, True, 4096, False, (True, 2)), (64, True, 4097, False, (False, 3)),
     (64, True, 4096, True, (True, 3)), (128, True, 4096, False, (True, 2)), (128, False, 512, False, (True, 2))])
 def test_grid_form_takes_two_warpgroups_on_a_persistent_causal_grid(head_dim, is_causal, seqlen_k, fp8, form):
     """(persistent, softmax warpgroups) by the rules: three warpgroups at D = 64 but two on a persistent causal
@@ -514,14 +514,15 @@ def test_forward_auto_selection_follows_its_table(monkeypatch):
 @pytest.mark.parametrize("path, batch, head_dim, seqlen, variant, gluon", [
     ("auto", 16, 128, 1041, {}, True), ("auto", 1, 128, 1041, {}, False), ("auto", 32, 128, 529, {}, False),
     ("auto", 64, 128, 529, {"is_causal": False}, True),
-    ("auto", 8, 64, 4113, {}, False), ("auto", 8, 64, 4113, {"is_causal": False}, True),
+    ("auto", 8, 64, 4113, {}, True), ("auto", 64, 64, 1000, {}, False),
+    ("auto", 8, 64, 4113, {"is_causal": False}, True),
     ("auto", 8, 64, 2065, {"is_causal": False}, True), ("auto", 16, 64, 2040, {"is_causal": False}, False),
     ("gluon", 1, 64, 300, {}, True),
     ("triton", 8, 128, 2065, {}, False), ("auto", 16, 128, 1041, {"window_size": (64, 0)}, False),
     ("gluon", 1, 128, 1041, {"softcap": 20.0}, False)])
 def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, gluon):
     """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
-    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 without a mask from 2048; and
+    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 from 1024, 2048 without a mask; and
     B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 and 64 x 4 x 512 x 529 x 128 are over it,
     1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
     Triton backward on the Gluon forward's O and L) match the float64 reference. Causal unless the variant

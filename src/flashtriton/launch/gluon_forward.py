@@ -88,17 +88,19 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # maps (head dim, causal) to the fewest keys. At D = 128, 1.1-1.3x from 1024 keys, causal or not, and
 # 1.16x at 512 keys without a mask (0.91x with one; docs/performance.md, entry 55). At
 # D = 64 with three warpgroups, without a mask 1.03-1.05x at 2048 and 4096 keys but 0.89x at 1024 (two
-# runs through flash_attention with each path forced, entry 81); causal 0.95-1.03x from 1024 to 8192
-# keys (entries 80, 81), and 1.02-1.12x from 16384, one program per tile (entries 72, 81). And only for
+# runs through flash_attention with each path forced, entry 81); causal, since the mask compares with
+# immediates (entry 84), 1.04-1.10x from 1024 to 2048 keys on a persistent grid, 1.05x at 4096 and 1.06x at
+# 8192 with the grids below, and 1.02-1.12x from 16384, one program per tile (entries 72, 81). And only for
 # calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton
 # path replayed a recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
 # where the two paths now cross for small calls is not re-measured, so the bound stays.
-AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 16384}
+AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 1024}
 AUTO_MIN_WORK = 2 ** 33
-# A causal call's grid is persistent up to this many keys: at D = 128 in bf16, 1.02-1.08x one program per
-# tile from 1024 to 8192 keys and 0.69x at 16384 (entry 55); in FP8, 1.01x at 8192 and 0.66x at 16384,
-# and at D = 64 0.91x at 16384 (entry 60), though a head's K and V take half the bytes or less there.
-PERSISTENT_CAUSAL_MAX_KEYS = 8192
+# A causal call's grid is persistent up to this many keys, by head dim: at D = 128 in bf16, 1.02-1.08x one
+# program per tile from 1024 to 8192 keys and 0.69x at 16384 (entry 55); in FP8, 1.01x at 8192 and 0.66x at
+# 16384. At D = 64, 0.91x at 16384 in FP8 (entry 60) and in bf16 0.94x at 8192 (two warpgroups against one
+# program per tile with three, entry 84), though a head's K and V take half the bytes or less there.
+PERSISTENT_CAUSAL_MAX_KEYS = {64: 4096, 128: 8192}
 
 
 def path_from_environment(variable: str, what: str) -> str:
@@ -131,7 +133,7 @@ def grid_form(head_dim: int, is_causal: bool, seqlen_k: int, fp8: bool = False, 
     program per tile then, longest first (docs/performance.md, entries 47, 55 and 60). The warpgroups:
     WARPGROUPS by head dim, or in 16-bit PERSISTENT_CAUSAL_WARPGROUPS on a persistent causal grid."""
     if persistent is None:
-        persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS
+        persistent = not is_causal or seqlen_k <= PERSISTENT_CAUSAL_MAX_KEYS[head_dim]
     if warpgroups is None:
         table = PERSISTENT_CAUSAL_WARPGROUPS if is_causal and persistent and not fp8 else WARPGROUPS
         warpgroups = table[head_dim]
