@@ -63,6 +63,22 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
         assert r["shared_bytes"] <= 227 * 1024, r
 
 
+def test_causal_mask_compares_with_immediates(reports):
+    """The causal forward's mask (kernels/gluon_masks.py) compiles to about two instructions per score of
+    the blocks that cross the diagonal: with two warpgroups each form's causal SASS is at most 320
+    instructions longer than its non-causal one (120-240 on Triton 3.6 with the mask compared against
+    immediates; 400-744 when the column indices were compared in registers, docs/performance.md entry 84)."""
+    forward = {(r["head_dim"], r["causal"], r["config"]): r["instructions"] for r in reports
+               if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"
+               and r["config"].startswith("M64x2-") and r["config"].endswith(("-overlap", "-pingpong", "-in-turn"))}
+    pairs = [(head_dim, config) for head_dim, causal, config in forward
+             if causal and (head_dim, False, config) in forward]
+    assert len(pairs) == 6, forward
+    for head_dim, config in pairs:
+        extra = forward[head_dim, True, config] - forward[head_dim, False, config]
+        assert 0 < extra <= 320, (head_dim, config, extra)
+
+
 def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
     """The FP8 form (D 64 and 128, causal and not): both products on wgmma's e4m3 form (QGMMA, counted
     with HGMMA), not serialised, the partitions trading registers, no spills at D = 128 (16 bytes at
