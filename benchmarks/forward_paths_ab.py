@@ -1,8 +1,9 @@
 """The forward's two paths as a user reaches them, on an sm_90 GPU: `flash_attention` (no gradient) with
-FLASHTRITON_FORWARD=triton and with =gluon, beside cuDNN, bf16, in interleaved rounds of `do_bench`
+FLASHTRITON_FORWARD=triton and with =gluon, beside cuDNN and the Gluon launcher called directly
+(`gluon_launch`: what the API adds, in the same process), bf16, in interleaved rounds of `do_bench`
 (medians, TFLOP/s on 4·B·H·N²·D, halved when causal). Where `auto` switches paths
 (launch/gluon_forward.py AUTO_MIN_KEYS) comes from races like this one; one JSON line per shape, with each
-path's largest error against float32 SDPA. docs/performance.md, entry 81.
+path's largest error against float32 SDPA. docs/performance.md, entries 81 and 84.
 
     PYTHONPATH=src python benchmarks/forward_paths_ab.py [--shapes 0,1]
 """
@@ -32,6 +33,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     providers = {path: ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, path, forward)
                  for path in ("triton", "gluon")}
     errors = {path: ab_runs.largest_error(fn(), reference) for path, fn in providers.items()}
+    providers["gluon_launch"] = lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, head_dim ** -0.5)
     providers["cudnn"] = ab_runs.cudnn(q, k, v, causal)
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
     return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, ROUNDS),
