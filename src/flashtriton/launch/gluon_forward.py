@@ -89,8 +89,9 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # 1.16x at 512 keys without a mask (0.91x with one; docs/performance.md, entry 55). At
 # D = 64 with three warpgroups, without a mask 1.03-1.05x at 2048 and 4096 keys but 0.89x at 1024 (two
 # runs through flash_attention with each path forced, entry 81); causal, since the mask compares with
-# immediates (entry 84), 1.04-1.10x from 1024 to 2048 keys on a persistent grid, 1.05x at 4096 and 1.06x at
-# 8192 with the grids below, and 1.02-1.12x from 16384, one program per tile (entries 72, 81). And only for
+# immediates and with the grids below (entry 84, through the API), 1.03-1.10x at 1024 and 2048 keys,
+# 0.98-1.02x at 4096, 1.005-1.06x at 8192 (the Gluon kernel's speed there moves by ~5% between
+# processes), and 1.02-1.12x from 16384, one program per tile (entries 72, 81, 84). And only for
 # calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton
 # path replayed a recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
 # where the two paths now cross for small calls is not re-measured, so the bound stays.
