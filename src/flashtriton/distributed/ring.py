@@ -4,10 +4,12 @@ logsumexp, in float32:
 
     L = log(e^L_a + e^L_b),   O = e^(L_a - L) O_a + e^(L_b - L) O_b
 
-The backward passes K and V around again, with an accumulator of their gradients travelling beside
-them: each rank adds its queries' share (flashtriton's backward, given the global O and L, gives a block's
-exact share), and after R steps every accumulator is back home, complete. The next block's transfer is
-started before this block's kernels, so that the two overlap.
+The backward passes K and V around again, with an accumulator of their gradients travelling one step
+behind them: each rank computes its queries' share (flashtriton's backward, given the global O and L,
+gives a block's exact share), then adds it to the accumulator that arrived meanwhile and sends that on;
+after R steps every accumulator is back home, complete, and only that last hop is not hidden behind
+kernels (it travels in the inputs' dtype, half of float32). The next block's transfer is started before
+this block's kernels, so that the two overlap.
 
 Which blocks a step computes, for this rank's queries against the keys that started on rank `src`
 (layout.py describes the layouts; causal positions are global ones):
@@ -120,11 +122,6 @@ def _no_rows_yet(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _zeros(q), torch.full(q.shape[:3], float("-inf"), device=q.device, dtype=torch.float32)
 
 
-def _no_gradients_yet(q, k, v) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """The backward's accumulators (dq, (dk, dv)) before any block."""
-    return _zeros(q), (_zeros(k), _zeros(v))
-
-
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale, window, softcap, layout, group, deterministic):
@@ -162,31 +159,46 @@ class _RingAttention(torch.autograd.Function):
         ring = Ring(group) if world > 1 else None
         do = do.contiguous()
         keys = (k, v)
-        dq = grads = None  # the float32 accumulators, from the first block that covers every row and key
+        dq = None  # the float32 accumulator of this rank's queries, from the first block that covers every row
+        arriving = None  # the previous rank's accumulator of the keys held now: sent during this step's kernels
         for step in range(world):
             src = (rank - step) % world
             pending = ring.start(keys) if step + 1 < world else None
+            shares = []  # (key rows, dk, dv) of this rank's queries against the keys held now
             for rows, cols, causal, band in _calls(rank, src, world, q.shape[2], layout, is_causal, window):
                 dq_block, dk_block, dv_block = ops.backward_impl(
                     _rows(do, rows), _rows(q, rows), keys[0][:, :, cols], keys[1][:, :, cols], _rows(o, rows),
                     lse[:, :, rows].contiguous(), None, None, 0, 0, causal, scale, *band, softcap, None, 0.0, None,
                     deterministic, True, True)
-                if dq is None and rows == _ALL and cols == _ALL:
-                    dq, grads = dq_block.float(), (dk_block.float(), dv_block.float())
+                shares.append((cols, dk_block, dv_block))
+                if dq is None and rows == _ALL:
+                    dq = dq_block.float()
                     continue
                 if dq is None:
-                    dq, grads = _no_gradients_yet(q, k, v)
+                    dq = _zeros(q)
                 dq[:, :, rows] += dq_block
-                grads[0][:, :, cols] += dk_block
-                grads[1][:, :, cols] += dv_block
-            if dq is None:  # no block this step: the accumulators still travel
-                dq, grads = _no_gradients_yet(q, k, v)
-            if ring is not None:  # the accumulators follow their keys to the next rank; after R steps, home
-                moved = ring.start(grads)
-                if pending is not None:
-                    keys = pending.wait()
-                grads = moved.wait()
+            grads = _with_shares(None if arriving is None else arriving.wait(), shares, k, v)
+            if step + 1 < world:  # the accumulator follows its keys to the next rank, under the next step's kernels
+                arriving = ring.start(grads)
+                keys = pending.wait()
+            elif ring is not None:  # complete now: the last hop takes it home, already in the inputs' dtype
+                grads = ring.start((grads[0].to(k.dtype), grads[1].to(v.dtype))).wait()
+        if dq is None:
+            dq = _zeros(q)
         return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), *(None,) * 7
+
+
+def _with_shares(grads: tuple[torch.Tensor, torch.Tensor] | None, shares: list, k: torch.Tensor, v: torch.Tensor):
+    """The keys' float32 accumulators (dk, dv), or new ones where `grads` is None, plus this rank's
+    `shares` (key rows, dk, dv), added in place."""
+    if grads is None and len(shares) == 1 and shares[0][0] == _ALL:
+        return shares[0][1].float(), shares[0][2].float()
+    if grads is None:
+        grads = (_zeros(k), _zeros(v))
+    for cols, dk_block, dv_block in shares:
+        grads[0][:, :, cols] += dk_block
+        grads[1][:, :, cols] += dv_block
+    return grads
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
