@@ -23,8 +23,7 @@ from flashtriton.distributed import (
     zigzag_shard,
     zigzag_unshard,
 )
-from flashtriton.reference import attention_ref
-from flashtriton.testing import bounded
+from flashtriton.testing import check_shard
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the gloo tests run on CPU; the GPU runs the cp suite")
 
@@ -59,22 +58,25 @@ def _whole(heads_q, heads_kv, seqlen, dtype, seed):
 def _check_rank(attend, shard, whole, reference_kwargs, kernel_kwargs):
     """This rank's rows of O, L and gradients from `attend` on its shards, against float64 on the whole
     sequence, allowed twice single-process flash_attention's error there."""
-    q, k, v, do = whole
-    leaves64 = [x.double().requires_grad_() for x in (q, k, v)]
-    o64, lse64 = attention_ref(*leaves64, **reference_kwargs)
-    o64.backward(do.double())
-    single = [x.clone().requires_grad_() for x in (q, k, v)]
-    o1, lse1 = flash_attention(*single, return_lse=True, **kernel_kwargs)
-    o1.backward(do)
-    mine = [shard(x).requires_grad_() for x in (q, k, v)]
-    o, lse = attend(*mine)
-    o.backward(shard(do))
-    checks = [bounded("O", o, shard(o64), shard(o1), q.dtype),
-              bounded("L", lse, shard(lse64[..., None])[..., 0], shard(lse1[..., None])[..., 0], torch.float32)]
-    for name, x, x64, x1 in zip(("dQ", "dK", "dV"), mine, leaves64, single, strict=True):
-        checks.append(bounded(name, x.grad, shard(x64.grad), shard(x1.grad), q.dtype))
-    failed = [str(c) for c in checks if not c.ok]
+    def attend_whole(q, k, v):
+        return flash_attention(q, k, v, return_lse=True, **kernel_kwargs)
+    failed = [str(check) for check, _ in check_shard(attend, attend_whole, shard, whole, reference_kwargs)
+              if not check.ok]
     assert not failed, failed
+
+
+def test_check_shard_catches_a_wrong_shard():
+    """The check the ranks and the GPU's cp suite run, on one 'rank' holding everything: exact for the
+    right call, failing for one that drops the causal mask."""
+    whole = _whole(2, 2, 9, torch.float32, seed=5)
+
+    def causal(q, k, v):
+        return flash_attention(q, k, v, is_causal=True, return_lse=True)
+    good = check_shard(causal, causal, lambda x: x, whole, dict(is_causal=True))
+    assert all(check.ok and diff == 0 for check, diff in good), good
+    bad = check_shard(lambda *t: flash_attention(*t, return_lse=True), causal, lambda x: x, whole,
+                      dict(is_causal=True))
+    assert not any(check.ok for check, _ in bad[:2]) and bad[0][1] > 1e-2, bad
 
 
 RING_CASES = [  # (layout, causal, heads_q, heads_kv, dtype, softcap, window)

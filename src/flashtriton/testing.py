@@ -129,3 +129,29 @@ def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: to
     for name, g, ref, low, extra in zip(("dQ", "dK", "dV"), grads, ref_grads, low_grads, slack, strict=True):
         checks.append(bounded(name, g, ref, low, q.dtype, factor, extra))
     return checks
+
+
+def check_shard(attend: Callable, attend_whole: Callable, shard: Callable, whole: tuple[torch.Tensor, ...],
+                reference_kwargs: dict) -> list[tuple[Check, float]]:
+    """Context parallelism's check, on one rank: `attend(q, k, v) -> (o, lse)` on this rank's shards
+    (`shard(x)` of each whole (B, H, N, D) tensor) against float64 on the whole sequence, forward and
+    backward with dO = `whole[3]`. Each of O, L, dQ, dK, dV is allowed twice the error that
+    `attend_whole` (single-device attention, same signature) makes on the whole sequence; each comes
+    with its largest difference from that single-device result, the sharding's own error."""
+    q, k, v, do = whole
+    leaves64 = [x.double().requires_grad_() for x in (q, k, v)]
+    o64, lse64 = attention_ref(*leaves64, **reference_kwargs)
+    o64.backward(do.double())
+    single = [x.clone().requires_grad_() for x in (q, k, v)]
+    o1, lse1 = attend_whole(*single)
+    o1.backward(do)
+    mine = [shard(x).detach().requires_grad_() for x in (q, k, v)]
+    o, lse = attend(*mine)
+    o.backward(shard(do))
+
+    def rows(x):  # a (B, H, N) tensor's rows of this shard
+        return shard(x[..., None])[..., 0]
+    pairs = [("O", o, shard(o64), shard(o1), q.dtype), ("L", lse, rows(lse64), rows(lse1), torch.float32)]
+    pairs += [(name, x.grad, shard(x64.grad), shard(x1.grad), q.dtype)
+              for name, x, x64, x1 in zip(("dQ", "dK", "dV"), mine, leaves64, single, strict=True)]
+    return [(bounded(name, out, ref, low, dtype), max_err(out, low)) for name, out, ref, low, dtype in pairs]
