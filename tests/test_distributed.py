@@ -4,6 +4,7 @@ and of dQ, dK, dV with the float64 reference on the whole sequence, bounded by t
 single-process `flash_attention` on it. Also the layouts' round trips, and errors that must reach every
 rank (a bad shape on one rank) instead of leaving the others waiting."""
 
+import importlib.util
 import os
 import socket
 
@@ -139,6 +140,30 @@ def _layouts_and_interface_worker(rank, world):
 
 def test_layouts_round_trip_and_the_ring_flash_attn_interface():
     _spawn(2, _layouts_and_interface_worker)
+
+
+def _ring_flash_attn_peer_worker(rank, world):
+    from flashtriton.tools.ring_flash_attn_peer import load_zigzag_ring
+    peer = load_zigzag_ring()
+
+    def attend(q, k, v):  # (B, H, n, D) shards in, flash_attn's (B, n, H, D) to the peer
+        o, lse, _ = peer(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, return_attn_probs=True)
+        return o.transpose(1, 2), lse
+
+    def attend_whole(q, k, v):
+        return flash_attention(q, k, v, is_causal=True, return_lse=True)
+    whole = _whole(4, 2, 2 * world * 5, torch.bfloat16, seed=7)
+    checks = check_shard(attend, attend_whole, lambda x: zigzag_shard(x, dim=2), whole, dict(is_causal=True))
+    failed = [str(check) for check, _ in checks if not check.ok]
+    assert not failed, failed
+
+
+def test_ring_flash_attn_runs_on_flashtriton_kernels():
+    """The cp suite's peer: ring-flash-attn's zigzag ring, its block calls on our kernels (tools/
+    ring_flash_attn_peer.py), exact on 2 gloo ranks with GQA."""
+    if importlib.util.find_spec("ring_flash_attn") is None:  # importing it needs flash_attn: the peer loads it
+        pytest.skip("the `cp` extra: pip install ring-flash-attn")
+    _spawn(2, _ring_flash_attn_peer_worker)
 
 
 def _errors_worker(rank, world):
