@@ -5,6 +5,7 @@ single-process `flash_attention` on it. Also the layouts' round trips, and error
 rank (a bad shape on one rank) instead of leaving the others waiting."""
 
 import importlib.util
+import json
 import os
 import socket
 
@@ -188,15 +189,43 @@ def test_a_bad_call_on_one_rank_raises_on_every_rank():
     _spawn(2, _errors_worker)
 
 
-def _cp_suite_worker(rank, world):
-    from flashtriton.tools.cp_bench import cp_rows, cp_table
-    rows = cp_rows(seqlens=[8 * world], heads=2, head_dim=16, dtype=torch.float32, rounds=1, calls=1)
-    assert [r["world"] for r in rows] == [world]
-    assert all(t > 0 for t in rows[0]["ms"].values()) and set(rows[0]["efficiency"]) == {
-        f"{name} {mode}" for name in ("ring (zigzag)", "ulysses") for mode in ("fwd", "fwd_bwd")}
-    assert cp_table(rows).count("\n") == 3  # a header, its rule and a row per mode
+def _cp_suite_worker(rank, world, out):
+    from flashtriton.tools import cp_bench
+    rows = cp_bench.cp_rows(seqlens=(8,), batch=1, heads=2, head_dim=16, dtype=torch.float32,
+                            calls_and_rounds=lambda seqlen: (1, 1))
+    # bf16, as on the GPU: ring-flash-attn takes flash_attn's dtypes only (in float32 its dQ accumulator
+    # aliases its block buffer, `dq_buffer.to(torch.float32)` being no copy)
+    exactness = cp_bench.cp_exactness(batch=1, heads=2, seqlen=12, head_dim=16, dtype=torch.bfloat16)
+    assert set(rows[0]["efficiency"]) == {f"{name} {mode}" for name in exactness for mode in ("fwd", "fwd_bwd")}
+    assert all(v > 0 for v in rows[0]["ms"].values())
+    assert all(f["ok"] for found in exactness.values() for f in found.values()), exactness
+    assert cp_bench.cp_table(rows).count("\n") == 3  # a header, its rule and a row per mode
+    if rank == 0:
+        (out / "cp_g2.json").write_text(json.dumps(dict(meta=dict(commit="test", gpu="cpu", torch=torch.__version__),
+                                                        rows=rows, exactness=exactness)))
 
 
-def test_cp_suite_runs_on_two_ranks():
-    """The suite's timing loop, one fixed call count on every rank (a smoke run: CPU times mean nothing)."""
-    _spawn(2, _cp_suite_worker)
+def test_cp_suite_times_checks_and_reports(tmp_path):
+    """The cp suite's parts on 2 gloo ranks at a tiny size (every provider, both modes, the exactness
+    check), then its report; the traced overlap needs CUDA (its arithmetic is tested below)."""
+    from flashtriton.tools.cp_bench import cp_report
+    _spawn(2, _cp_suite_worker, tmp_path)
+    text = cp_report(tmp_path)
+    assert "## G = 2 (commit test" in text and "| ring (zigzag) | dK |" in text and " NO " not in text
+
+
+def test_transfer_overlap_counts_what_runs_beside_the_transfers():
+    from flashtriton.tools.cp_bench import transfer_overlap
+
+    def kernel(name, start, end, cat="kernel"):
+        return dict(ph="X", cat=cat, name=name, ts=start, dur=end - start)
+    events = [kernel("attention_forward", 0, 100), kernel("attention_forward", 90, 150),  # compute 0-150
+              kernel("ncclDevKernel_SendRecv", 40, 120),  # 80 us, all hidden
+              kernel("ncclDevKernel_SendRecv", 140, 200),  # 60 us, 10 hidden
+              kernel("Memcpy PtoP (Device -> Device)", 210, 230, cat="gpu_memcpy"),  # 20 us exposed
+              dict(ph="X", cat="cpu_op", name="aten::add", ts=0, dur=1000)]  # the host's: ignored
+    found = transfer_overlap(events)
+    assert found["transfer_us"] == 160 and found["hidden_us"] == 90 and found["exposed_us"] == 70
+    assert found["compute_us"] == 150 and found["step_us"] == 230
+    assert abs(found["hidden_fraction"] - 90 / 160) < 1e-12
+    assert transfer_overlap([])["hidden_fraction"] is None

@@ -37,7 +37,9 @@ class Ring:
         self.next, self.prev = (dist.get_global_rank(group, (rank + step) % world) for step in (1, -1))
 
     def start(self, tensors: tuple[torch.Tensor, ...]) -> _Pending:
-        received = tuple(torch.empty_like(t) for t in tensors)
+        # contiguous buffers: empty_like would copy a view's strides (flash_attn's layout), and
+        # point-to-point receives take contiguous tensors only
+        received = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors)
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
         return _Pending(dist.batch_isend_irecv(ops), received)
