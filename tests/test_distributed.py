@@ -197,7 +197,7 @@ def _cp_suite_worker(rank, world, out):
     # aliases its block buffer, `dq_buffer.to(torch.float32)` being no copy)
     exactness = cp_bench.cp_exactness(batch=1, heads=2, seqlen=12, head_dim=16, dtype=torch.bfloat16)
     assert set(rows[0]["efficiency"]) == {f"{name} {mode}" for name in exactness for mode in ("fwd", "fwd_bwd")}
-    assert all(v > 0 for v in rows[0]["ms"].values())
+    assert all(v > 0 for v in rows[0]["ms"].values()) and all(len(v) == 2 for v in rows[0]["ms_per_rank"].values())
     assert all(f["ok"] for found in exactness.values() for f in found.values()), exactness
     assert cp_bench.cp_table(rows).count("\n") == 3  # a header, its rule and a row per mode
     if rank == 0:

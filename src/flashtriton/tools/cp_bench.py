@@ -85,10 +85,12 @@ def _seconds(fn, device: torch.device, calls: int, warm_up: bool) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def _slowest(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+def _per_rank(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's `values`, in rank order."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [t.tolist() for t in every]
 
 
 class _Provider:
@@ -183,9 +185,11 @@ def cp_rows(seqlens=SEQLENS, batch: int = SHAPE["batch"], heads: int = SHAPE["he
         for round_ in range(rounds):
             for key, run in runs.items():
                 times[key].append(_seconds(run, device, calls, warm_up=round_ == 0))
-        ms = {f"{name} {mode}": 1e3 * _slowest(statistics.median(t), device) for (name, mode), t in times.items()}
+        per_rank = _per_rank([1e3 * statistics.median(t) for t in times.values()], device)
+        ms_per_rank = {f"{name} {mode}": [ranks[i] for ranks in per_rank] for i, (name, mode) in enumerate(times)}
+        ms = {key: max(values) for key, values in ms_per_rank.items()}  # the slowest rank's
         row = dict(world=world, seqlen=seqlen, batch=batch, heads=heads, head_dim=head_dim, calls=calls,
-                   rounds=rounds, ms=ms, efficiency={})
+                   rounds=rounds, ms=ms, ms_per_rank=ms_per_rank, efficiency={})
         for mode in ("fwd", "fwd_bwd"):
             ideal = ms[f"{WHOLE} {mode}"] / world
             for name in every:
