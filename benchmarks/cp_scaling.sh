@@ -19,6 +19,8 @@ else
 fi
 # NVLink multicast stays off: a program using it can take a shared host's GPUs out of service
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# gloo (the agreement's host round trip) over loopback: one host, and nothing else is reachable there
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLASHTRITON_COMMIT=${FLASHTRITON_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 pack() { [ -z "${OUT:-}" ] || tar czf "$OUT/cp.tgz" -C "$out" . ; }

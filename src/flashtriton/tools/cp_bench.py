@@ -52,14 +52,15 @@ def _calls_and_rounds(seqlen: int) -> tuple[int, int]:
 
 
 def _init() -> tuple[int, int, torch.device]:
-    """The process group torchrun describes, or a group of one."""
+    """The process group torchrun describes, or a group of one. On GPUs, gloo beside NCCL: the calls'
+    agreement (an object gather) then goes over the host, without synchronising the GPU
+    (docs/distributed.md)."""
     if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         if "RANK" in os.environ:
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            dist.init_process_group(backend)
         else:
-            store = dist.HashStore()
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=0,
-                                    world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     rank = dist.get_rank()
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
