@@ -4,9 +4,15 @@ float64 attention of the same (dequantized) inputs. Inputs: standard normal, qua
 e4m3 (scale = max |x| / 448); bf16 and cuDNN take those dequantized values in bf16. One JSON line per
 shape. docs/performance.md, entry 59.
 
-    PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2]
+    PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE]
+
+With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
+kernel alone also runs from both files, `fp8_kernel` and `fp8_kernel_base`: the same launch (V^T and the
+descale table made once, outside the timing), the earlier kernel given the current launcher's arguments.
 """
 
+import argparse
+import json
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +34,26 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
     return dict(rmse=float(f"{diff.pow(2).mean().sqrt().item():.2e}"), max=float(f"{diff.abs().max().item():.2e}"))
 
 
-def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
+def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales) -> callable:
+    """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
+    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs."""
+    from gluon_kernel_ab import base_arguments
+    batch, heads_kv = k8.shape[:2]
+    vt = gluon_forward.fp8_values_operand(v8)
+    descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv).contiguous()
+    o = torch.empty(q8.shape, device=q8.device, dtype=torch.bfloat16)
+    lse = torch.empty(q8.shape[:3], device=q8.device)
+    kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5,
+                                                                    overlap=True, descale=descale)
+    args = base_arguments(kernel_fn, kernel, args)
+
+    def run():
+        kernel_fn[grid](*args, **kwargs)
+        return o
+    return run
+
+
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None) -> dict:
     torch.manual_seed(0)
     exact = [torch.randn(batch, heads, n, head_dim, device="cuda") for _ in range(3)]
     descales = [x.abs().amax().reshape(1) / 448 for x in exact]
@@ -41,6 +66,10 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         "bf16": lambda: flash_attention(qb, kb, vb, is_causal=causal),
         "cudnn": lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal),
     }
+    if base is not None:
+        from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
+        providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
+        providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales)
     # V's copy into the kernel's layout alone, part of fp8's time (its TFLOP/s are not a rate of anything)
     timed = dict(providers, fp8_values=lambda: gluon_forward.fp8_values_operand(v8))
     errors = {}
@@ -56,4 +85,11 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
 
 
 if __name__ == "__main__":
-    ab_runs.main(race, SHAPES, __doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
+    parser.add_argument("--base", default=None, help="an earlier commit's kernels/gluon_forward.py")
+    cli = parser.parse_args()
+    from gluon_kernel_ab import load_kernel
+    earlier = None if cli.base is None else load_kernel(cli.base, "attn_fwd_gluon_kernel")
+    for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
+        print(json.dumps(race(*shape, base=earlier)), flush=True)

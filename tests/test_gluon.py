@@ -81,8 +81,11 @@ def test_causal_mask_compares_with_immediates(reports):
 
 def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
     """The FP8 form (D 64 and 128, causal and not): both products on wgmma's e4m3 form (QGMMA, counted
-    with HGMMA), not serialised, the partitions trading registers, no spills at D = 128 (16 bytes at
-    D = 64 causal, where three softmax warpgroups have 160 registers each), within shared memory."""
+    with HGMMA), not serialised, the partitions trading registers, no spills at D = 128 (at most 32 bytes
+    at D = 64, where three softmax warpgroups have 160 registers each and the loop carries P in fp32),
+    within shared memory. And P rounded to e4m3 beside its wgmma: the whole kernel's SASS at most 4000
+    instructions at D = 128 without a mask (3624 on Triton 3.6; 4384 when an e4m3 P crossed the loop's
+    iterations and was repacked byte by byte, docs/performance.md entry 85)."""
     reports = [r for r in reports if r["dtype"] == "float8_e4m3fn"]
     assert sorted((r["head_dim"], r["causal"]) for r in reports) == [(64, False), (64, True), (128, False),
                                                                        (128, True)]
@@ -91,8 +94,10 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
         assert r["register_reallocations"] > 0, r
-        assert r["stack_bytes"] + r["local_bytes"] <= (16 if r["head_dim"] == 64 else 0), r
+        assert r["stack_bytes"] + r["local_bytes"] <= (32 if r["head_dim"] == 64 else 0), r
         assert r["shared_bytes"] <= 227 * 1024, r
+        if r["head_dim"] == 128 and not r["causal"]:
+            assert r["instructions"] <= 4000, r
 
 
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):

@@ -188,17 +188,30 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
 
 @gluon.jit
 def _probabilities_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
-    """P (fp32, wgmma's accumulator layout) as the A operand of P V. In FP8 each thread's accumulator holds
-    keys 2t, 2t+1, 8+2t, 9+2t (t = lane % 4) of every 16, where the A operand wants 4t..4t+3 of every
-    32: rather than trade bytes across lanes, the keys are relabeled in each 32, and V^T's keys were
-    permuted alike on the host (fp8_values_operand), which leaves P V unchanged."""
-    p = p.to(dtype)
+    """P (fp32, wgmma's accumulator layout) in the layout of P V's A operand: in `dtype`, or in FP8 still in
+    fp32 (_pv_operand rounds it). In FP8 each thread's accumulator holds keys 2t, 2t+1, 8+2t, 9+2t (t = lane
+    % 4) of every 16, where the A operand wants 4t..4t+3 of every 32: rather than trade bytes across lanes,
+    the keys are relabeled in each 32, and V^T's keys were permuted alike on the host (fp8_values_operand),
+    which leaves P V unchanged."""
     if FP8:
         M: gl.constexpr = p.type.shape[0]
         N: gl.constexpr = p.type.shape[1]
         # key 16h + 8n + 2t + j becomes operand column 16h + 4t + 2n + j
         p = p.reshape([M, N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([M, N])
+    else:
+        p = p.to(dtype)
     return gl.convert_layout(p, p_layout)
+
+
+@gluon.jit
+def _pv_operand(p_op, FP8: gl.constexpr):
+    """P as P V's A operand where the wgmma is issued. In FP8 it is rounded to e4m3 here, not where the
+    softmax made it: Triton holds an 8-bit tensor one byte per register, so an e4m3 P carried from one
+    iteration of the key loop to the next was unpacked after its rounding and packed again for the wgmma,
+    byte by byte (about 190 instructions per block and warp, docs/performance.md entry 85)."""
+    if FP8:
+        p_op = p_op.to(gl.float8e4nv)
+    return p_op
 
 
 @gluon.jit
@@ -277,7 +290,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                     mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
-                acc = warpgroup_mma(p_op, _values(v_smem, prev, FP8), acc, is_async=True)
+                acc = warpgroup_mma(_pv_operand(p_op, FP8), _values(v_smem, prev, FP8), acc, is_async=True)
                 if PINGPONG:
                     mbarrier.arrive(turns.index(NEXT), count=1)
                 qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
@@ -293,7 +306,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
-            acc = warpgroup_mma(p_op, _values(v_smem, last, FP8), acc, is_async=True)
+            acc = warpgroup_mma(_pv_operand(p_op, FP8), _values(v_smem, last, FP8), acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -315,7 +328,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
-            acc = warpgroup_mma(p_op, _values(v_smem, stage, FP8), acc, is_async=True)
+            acc = warpgroup_mma(_pv_operand(p_op, FP8), _values(v_smem, stage, FP8), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(stage), count=1)
         mbarrier.arrive(q_empty, count=1)
