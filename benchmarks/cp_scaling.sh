@@ -5,12 +5,15 @@
 # ring-flash-attn, the peer, travels as its wheel (no registry on the device machine): before the call,
 #   pip download --no-deps "ring-flash-attn>=0.1.8,<0.2" -d peers/
 # and carry peers/ (the run installs it into a scratch site directory; without it the peer is left out).
-# Usage: [G=2] [SEQLENS=32768,131072,524288] [OUT=dir] [FLASHTRITON_COMMIT=sha] bash benchmarks/cp_scaling.sh
+# Usage: [G=2] [SEQLENS=32768,131072] [OUT=dir] [FLASHTRITON_COMMIT=sha] bash benchmarks/cp_scaling.sh
+# At G = 2 the default lengths take about 3 minutes; 524288 tokens take about as long again, so they go in a
+# second call (SEQLENS=524288), whose rows join the first call's cp_g2.json when the commit is the same
+# (unpack the first call's cp.tgz into benchmarks/results/h200/ in between: the tree travels with it).
 # Without $OUT the files land in benchmarks/results/h200/ (the committed cp_g*.json join the report);
 # with it they travel packed as $OUT/cp.tgz, refreshed after each step.
 set -uo pipefail
 G=${G:-$(nvidia-smi -L | wc -l)}
-SEQLENS=${SEQLENS:-32768,131072,524288}
+SEQLENS=${SEQLENS:-32768,131072}
 if [ -n "${OUT:-}" ]; then
   out=$(mktemp -d)
   cp benchmarks/results/h200/cp_g*.json "$out/" 2>/dev/null

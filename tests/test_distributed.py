@@ -229,3 +229,15 @@ def test_transfer_overlap_counts_what_runs_beside_the_transfers():
     assert found["compute_us"] == 150 and found["step_us"] == 230
     assert abs(found["hidden_fraction"] - 90 / 160) < 1e-12
     assert transfer_overlap([])["hidden_fraction"] is None
+
+
+def test_a_cp_run_joins_an_earlier_run_of_its_commit():
+    from flashtriton.tools.cp_bench import merged_run
+
+    def run(commit, lengths, overlap):
+        return dict(meta=dict(commit=commit), rows=[dict(seqlen=n, ms=commit) for n in lengths], overlap=overlap)
+    joined = merged_run(run("b", [524288, 32768], {}), run("b", [32768, 131072], {"seqlen": 131072}))
+    assert [(r["seqlen"], r["ms"]) for r in joined["rows"]] == [(32768, "b"), (131072, "b"), (524288, "b")]
+    assert joined["overlap"] == {"seqlen": 131072}
+    assert merged_run(run("b", [8], {}), run("a", [16], {"x": 1})) == run("b", [8], {})
+    assert merged_run(run("b", [8], {}), None) == run("b", [8], {})

@@ -15,10 +15,13 @@ B=1, H=32, D=128, bf16, causal, a total sequence of N tokens. Three parts, each 
   (allowed twice the error of `flash_attention` on one GPU), and their largest difference from that
   single-GPU result, at B=1, H=8, N=8192 (testing.check_shard); the worst over the ranks.
 - **Overlap** (CUDA): one forward + backward step of each ring under torch.profiler, at N = 131072 (or the
-  longest N timed below it): how long the transfers (NCCL kernels) ran and how much of that time other
-  kernels ran beside them. The traces are kept, cp_g<G>_trace_<provider>_rank<r>.json.gz.
+  longest N timed below it; none where every N is longer): how long the transfers (NCCL kernels) ran and
+  how much of that time other kernels ran beside them. The traces are kept,
+  cp_g<G>_trace_<provider>_rank<r>.json.gz.
 
-cp.md and cp.png gather every cp_g*.json in the output folder: one run per G, each at its own commit.
+A run at the commit of an existing cp_g<G>.json in the output folder adds its rows to that file's (its
+lengths replacing the same lengths), so that long lengths can run in a call of their own. cp.md and cp.png
+gather every cp_g*.json there: one file per G, each at its own commit.
 
 Timing: every rank runs the same fixed number of calls (a collective inside each call would deadlock on
 ranks that chose different counts, as do_bench does), between a barrier and a synchronize, interleaved
@@ -40,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 SHAPE = dict(batch=1, heads=32, head_dim=128)
-SEQLENS = (32768, 131072, 524288)
+SEQLENS = (32768, 131072)
 EXACT_SHAPE = dict(batch=1, heads=8, seqlen=8192, head_dim=128)
 TRACE_SEQLEN = 131072
 WHOLE = "flash_attention (whole sequence, one rank)"
@@ -287,8 +290,10 @@ def cp_overlap(out: Path | None, seqlens=SEQLENS, batch: int = SHAPE["batch"], h
     if device.type != "cuda":
         return {}
     from torch.profiler import ProfilerActivity, profile
+    if not any(n <= TRACE_SEQLEN for n in seqlens):
+        return {}
     every = providers() if every is None else every
-    seqlen = max([n for n in seqlens if n <= TRACE_SEQLEN] or [min(seqlens)])
+    seqlen = max(n for n in seqlens if n <= TRACE_SEQLEN)
     whole = _whole_inputs(seqlen, batch, heads, seqlen, head_dim, dtype, device)
     found = dict(seqlen=seqlen)
     for name in (n for n in RINGS if n in every):
@@ -396,6 +401,16 @@ def cp_report(out: Path) -> str:
     return text
 
 
+def merged_run(run: dict, earlier: dict | None) -> dict:
+    """`run` with the rows of an `earlier` run of the same commit at other lengths, and its overlap where
+    `run` traced none; an earlier commit's run is replaced whole."""
+    if earlier is None or earlier["meta"].get("commit") != run["meta"].get("commit"):
+        return run
+    lengths = {r["seqlen"] for r in run["rows"]}
+    rows = sorted([r for r in earlier["rows"] if r["seqlen"] not in lengths] + run["rows"], key=lambda r: r["seqlen"])
+    return dict(run, rows=rows, overlap=run["overlap"] or earlier.get("overlap", {}))
+
+
 def bench_cp(out: Path | None, seqlens=None) -> int:
     from .bench import environment
     seqlens = seqlens or SEQLENS
@@ -410,9 +425,10 @@ def bench_cp(out: Path | None, seqlens=None) -> int:
             print(overlap_table(overlap))
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            name = f"cp_g{rows[0]['world']}"
-            (out / f"{name}.json").write_text(json.dumps(dict(meta=environment(), rows=rows, exactness=exactness,
-                                                              exact_shape=EXACT_SHAPE, overlap=overlap), indent=1))
+            path = out / f"cp_g{rows[0]['world']}.json"
+            run = dict(meta=environment(), rows=rows, exactness=exactness, exact_shape=EXACT_SHAPE, overlap=overlap)
+            path.write_text(json.dumps(merged_run(run, json.loads(path.read_text()) if path.exists() else None),
+                                       indent=1))
             cp_report(out)
     dist.destroy_process_group()
     return 0
