@@ -8,7 +8,8 @@ shape. docs/performance.md, entry 59.
 
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
 kernel alone also runs from both files, `fp8_kernel` and `fp8_kernel_base`: the same launch (V^T and the
-descale table made once, outside the timing), the earlier kernel given the current launcher's arguments.
+descale table made once, outside the timing), the earlier kernel given the current launcher's arguments;
+at D = 64 also this tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.
 """
 
 import argparse
@@ -34,9 +35,10 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
     return dict(rmse=float(f"{diff.pow(2).mean().sqrt().item():.2e}"), max=float(f"{diff.abs().max().item():.2e}"))
 
 
-def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales) -> callable:
+def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
-    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs."""
+    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` as
+    gluon_forward_launch takes it (None: its rule)."""
     from gluon_kernel_ab import base_arguments
     batch, heads_kv = k8.shape[:2]
     vt = gluon_forward.fp8_values_operand(v8)
@@ -44,7 +46,8 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales) -> callable:
     o = torch.empty(q8.shape, device=q8.device, dtype=torch.bfloat16)
     lse = torch.empty(q8.shape[:3], device=q8.device)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5,
-                                                                    overlap=True, descale=descale)
+                                                                    overlap=True, descale=descale,
+                                                                    warpgroups=warpgroups)
     args = base_arguments(kernel_fn, kernel, args)
 
     def run():
@@ -70,6 +73,8 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
         from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
         providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales)
+        if head_dim == 64:  # two softmax warpgroups: 240 registers each, where three spill P (entry 85)
+            providers["fp8_kernel_2wg"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, 2)
     # V's copy into the kernel's layout alone, part of fp8's time (its TFLOP/s are not a rate of anything)
     timed = dict(providers, fp8_values=lambda: gluon_forward.fp8_values_operand(v8))
     errors = {}
