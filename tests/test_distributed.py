@@ -215,7 +215,7 @@ def test_cp_suite_times_checks_and_reports(tmp_path):
 
 
 def test_transfer_overlap_counts_what_runs_beside_the_transfers():
-    from flashtriton.tools.cp_bench import transfer_overlap
+    from flashtriton.tools.transfer_overlap import transfer_overlap
 
     def kernel(name, start, end, cat="kernel"):
         return dict(ph="X", cat=cat, name=name, ts=start, dur=end - start)
