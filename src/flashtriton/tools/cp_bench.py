@@ -9,8 +9,9 @@ B=1, H=32, D=128, bf16, causal, a total sequence of N tokens. Three parts, each 
   efficiency against one GPU doing 1/G of the work: (time of `flash_attention` on the whole sequence, on
   one rank, / G) / the slowest rank's time. With G = 1 that is plain `flash_attention`'s time over the
   provider's: 1.0 means no overhead. Providers: flashtriton's zigzag ring and Ulysses on (B, H, n, D)
-  shards; its `zigzag_ring_flash_attn_func` and, where the `cp` extra is installed, ring-flash-attn's
-  ring on the same kernels (tools/ring_flash_attn_peer.py), both on flash_attn's (B, n, H, D) layout.
+  shards; its `zigzag_ring_flash_attn_func` and, where the `cp` extra is installed and G >= 2,
+  ring-flash-attn's ring on the same kernels (tools/ring_flash_attn_peer.py), both on flash_attn's
+  (B, n, H, D) layout.
 - **Exactness**: O, L, dQ, dK, dV of every sharded provider against float64 on the whole sequence
   (allowed twice the error of `flash_attention` on one GPU), and their largest difference from that
   single-GPU result, at B=1, H=8, N=8192 (testing.check_shard); the worst over the ranks.
@@ -106,7 +107,9 @@ class _Provider:
         self.inputs, self.attend, self.with_lse, self.shard = inputs, attend, with_lse, shard
 
 
-def providers() -> dict[str, _Provider]:
+def providers(world: int) -> dict[str, _Provider]:
+    """The suite's providers for a group of `world` ranks. ring-flash-attn only from two ranks: alone, its
+    backward still sends its gradients to itself, which gloo cannot."""
     from ..api import flash_attention
     from ..distributed import (
         contiguous_shard,
@@ -144,7 +147,7 @@ def providers() -> dict[str, _Provider]:
                              lambda *t: ulysses_attention(*t, is_causal=True, return_lse=True), contiguous),
         "ring (zigzag), flash_attn layout": flash_attn_style(zigzag_ring_flash_attn_func),
     }
-    peer = load_zigzag_ring()
+    peer = load_zigzag_ring() if world > 1 else None
     if peer is not None:
         found["ring-flash-attn (zigzag)"] = flash_attn_style(peer)
     return found
@@ -179,7 +182,7 @@ def cp_rows(seqlens=SEQLENS, batch: int = SHAPE["batch"], heads: int = SHAPE["he
             every: dict[str, _Provider] | None = None) -> list[dict]:
     """The time rows, one per sequence length; printed as they come."""
     world, rank, device = _init()
-    every = providers() if every is None else every
+    every = providers(world) if every is None else every
     rows = []
     for seqlen in seqlens:
         calls, rounds = calls_and_rounds(seqlen)
@@ -215,7 +218,7 @@ def cp_exactness(batch: int = EXACT_SHAPE["batch"], heads: int = EXACT_SHAPE["he
     whether every rank passed, and the largest difference from single-GPU `flash_attention`."""
     from ..testing import check_shard
     world, rank, device = _init()
-    every = providers() if every is None else every
+    every = providers(world) if every is None else every
     whole = _whole_inputs(1, batch, heads, seqlen, head_dim, dtype, device)
     single = every[WHOLE].with_lse
     found = {}
@@ -245,7 +248,7 @@ def cp_overlap(out: Path | None, seqlens=SEQLENS, batch: int = SHAPE["batch"], h
     from .transfer_overlap import transfer_overlap
     if not any(n <= TRACE_SEQLEN for n in seqlens):
         return {}
-    every = providers() if every is None else every
+    every = providers(world) if every is None else every
     seqlen = max(n for n in seqlens if n <= TRACE_SEQLEN)
     whole = _whole_inputs(seqlen, batch, heads, seqlen, head_dim, dtype, device)
     found = dict(seqlen=seqlen)
@@ -367,7 +370,7 @@ def merged_run(run: dict, earlier: dict | None) -> dict:
 def bench_cp(out: Path | None, seqlens=None) -> int:
     from .bench import environment
     seqlens = seqlens or SEQLENS
-    every = providers()
+    every = providers(_init()[0])
     rows = cp_rows(seqlens, every=every)
     exactness = cp_exactness(**EXACT_SHAPE, every=every)
     overlap = cp_overlap(out, seqlens, every=every)
