@@ -197,21 +197,24 @@ def _cp_suite_worker(rank, world, out):
     # aliases its block buffer, `dq_buffer.to(torch.float32)` being no copy)
     exactness = cp_bench.cp_exactness(batch=1, heads=2, seqlen=12, head_dim=16, dtype=torch.bfloat16)
     assert set(rows[0]["efficiency"]) == {f"{name} {mode}" for name in exactness for mode in ("fwd", "fwd_bwd")}
-    assert all(v > 0 for v in rows[0]["ms"].values()) and all(len(v) == 2 for v in rows[0]["ms_per_rank"].values())
+    assert all(v > 0 for v in rows[0]["ms"].values()) and all(len(v) == world for v in rows[0]["ms_per_rank"].values())
+    assert ("ring-flash-attn (zigzag)" in exactness) == (world > 1 and importlib.util.find_spec("ring_flash_attn")
+                                                        is not None)
     assert all(f["ok"] for found in exactness.values() for f in found.values()), exactness
     assert cp_bench.cp_table(rows).count("\n") == 3  # a header, its rule and a row per mode
     if rank == 0:
-        (out / "cp_g2.json").write_text(json.dumps(dict(meta=dict(commit="test", gpu="cpu", torch=torch.__version__),
-                                                        rows=rows, exactness=exactness)))
+        meta = dict(commit="test", gpu="cpu", torch=torch.__version__)
+        (out / f"cp_g{world}.json").write_text(json.dumps(dict(meta=meta, rows=rows, exactness=exactness)))
 
 
-def test_cp_suite_times_checks_and_reports(tmp_path):
-    """The cp suite's parts on 2 gloo ranks at a tiny size (every provider, both modes, the exactness
-    check), then its report; the traced overlap needs CUDA (its arithmetic is tested below)."""
+@pytest.mark.parametrize("world", [1, 2])
+def test_cp_suite_times_checks_and_reports(tmp_path, world):
+    """The cp suite's parts on 1 and 2 gloo ranks at a tiny size (every provider, both modes, the
+    exactness check), then its report; the traced overlap needs CUDA (its arithmetic is tested below)."""
     from flashtriton.tools.cp_bench import cp_report
-    _spawn(2, _cp_suite_worker, tmp_path)
+    _spawn(world, _cp_suite_worker, tmp_path)
     text = cp_report(tmp_path)
-    assert "## G = 2 (commit test" in text and "| ring (zigzag) | dK |" in text and " NO " not in text
+    assert f"## G = {world} (commit test" in text and "| ring (zigzag) | dK |" in text and " NO " not in text
 
 
 def test_transfer_overlap_counts_what_runs_beside_the_transfers():
