@@ -12,15 +12,23 @@ from triton.experimental import gluon
 
 
 @gluon.jit
+def _folded(cols, bound):
+    """(cols, bound) as the comparison takes them: each side less the lane's part of the column index, the
+    left a constant per register, the right one value per row and lane part."""
+    lane = cols & 6
+    return (cols - lane)[None, :], bound[:, None] - lane[None, :]
+
+
+@gluon.jit
 def columns_at_most(cols, last):
     """cols[None, :] <= last[:, None]: `cols` a tile's column indices (SliceLayout(0, accumulator)),
     `last` each row's last visible column (SliceLayout(1, accumulator))."""
-    lane = cols & 6
-    return (cols - lane)[None, :] <= last[:, None] - lane[None, :]
+    left, right = _folded(cols, last)
+    return left <= right
 
 
 @gluon.jit
 def columns_at_least(cols, first):
     """cols[None, :] >= first[:, None], as columns_at_most."""
-    lane = cols & 6
-    return (cols - lane)[None, :] >= first[:, None] - lane[None, :]
+    left, right = _folded(cols, first)
+    return left >= right
