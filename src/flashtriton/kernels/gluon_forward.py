@@ -170,7 +170,7 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
         start = _block_start(j, seqlen_k, BLOCK_N, SHIFTED)
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))  # keys from `start`
         if IS_CAUSAL:
-            visible = columns_at_most(cols, gl.minimum(last_key, seqlen_k - 1) - start)
+            visible = columns_at_most(cols, last_key - start)
             if SHIFTED:
                 visible = visible & (cols[None, :] >= j * BLOCK_N - start)
         elif SHIFTED:  # (the block ends at Nk)
@@ -261,7 +261,8 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     rows = rows0 + gl.arange(0, BLOCK_M, layout=s_rows)
-    last_key = rows + (seqlen_k - seqlen_q)  # the causal mask's diagonal: row i's last visible key
+    # row i's last visible key: the causal mask's diagonal, or the last key where that lies past it
+    last_key = gl.minimum(rows + (seqlen_k - seqlen_q), seqlen_k - 1)
     first_visible_end = rows0 + (seqlen_k - seqlen_q)  # the first row's
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
