@@ -244,3 +244,12 @@ def test_a_cp_run_joins_an_earlier_run_of_its_commit():
     assert joined["overlap"] == {"seqlen": 131072}
     assert merged_run(run("b", [8], {}), run("a", [16], {"x": 1})) == run("b", [8], {})
     assert merged_run(run("b", [8], {}), None) == run("b", [8], {})
+
+
+def test_the_ring_flash_attn_peer_refuses_what_the_ring_does_not_take():
+    from flashtriton.tools.ring_flash_attn_peer import _flash_attn_forward
+    q = torch.randn(1, 4, 2, 16)
+    with pytest.raises(NotImplementedError, match="dropout_p=0, got dropout_p=0.1"):
+        _flash_attn_forward(q, q, q, 0.1, 0.25, True)
+    with pytest.raises(NotImplementedError, match=r"alibi_slopes=None, got a tensor of shape \(2,\)"):
+        _flash_attn_forward(q, q, q, 0.0, 0.25, True, alibi_slopes=torch.ones(2))

@@ -39,6 +39,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -99,13 +100,15 @@ def _per_rank(values: list[float], device: torch.device) -> list[list[float]]:
     return [t.tolist() for t in every]
 
 
-class _Provider:
+class _Provider(NamedTuple):
     """One way of computing the attention of the whole sequence: `inputs(x)` turns a whole (B, H, N, D)
     tensor into what `attend(q, k, v)` takes on this rank (also dO's form for the backward), and
-    `with_lse(q, k, v)` returns (o, lse) as (B, H, n, D) and (B, H, n) for the exactness check."""
-
-    def __init__(self, inputs: Callable, attend: Callable, with_lse: Callable, shard: Callable):
-        self.inputs, self.attend, self.with_lse, self.shard = inputs, attend, with_lse, shard
+    `with_lse(q, k, v)` returns (o, lse) as (B, H, n, D) and (B, H, n) of this rank's `shard` of the rows,
+    for the exactness check."""
+    inputs: Callable
+    attend: Callable
+    with_lse: Callable
+    shard: Callable
 
 
 def providers(world: int) -> dict[str, _Provider]:

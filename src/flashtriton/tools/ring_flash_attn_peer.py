@@ -26,8 +26,15 @@ from .. import ops
 
 
 def _supported(dropout_p, alibi_slopes) -> None:
-    if dropout_p or alibi_slopes is not None:
-        raise NotImplementedError("the ring-flash-attn peer runs without dropout and ALiBi")
+    """The peer's block calls are the flags flashtriton's ring takes (ring_attention has neither dropout
+    nor ALiBi), so that the suite compares like with like."""
+    if dropout_p:
+        raise NotImplementedError(f"the ring-flash-attn peer takes dropout_p=0, got dropout_p={dropout_p}: "
+                                  "compare rings without dropout (ring_attention has none either)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("the ring-flash-attn peer takes alibi_slopes=None, got a tensor of shape "
+                                  f"{tuple(alibi_slopes.shape)}: ring_attention has no ALiBi either "
+                                  "(ulysses_attention takes it)")
 
 
 def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left=-1, window_size_right=-1,
