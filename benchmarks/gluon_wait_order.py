@@ -15,7 +15,7 @@ import re
 import torch
 
 from flashtriton.launch import gluon_forward
-from flashtriton.tools import inspect
+from flashtriton.tools.inspect import offline_sass
 from gluon_kernel_ab import load_kernel
 
 FORMS = [(128, False, 2, False), (128, True, 2, False), (128, False, 2, True), (64, False, 3, False),
@@ -48,8 +48,7 @@ def main() -> None:
         o, lse = torch.empty_like(q), torch.empty(1, 16, n)
         kernel, grid, launch_args, kwargs = gluon_forward.gluon_forward_launch(
             q, q, q, o, lse, causal, head_dim ** -0.5, True, pingpong, warpgroups=warpgroups)
-        compiled = inspect._compile_offline(kernel_fn or kernel, grid, launch_args, kwargs, inspect.HOPPER)
-        order = wait_order(inspect._sass(compiled.asm["cubin"]))
+        order = wait_order(offline_sass(kernel_fn or kernel, grid, launch_args, kwargs))
         cell = "no loop" if order is None else f"{order[0]} / {order[1]}"
         print(f"| {head_dim} | {'yes' if causal else 'no'} | {warpgroups} | {'yes' if pingpong else 'no'} | {cell} |")
 

@@ -254,6 +254,12 @@ def _compile_offline(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPU
     return sink["kernel"]
 
 
+def offline_sass(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPUTarget = HOPPER) -> str:
+    """The SASS of a launcher's (kernel, grid, args, kwargs) compiled for `target`, on any machine: for
+    scripts that read a kernel's instructions themselves (benchmarks/gluon_wait_order.py)."""
+    return _sass(_compile_offline(kernel, grid, args, kwargs, target).asm["cubin"])
+
+
 def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen: int = 8192,
                    target: GPUTarget = HOPPER, tma: bool | None = None) -> list[KernelReport]:
     """Compile the decode kernel (launch/decode.py) as a decoding step launches it: a bf16 q, one token
