@@ -6,10 +6,11 @@ shape. docs/performance.md, entry 59.
 
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE]
 
+The kernel alone also runs, `fp8_kernel` (V^T and the descale table made once, outside the timing), and
+with O's rescale skipped where the maxima held, `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py).
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
-kernel alone also runs from both files, `fp8_kernel` and `fp8_kernel_base`: the same launch (V^T and the
-descale table made once, outside the timing), the earlier kernel given the current launcher's arguments;
-at D = 64 also this tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.
+earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments; and at D = 64 this
+tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.
 """
 
 import argparse
@@ -35,10 +36,11 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
     return dict(rmse=float(f"{diff.pow(2).mean().sqrt().item():.2e}"), max=float(f"{diff.abs().max().item():.2e}"))
 
 
-def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None) -> callable:
+def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None,
+                  lazy_rescale: bool = False) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
-    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` as
-    gluon_forward_launch takes it (None: its rule)."""
+    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and
+    `lazy_rescale` as gluon_forward_launch takes them (None: its rule)."""
     from gluon_kernel_ab import base_arguments
     batch, heads_kv = k8.shape[:2]
     vt = gluon_forward.fp8_values_operand(v8)
@@ -47,7 +49,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     lse = torch.empty(q8.shape[:3], device=q8.device)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5,
                                                                     overlap=True, descale=descale,
-                                                                    warpgroups=warpgroups)
+                                                                    warpgroups=warpgroups, lazy_rescale=lazy_rescale)
     args = base_arguments(kernel_fn, kernel, args)
 
     def run():
@@ -69,9 +71,11 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
         "bf16": lambda: flash_attention(qb, kb, vb, is_causal=causal),
         "cudnn": lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal),
     }
+    from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
+    providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
+    providers["fp8_kernel_lazy"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
+                                                 lazy_rescale=True)
     if base is not None:
-        from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
-        providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales)
         if head_dim == 64:  # two softmax warpgroups: 240 registers each, where three spill P (entry 85)
             providers["fp8_kernel_2wg"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, 2)

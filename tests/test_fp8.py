@@ -15,15 +15,20 @@ ON_HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 E4M3 = torch.float8_e4m3fn
 
 
-def _quantized(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, per_head, seed=0):
+def _quantized(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, per_head, seed=0, growing=False):
     """Fresh q, k, v quantized to e4m3 with their descales (one per tensor, or per (batch, KV head)), and
-    the float64 tensors they stand for."""
+    the float64 tensors they stand for. `growing`: q's rows and k's key blocks scaled as
+    test_gluon.growing_scores scales them, so that the scores' row maxima grow from block to block."""
     torch.manual_seed(seed)
     shapes = [(batch, heads_q, seqlen_q, head_dim), (batch, heads_kv, seqlen_k, head_dim),
               (batch, heads_kv, seqlen_k, head_dim)]
     quantized, descales, exact = [], [], []
     for i, shape in enumerate(shapes):
         x = torch.randn(shape, device=DEVICE) * (1 + i)  # three different ranges
+        if growing and i == 0:
+            x = x * (0.25 + (torch.arange(seqlen_q, device=DEVICE) % 8) / 4)[:, None]
+        elif growing and i == 1:
+            x = x * (1 + torch.arange(seqlen_k, device=DEVICE) // gluon_forward.BLOCK_N)[:, None]
         if per_head:
             by_kv_head = x.unflatten(1, (heads_kv, -1)) if i == 0 else x[:, :, None]
             scale = by_kv_head.abs().amax(dim=(2, 3, 4)) / 448  # e4m3's largest finite value
@@ -193,6 +198,25 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks
     assert calls == [E4M3]
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 130, 700), (1, 8, 2, 640, 640)])
+def test_gluon_fp8_lazy_rescale_matches_float64_reference(head_dim, is_causal, shape):
+    """The FP8 kernel with lazy_rescale (kernels/gluon_rescale.py: probabilities up to 256, within e4m3's
+    448) on scores whose row maxima grow across key blocks, some by more than the threshold: O and L
+    within twice plain FP8 attention's errors, as test_gluon_fp8_matches_float64_reference."""
+    quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
+    batch, heads_kv = shape[0], shape[2]
+    descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)
+    scale = head_dim ** -0.5
+    o, lse = gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale.contiguous(), torch.bfloat16,
+                                             lazy_rescale=True)
+    low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
+    checks = _checks(o, lse, exact, is_causal, scale, low)
+    assert all(c.ok for c in checks), checks
 
 
 @pytest.mark.parametrize("path", ["auto", "gluon", "triton"])

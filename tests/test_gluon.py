@@ -39,16 +39,17 @@ def reports():
 
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
-    warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts, three
-    warpgroups at D = 64 without a mask and two with one): matrix
+    warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts and with
+    lazy_rescale, three warpgroups at D = 64 without a mask and two with one): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
     stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
-    # head dims x masks x (forms + key counts), and D = 64's three warpgroups with each mask
-    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1) + 2
-    assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts"}
-    assert sum(r["config"].startswith("M64x3-") for r in reports) == 3
+    # head dims x masks x (forms + key counts + lazy rescale), and D = 64's three warpgroups with each mask
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 2) + 2
+    assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts",
+                                                               "overlap-lazy"}
+    assert sum(r["config"].startswith("M64x3-") for r in reports) == 4
     for r in reports:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
@@ -86,7 +87,7 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
     within shared memory. And P rounded to e4m3 beside its wgmma: the whole kernel's SASS at most 4000
     instructions at D = 128 without a mask (3624 on Triton 3.6; 4384 when an e4m3 P crossed the loop's
     iterations and was repacked byte by byte, docs/performance.md entry 85)."""
-    reports = [r for r in reports if r["dtype"] == "float8_e4m3fn"]
+    reports = [r for r in reports if r["dtype"] == "float8_e4m3fn" and not r["config"].endswith("-lazy")]
     assert sorted((r["head_dim"], r["causal"]) for r in reports) == [(64, False), (64, True), (128, False),
                                                                        (128, True)]
     for r in reports:
@@ -98,6 +99,26 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
         assert r["shared_bytes"] <= 227 * 1024, r
         if r["head_dim"] == 128 and not r["causal"]:
             assert r["instructions"] <= 4000, r
+
+
+def test_lazy_rescale_branches_over_the_rescale(reports):
+    """With lazy_rescale (kernels/gluon_rescale.py), each softmax warpgroup's overlapped loop multiplies O by
+    its rows' factors behind a branch, D / 2 FMULs per thread (a warpgroup's code is its own, so the kernel
+    has WARPGROUPS such runs), which no other form has; and nothing else gets worse: no spill beyond the
+    same form's without it, wgmma still asynchronous. bf16 and FP8, D 64 and 128, both masks."""
+    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
+    lazy = [r for r in forward if r["config"].endswith("-lazy")]
+    assert sorted((r["dtype"], r["head_dim"], r["causal"]) for r in lazy) == sorted(
+        (dtype, head_dim, causal) for dtype in ("bfloat16", "float8_e4m3fn") for head_dim in (64, 128)
+        for causal in (False, True))
+    for r in lazy:
+        warpgroups = int(r["config"].split("-")[0].split("x")[1])
+        assert r["skippable_fmul"] == warpgroups * r["head_dim"] // 2, r
+        twin = next(t for t in forward if t["config"] == r["config"].removesuffix("-lazy")
+                    and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"]))
+        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
+        assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
+    assert not any(r["skippable_fmul"] for r in forward if not r["config"].endswith("-lazy"))
 
 
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
@@ -374,6 +395,34 @@ def test_matches_float64_reference(head_dim, is_causal, seqlens, form):
     scale = head_dim ** -0.5
     torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
     o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form])
+    assert_matches_reference(q, k, v, is_causal, scale, o, lse)
+
+
+def growing_scores(q, k):
+    """q and k scaled so that the scores' row maxima grow from key block to key block, by more than the
+    lazy rescale's threshold in some rows and by less in others: key block b (of 128 keys) times 1 + b, query
+    row i times 0.25 to 2 by i % 8."""
+    block = torch.arange(k.shape[2], device=k.device) // gluon_forward.BLOCK_N
+    rows = torch.arange(q.shape[2], device=q.device) % 8
+    return q * (0.25 + rows / 4)[:, None].to(q.dtype), k * (1 + block)[:, None].to(k.dtype)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("seqlens", [(1, 513), (130, 700), (700, 130), (640, 640)])
+@pytest.mark.parametrize("form", list(gluon_forward.FORMS))
+def test_lazy_rescale_matches_float64_reference(head_dim, is_causal, seqlens, form):
+    """lazy_rescale (kernels/gluon_rescale.py) on scores whose maxima grow across key blocks (growing_scores):
+    rows that keep a stale max (probabilities up to 256), rows that rescale, and warps with both; O and L
+    against the float64 reference as test_matches_float64_reference, O's memory NaN-filled before."""
+    torch.manual_seed(sum(seqlens) + head_dim)
+    q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
+    q, k = growing_scores(q, k)
+    scale = head_dim ** -0.5
+    torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
+    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form],
+                                                   lazy_rescale=True)
     assert_matches_reference(q, k, v, is_causal, scale, o, lse)
 
 

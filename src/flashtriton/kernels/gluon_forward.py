@@ -41,6 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_masks import columns_at_most
+from .gluon_rescale import keep_max, rescale_where_needed
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -155,12 +156,13 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
 
 @gluon.jit
 def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
-                    IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr):
+                    IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
     """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
     running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
     masked: the others skip the comparisons in the softmax's critical path. SHIFTED: the block that
     crosses Nk was loaded ending at it (_block_start), and its keys before j * BLOCK_N, the previous
-    block's, are masked too."""
+    block's, are masked too. LAZY_RESCALE: a row keeps its max while the block's is not far above it
+    (gluon_rescale.py); its factor is then exactly 1."""
     BLOCK_N: gl.constexpr = qk.type.shape[1]
     block_end = (j + 1) * BLOCK_N
     partial = block_end > seqlen_k
@@ -180,6 +182,8 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
         qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
     m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale_log2)
+    if LAZY_RESCALE:
+        m_new = keep_max(m_i, m_new)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
     p = gl.exp2(qk * qk_scale_log2 - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
@@ -228,7 +232,7 @@ def _values(v_smem, stage, FP8: gl.constexpr):
 def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base, lse_base,
             stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr,
             WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-            FP8: gl.constexpr, SHIFTED: gl.constexpr):
+            FP8: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
     Q K^T is issued with block j-1's P V, K's stage is released once Q K^T has run, and the softmax of
@@ -239,7 +243,9 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     softmax runs while another's products hold the tensor cores (FlashAttention-3's inter-warpgroup
     ping-pong). WG is this warpgroup's index of WARPGROUPS. FP8: Q, K and V^T in float8 e4m3, P rounded to
     it for P V, O multiplied by `v_descale` (the scores' descales are in qk_scale_log2). SHIFTED:
-    `seqlen_k` is this sequence's count of keys on a padded K and V (_block_start)."""
+    `seqlen_k` is this sequence's count of keys on a padded K and V (_block_start). LAZY_RESCALE: rows
+    keep their max within gluon_rescale.RESCALE_THRESHOLD, and in the overlapped loop a warp whose rows all
+    kept theirs skips O's rescale."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -280,7 +286,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL, SHIFTED)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
@@ -297,10 +303,13 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                 qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
                 mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                     qk_scale_log2, IS_CAUSAL, SHIFTED)
+                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(prev), count=1)
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                if LAZY_RESCALE:
+                    acc = rescale_where_needed(acc, gl.convert_layout(alpha, o_rows))
+                else:
+                    acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
             last = (fills + n_blocks - 1) % NUM_STAGES
@@ -325,7 +334,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL, SHIFTED)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
@@ -351,7 +360,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
 
 @gluon.jit
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                       PINGPONG: gl.constexpr, FP8: gl.constexpr):
+                       PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
@@ -383,7 +392,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
                                   bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, keys,
                                   n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP,
-                                  PINGPONG, FP8, SHIFTED)
+                                  PINGPONG, FP8, SHIFTED, LAZY_RESCALE)
             tiles_done += 1
 
 
@@ -398,7 +407,7 @@ def attn_fwd_gluon_kernel(
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles, rounds,
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr,
+    PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -406,7 +415,8 @@ def attn_fwd_gluon_kernel(
     persistent when P is the SM count, one tile each when P = num_tiles. WARPGROUPS softmax warpgroups (2
     or 3) share each key block. FP8: float8 e4m3 Q, K and V, each with its factor per (batch, KV head) in
     DESCALE, FlashAttention-3's q/k/v_descale; O in O's dtype. SEQUSED_K: each sequence's count of keys
-    on a padded K and V (see the module docstring)."""
+    on a padded K and V (see the module docstring). LAZY_RESCALE: O rescaled only where a row's max grew by
+    more than gluon_rescale.RESCALE_THRESHOLD."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -445,14 +455,14 @@ def attn_fwd_gluon_kernel(
               qk_scale_log2, DESCALE, SEQUSED_K)
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
-                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
-                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
-                            (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8))],
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE)),
+                            (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
-                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8)),
-                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8))],
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

@@ -43,6 +43,9 @@ _DTYPES = (torch.bfloat16, torch.float16)
 # issued with block j-1's P V (the softmax written between their waits, which ptxas runs first: the
 # kernel's module docstring); and that with the warpgroups taking turns on the tensor cores.
 FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
+# O rescaled only where a row's max grew by more than 2^8 (kernels/gluon_rescale.py): 51 fewer instructions
+# per key block and warp at D = 128 offline; off until raced on the H200 (docs/performance.md, entry 86).
+LAZY_RESCALE = False
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -162,7 +165,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
-                         seqused_k: torch.Tensor | None = None) -> tuple:
+                         seqused_k: torch.Tensor | None = None, lazy_rescale: bool = LAZY_RESCALE) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -171,7 +174,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     `persistent` forces the grid, one program per SM or one per tile (None: grid_form's rule). FP8
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
-    `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's)."""
+    `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's).
+    `lazy_rescale`: the kernel's LAZY_RESCALE (kernels/gluon_rescale.py)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -203,7 +207,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
             num_tiles, cdiv(num_tiles, programs), scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
-            softmax_registers, fp8)
+            softmax_registers, fp8, lazy_rescale)
     grid = (programs, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
@@ -211,10 +215,12 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES, warpgroups: int | None = None,
-                            seqused_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            seqused_k: torch.Tensor | None = None,
+                            lazy_rescale: bool = LAZY_RESCALE) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
-    on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's. A call
+    on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's;
+    `lazy_rescale`: as gluon_forward_launch's. A call
     like an earlier one (equal plan key: replay.py) replays that call's launch instead of going through
     Triton's launch path and building its arguments again; what ran is last_choice("forward")."""
     from .forward import empty_in_order
@@ -228,14 +234,15 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if replay.replayable(q.device):
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, seqused_k), "gluon", is_causal, scale, overlap, pingpong, block_n,
-                              stages, warpgroups)
+                              stages, warpgroups, lazy_rescale)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
     # (resolved here, so that the launch and the log name the same count)
     warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
-                                                      stages, warpgroups, seqused_k=seqused_k)
-    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages)
+                                                      stages, warpgroups, seqused_k=seqused_k,
+                                                      lazy_rescale=lazy_rescale)
+    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages) + ("-lazy" if lazy_rescale else "")
     run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:7], args[7:], {},
                                     kwargs, tiles)], ("gluon_fwd", ))
     return o, lse
@@ -270,10 +277,12 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
 
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                      descale: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                      descale: torch.Tensor, out_dtype: torch.dtype,
+                      lazy_rescale: bool = LAZY_RESCALE) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
-    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand)."""
+    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `lazy_rescale`:
+    as gluon_forward_launch's."""
     from .forward import empty_in_order
 
     vt = fp8_values_operand(v)
@@ -282,6 +291,6 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
-                                                      descale=descale)
+                                                      descale=descale, lazy_rescale=lazy_rescale)
     kernel[grid](*args, **kwargs)
     return o, lse

@@ -119,6 +119,9 @@ class KernelReport:
     shared_stores: dict[int, int] = dataclasses.field(default_factory=dict)
     # SASS instructions in all (--json only): what a change of the elementwise code costs in issue slots.
     instructions: int = 0
+    # FMULs that a predicated forward branch jumps over (--json only): the Gluon forward's O rescale behind
+    # its warp's vote (kernels/gluon_rescale.py).
+    skippable_fmul: int = 0
 
 
 def _cuobjdump(cubin: bytes, option: str) -> str:
@@ -173,7 +176,21 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
-                        _shared_stores(sass), sass.count(";"))
+                        _shared_stores(sass), sass.count(";"), _skippable_fmuls(sass))
+
+
+def _skippable_fmuls(sass: str) -> int:
+    """FMULs in runs of nothing else that a predicated branch forward jumps over. cuobjdump lists a kernel's
+    instructions 16 bytes apart from address 0, so a branch's target is a line number."""
+    lines = sass.splitlines()
+    skipped = 0
+    for i, line in enumerate(lines):
+        branch = re.match(r"@!?U?P\d+ BRA(?:\.U)? (0x[0-9a-f]+)", line)
+        if branch and int(branch.group(1), 16) // 16 > i + 1:
+            run = lines[i + 1:int(branch.group(1), 16) // 16]
+            if all(op.startswith("FMUL") for op in run):
+                skipped += len(run)
+    return skipped
 
 
 def _shared_stores(sass: str) -> dict[int, int]:
@@ -301,9 +318,15 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, seqlen)
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, vt, o, lse, causal, head_dim ** -0.5,
                                                                         overlap=True, descale=torch.ones(3, 1, 2))
-        return [_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
-                        causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1],
-                                              "overlap-fp8"))]
+        warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1]
+        reports = []
+        for lazy in (False, True):
+            kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
+                q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2),
+                lazy_rescale=lazy)
+            reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
+                                   dtype, causal, _gluon_config(warpgroups, "overlap-fp8" + ("-lazy" if lazy else ""))))
+        return reports
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
     variants = [(form, flags, 2) for form, flags in gluon_forward.FORMS.items()]
@@ -322,6 +345,12 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
                            causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
                                                  "overlap-key-counts")))
+    # the library's form with O's rescale skipped where the maxima held (kernels/gluon_rescale.py)
+    kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
+        q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], lazy_rescale=True)
+    reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
+                           causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
+                                                 "overlap-lazy")))
     return reports
 
 
