@@ -7,7 +7,8 @@ shape. docs/performance.md, entry 59.
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE]
 
 The kernel alone also runs, `fp8_kernel` (V^T and the descale table made once, outside the timing), and
-with O's rescale skipped where the maxima held, `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py).
+with O's rescale skipped where the maxima held, `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py),
+with the rows' sums by the tensor cores, `fp8_kernel_sums` (sums_by_mma), and with both.
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
 earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments; and at D = 64 this
 tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.
@@ -37,10 +38,10 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
 
 
 def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None,
-                  lazy_rescale: bool = False) -> callable:
+                  **options) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
-    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and
-    `lazy_rescale` as gluon_forward_launch takes them (None: its rule)."""
+    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and `options`
+    (lazy_rescale, sums_by_mma) as gluon_forward_launch takes them (None: its rule)."""
     from gluon_kernel_ab import base_arguments
     batch, heads_kv = k8.shape[:2]
     vt = gluon_forward.fp8_values_operand(v8)
@@ -49,7 +50,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     lse = torch.empty(q8.shape[:3], device=q8.device)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5,
                                                                     overlap=True, descale=descale,
-                                                                    warpgroups=warpgroups, lazy_rescale=lazy_rescale)
+                                                                    warpgroups=warpgroups, **options)
     args = base_arguments(kernel_fn, kernel, args)
 
     def run():
@@ -73,8 +74,9 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
     }
     from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
     providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
-    providers["fp8_kernel_lazy"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
-                                                 lazy_rescale=True)
+    for name, options in {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=True),
+                          "lazy_sums": dict(lazy_rescale=True, sums_by_mma=True)}.items():
+        providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, **options)
     if base is not None:
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales)
         if head_dim == 64:  # two softmax warpgroups: 240 registers each, where three spill P (entry 85)

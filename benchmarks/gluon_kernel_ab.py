@@ -13,9 +13,10 @@ dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier k
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
 the current one also with O's rescale skipped where the maxima held (`current_lazy`: lazy_rescale,
-kernels/gluon_rescale.py), the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong
+kernels/gluon_rescale.py), with the rows' sums by the tensor cores (`current_sums`: sums_by_mma), and with
+both; the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong
 form. Interleaved rounds of `do_bench`, medians; one JSON line per shape, with each provider's largest
-error against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69-73 and 86.
+error against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69-73, 86 and 87.
 """
 
 import argparse
@@ -67,8 +68,9 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = head_dim ** -0.5
 
-    def form(turns: bool, lazy: bool = False):
-        return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns, lazy_rescale=lazy)
+    def form(turns: bool, lazy: bool = False, sums: bool = False):
+        return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns, lazy_rescale=lazy,
+                                                             sums_by_mma=sums)
 
     def base_form(turns: bool):
         def run():
@@ -77,7 +79,8 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
             base[grid](*base_arguments(base, kernel, args), **kwargs)
             return o, lse
         return run
-    providers = {"base": base_form(False), "current": form(False), "current_lazy": form(False, lazy=True)}
+    providers = {"base": base_form(False), "current": form(False), "current_lazy": form(False, lazy=True),
+                 "current_sums": form(False, sums=True), "current_lazy_sums": form(False, lazy=True, sums=True)}
     if pingpong:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True),
                          current_pingpong_lazy=form(True, lazy=True))

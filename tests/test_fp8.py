@@ -204,16 +204,19 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 130, 700), (1, 8, 2, 640, 640)])
-def test_gluon_fp8_lazy_rescale_matches_float64_reference(head_dim, is_causal, shape):
+@pytest.mark.parametrize("options", [dict(lazy_rescale=True), dict(sums_by_mma=True),
+                                     dict(lazy_rescale=True, sums_by_mma=True)])
+def test_gluon_fp8_softmax_options_match_float64_reference(head_dim, is_causal, shape, options):
     """The FP8 kernel with lazy_rescale (kernels/gluon_rescale.py: probabilities up to 256, within e4m3's
-    448) on scores whose row maxima grow across key blocks, some by more than the threshold: O and L
-    within twice plain FP8 attention's errors, as test_gluon_fp8_matches_float64_reference."""
+    448) and sums_by_mma (the sums of the e4m3 P by the tensor cores), alone and together, on scores whose
+    row maxima grow across key blocks, some by more than the threshold: O and L within twice plain FP8
+    attention's errors, as test_gluon_fp8_matches_float64_reference."""
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
     batch, heads_kv = shape[0], shape[2]
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)
     scale = head_dim ** -0.5
     o, lse = gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale.contiguous(), torch.bfloat16,
-                                             lazy_rescale=True)
+                                             **options)
     low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
     checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks

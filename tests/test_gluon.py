@@ -39,17 +39,18 @@ def reports():
 
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
-    warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts and with
-    lazy_rescale, three warpgroups at D = 64 without a mask and two with one): matrix
+    warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts, with
+    lazy_rescale and with sums_by_mma, three warpgroups at D = 64 without a mask and two with one): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
     stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
-    # head dims x masks x (forms + key counts + lazy rescale), and D = 64's three warpgroups with each mask
-    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 2) + 2
+    # head dims x masks x (forms + key counts + lazy rescale + sums by MMA), and D = 64's three warpgroups
+    # with each mask
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 3) + 2
     assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts",
-                                                               "overlap-lazy"}
-    assert sum(r["config"].startswith("M64x3-") for r in reports) == 4
+                                                               "overlap-lazy", "overlap-sums"}
+    assert sum(r["config"].startswith("M64x3-") for r in reports) == 5
     for r in reports:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
@@ -87,7 +88,7 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
     within shared memory. And P rounded to e4m3 beside its wgmma: the whole kernel's SASS at most 4000
     instructions at D = 128 without a mask (3624 on Triton 3.6; 4384 when an e4m3 P crossed the loop's
     iterations and was repacked byte by byte, docs/performance.md entry 85)."""
-    reports = [r for r in reports if r["dtype"] == "float8_e4m3fn" and not r["config"].endswith("-lazy")]
+    reports = [r for r in reports if r["dtype"] == "float8_e4m3fn" and r["config"].endswith("-overlap-fp8")]
     assert sorted((r["head_dim"], r["causal"]) for r in reports) == [(64, False), (64, True), (128, False),
                                                                        (128, True)]
     for r in reports:
@@ -119,6 +120,27 @@ def test_lazy_rescale_branches_over_the_rescale(reports):
         assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
         assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
     assert not any(r["skippable_fmul"] for r in forward if not r["config"].endswith("-lazy"))
+
+
+def test_sums_by_mma_trade_adds_for_thin_products(reports):
+    """With sums_by_mma, each softmax warpgroup takes its rows' sums of P as P times ones beside P V: per
+    warpgroup and P V (two sites: the loop's and the tile's last block) BLOCK_N / 16 more m64n8 products
+    (BLOCK_N / 32 in FP8), at least 100 fewer SASS instructions than the same form without it (the adds and
+    the sums' quad shuffles; 144-416 on Triton 3.6), no spill beyond that form's, wgmma still
+    asynchronous, 2 KB of ones (1 KB in FP8) in shared memory. bf16 and FP8, D 64 and 128, both masks."""
+    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
+    sums = [r for r in forward if r["config"].endswith("-sums")]
+    assert len(sums) == 8
+    for r in sums:
+        warpgroups = int(r["config"].split("-")[0].split("x")[1])
+        twin = next(t for t in forward if t["config"] == r["config"].removesuffix("-sums")
+                    and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"]))
+        fp8 = r["dtype"] == "float8_e4m3fn"
+        assert r["hgmma"] - twin["hgmma"] == warpgroups * 2 * (gluon_forward.BLOCK_N // (32 if fp8 else 16)), (r, twin)
+        assert r["instructions"] <= twin["instructions"] - 100, (r, twin)
+        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
+        assert not r["wgmma_serialized"], r
+        assert r["shared_bytes"] - twin["shared_bytes"] >= 8 * gluon_forward.BLOCK_N * (1 if fp8 else 2), (r, twin)
 
 
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
@@ -407,23 +429,38 @@ def growing_scores(q, k):
     return q * (0.25 + rows / 4)[:, None].to(q.dtype), k * (1 + block)[:, None].to(k.dtype)
 
 
+SOFTMAX_OPTIONS = {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=True),
+                   "both": dict(lazy_rescale=True, sums_by_mma=True)}
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(1, 513), (130, 700), (700, 130), (640, 640)])
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
-def test_lazy_rescale_matches_float64_reference(head_dim, is_causal, seqlens, form):
-    """lazy_rescale (kernels/gluon_rescale.py) on scores whose maxima grow across key blocks (growing_scores):
-    rows that keep a stale max (probabilities up to 256), rows that rescale, and warps with both; O and L
-    against the float64 reference as test_matches_float64_reference, O's memory NaN-filled before."""
+@pytest.mark.parametrize("options", list(SOFTMAX_OPTIONS))
+def test_softmax_options_match_float64_reference(head_dim, is_causal, seqlens, form, options):
+    """lazy_rescale (kernels/gluon_rescale.py) and sums_by_mma, alone and together, on scores whose maxima
+    grow across key blocks (growing_scores): rows that keep a stale max (probabilities up to 256), rows that
+    rescale, and warps with both; O and L against the float64 reference as test_matches_float64_reference,
+    O's memory NaN-filled before. sums_by_mma needs the overlapped loop (the in-turn form refuses it)."""
+    if form == "in-turn" and "sums_by_mma" in SOFTMAX_OPTIONS[options]:
+        pytest.skip("sums_by_mma needs overlap (test_sums_by_mma_needs_overlap)")
     torch.manual_seed(sum(seqlens) + head_dim)
     q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
     q, k = growing_scores(q, k)
     scale = head_dim ** -0.5
     torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
     o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form],
-                                                   lazy_rescale=True)
+                                                   **SOFTMAX_OPTIONS[options])
     assert_matches_reference(q, k, v, is_causal, scale, o, lse)
+
+
+def test_sums_by_mma_needs_overlap():
+    q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
+    with pytest.raises(ValueError, match="sums_by_mma=True needs overlap=True"):
+        gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, overlap=False, sums_by_mma=True)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

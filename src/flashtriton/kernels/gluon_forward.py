@@ -38,7 +38,13 @@ whose last dim is contiguous works, (B, N, H, D) included.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from .gluon_masks import columns_at_most
 from .gluon_rescale import keep_max, rescale_where_needed
@@ -156,13 +162,15 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
 
 @gluon.jit
 def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
-                    IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+                    IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+                    SUMS_BY_MMA: gl.constexpr = False):
     """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
     running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
     masked: the others skip the comparisons in the softmax's critical path. SHIFTED: the block that
     crosses Nk was loaded ending at it (_block_start), and its keys before j * BLOCK_N, the previous
     block's, are masked too. LAZY_RESCALE: a row keeps its max while the block's is not far above it
-    (gluon_rescale.py); its factor is then exactly 1."""
+    (gluon_rescale.py); its factor is then exactly 1. SUMS_BY_MMA: the sum is not taken here but by the
+    tensor cores (_attend), and l_i comes back as it went in."""
     BLOCK_N: gl.constexpr = qk.type.shape[1]
     block_end = (j + 1) * BLOCK_N
     partial = block_end > seqlen_k
@@ -187,6 +195,8 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
     p = gl.exp2(qk * qk_scale_log2 - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
+    if SUMS_BY_MMA:
+        return p, alpha, m_new, l_i
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
@@ -229,10 +239,25 @@ def _values(v_smem, stage, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base, lse_base,
-            stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr,
-            WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-            FP8: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+def _issue_pv(p_op, v_smem, stage, acc, sums, ones, FP8: gl.constexpr, SUMS_BY_MMA: gl.constexpr):
+    """O += P V, asynchronously, P in registers; with SUMS_BY_MMA also each row's sum of P, as P times a
+    (BLOCK_N, 8) tile of ones: a thin product beside P V instead of 64 dependent adds and a quad shuffle per
+    row and block in the softmax (the sums are then of the rounded P that P V multiplies)."""
+    p_op = _pv_operand(p_op, FP8)
+    acc = warpgroup_mma(p_op, _values(v_smem, stage, FP8), acc, is_async=True)
+    if SUMS_BY_MMA:
+        sum_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=sums.type.layout,
+                                                         k_width=4 if FP8 else 2)
+        sums = warpgroup_mma(gl.convert_layout(p_op, sum_operand), ones, sums, is_async=True)
+    return acc, sums
+
+
+@gluon.jit
+def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
+            lse_base, stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn,
+            WG: gl.constexpr, WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+            PINGPONG: gl.constexpr, FP8: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+            SUMS_BY_MMA: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
     Q K^T is issued with block j-1's P V, K's stage is released once Q K^T has run, and the softmax of
@@ -245,7 +270,8 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     it for P V, O multiplied by `v_descale` (the scores' descales are in qk_scale_log2). SHIFTED:
     `seqlen_k` is this sequence's count of keys on a padded K and V (_block_start). LAZY_RESCALE: rows
     keep their max within gluon_rescale.RESCALE_THRESHOLD, and in the overlapped loop a warp whose rows all
-    kept theirs skips O's rescale."""
+    kept theirs skips O's rescale. SUMS_BY_MMA (OVERLAP only; ignored without): the rows' sums of P by the
+    tensor cores (_issue_pv), against `ones_smem`, a (8, BLOCK_N) tile of ones."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -274,6 +300,12 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     no_scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    SUMS: gl.constexpr = SUMS_BY_MMA and OVERLAP
+    # each row's sum of P in all 8 columns (SUMS), the product of P and ones; else unused
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 8, INSTR_K])
+    sums = gl.zeros([BLOCK_M, 8], gl.float32, layout=l_layout)
+    ones = ones_smem.permute((1, 0)) if SUMS else None
     if OVERLAP:
         if n_blocks > 0:
             mbarrier.wait(k_ready.index(fills % NUM_STAGES), (fills // NUM_STAGES) & 1)
@@ -286,7 +318,7 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
@@ -297,29 +329,32 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
                     mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
-                acc = warpgroup_mma(_pv_operand(p_op, FP8), _values(v_smem, prev, FP8), acc, is_async=True)
+                acc, sums = _issue_pv(p_op, v_smem, prev, acc, sums, ones, FP8, SUMS)
                 if PINGPONG:
                     mbarrier.arrive(turns.index(NEXT), count=1)
-                qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk, ))  # this block's scores; P V may run on
+                # this block's scores; P V (and the sums) may run on
+                qk = warpgroup_mma_wait(num_outstanding=2 if SUMS else 1, deps=(qk, ))
                 mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS)
+                acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sums))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 if LAZY_RESCALE:
                     acc = rescale_where_needed(acc, gl.convert_layout(alpha, o_rows))
                 else:
                     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                if SUMS:
+                    sums = sums * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
                 p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
             last = (fills + n_blocks - 1) % NUM_STAGES
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
-            acc = warpgroup_mma(_pv_operand(p_op, FP8), _values(v_smem, last, FP8), acc, is_async=True)
+            acc, sums = _issue_pv(p_op, v_smem, last, acc, sums, ones, FP8, SUMS)
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sums))
             mbarrier.arrive(v_empty.index(last), count=1)
             turn += n_blocks + 1
         else:
@@ -343,6 +378,8 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
             mbarrier.arrive(v_empty.index(stage), count=1)
         mbarrier.arrive(q_empty, count=1)
 
+    if SUMS:
+        l_i = gl.convert_layout(gl.max(sums, 1), s_rows)
     no_key = l_i == 0.0
     l_safe = gl.where(no_key, 1.0, l_i)
     if FP8:
@@ -360,12 +397,13 @@ def _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turn
 
 @gluon.jit
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                       PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+                       PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+                       SUMS_BY_MMA: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
      stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
-     SEQUSED_K) = shared
+     SEQUSED_K, ones_smem) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -389,10 +427,10 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
                 tile_scale = qk_scale_log2 * gl.load(DESCALE + kv_head) * gl.load(DESCALE + kv_heads + kv_head)
                 v_descale = gl.load(DESCALE + 2 * kv_heads + kv_head)
             mbarrier.wait(q_ready, tiles_done & 1)
-            fills, turn = _attend(q, k_smem, v_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
-                                  bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M, seqlen_q, keys,
-                                  n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP,
-                                  PINGPONG, FP8, SHIFTED, LAZY_RESCALE)
+            fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O,
+                                  LSE, o_base, bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M,
+                                  seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS,
+                                  IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE, SUMS_BY_MMA)
             tiles_done += 1
 
 
@@ -408,6 +446,7 @@ def attn_fwd_gluon_kernel(
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+    SUMS_BY_MMA: gl.constexpr,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -416,7 +455,8 @@ def attn_fwd_gluon_kernel(
     or 3) share each key block. FP8: float8 e4m3 Q, K and V, each with its factor per (batch, KV head) in
     DESCALE, FlashAttention-3's q/k/v_descale; O in O's dtype. SEQUSED_K: each sequence's count of keys
     on a padded K and V (see the module docstring). LAZY_RESCALE: O rescaled only where a row's max grew by
-    more than gluon_rescale.RESCALE_THRESHOLD."""
+    more than gluon_rescale.RESCALE_THRESHOLD. SUMS_BY_MMA (with OVERLAP): each row's sum of P by the tensor
+    cores, P times ones (_issue_pv)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -434,6 +474,13 @@ def attn_fwd_gluon_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [WARPGROUPS, 1], mbarrier.MBarrierLayout())
+    ones_smem = q_smem  # unused without SUMS_BY_MMA (a stand-in: Gluon's tuples cannot hold None)
+    if SUMS_BY_MMA:  # (8, BLOCK_N) ones, the B operand of the rows' sums (read transposed, keys contiguous)
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
+        ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout,
+                                              gl.full([8, BLOCK_N], 1.0, gl.float32, layout=fill).to(dtype))
+        fence_async_shared()  # the ones, written by these threads, read by the tensor cores
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_empty, count=WARPGROUPS)  # released once every softmax partition is done with it
     for wg in gl.static_range(WARPGROUPS):
@@ -452,17 +499,24 @@ def attn_fwd_gluon_kernel(
              num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
               stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-              qk_scale_log2, DESCALE, SEQUSED_K)
+              qk_scale_log2, DESCALE, SEQUSED_K, ones_smem)
+    if SUMS_BY_MMA:
+        gl.thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
-                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE)),
-                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE)),
-                            (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE))],
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
+                                                  SUMS_BY_MMA)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
+                                                  SUMS_BY_MMA)),
+                            (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
+                                                  SUMS_BY_MMA))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
-                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE)),
-                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE))],
+                            (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
+                                                  SUMS_BY_MMA)),
+                            (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
+                                                  SUMS_BY_MMA))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

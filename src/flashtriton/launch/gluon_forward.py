@@ -46,6 +46,9 @@ FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True,
 # O rescaled only where a row's max grew by more than 2^8 (kernels/gluon_rescale.py): 51 fewer instructions
 # per key block and warp at D = 128 offline; off until raced on the H200 (docs/performance.md, entry 86).
 LAZY_RESCALE = False
+# Each row's sum of P by the tensor cores, P times ones beside P V (the kernel's SUMS_BY_MMA): 50 fewer
+# instructions per key block and warp at D = 128 offline, for 8 thin products; off until raced (entry 87).
+SUMS_BY_MMA = False
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -165,7 +168,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
-                         seqused_k: torch.Tensor | None = None, lazy_rescale: bool = LAZY_RESCALE) -> tuple:
+                         seqused_k: torch.Tensor | None = None, lazy_rescale: bool = LAZY_RESCALE,
+                         sums_by_mma: bool = SUMS_BY_MMA) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -175,7 +179,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's).
-    `lazy_rescale`: the kernel's LAZY_RESCALE (kernels/gluon_rescale.py)."""
+    `lazy_rescale`: the kernel's LAZY_RESCALE (kernels/gluon_rescale.py); `sums_by_mma` its SUMS_BY_MMA
+    (with overlap only)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -193,6 +198,9 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     if fp8 and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
                          "(fp8_forward_gluon prepares both)")
+    if sums_by_mma and not overlap:
+        raise ValueError("sums_by_mma=True needs overlap=True: the sums are taken beside the overlapped loop's "
+                         "P V")
     if pingpong and not overlap:
         raise ValueError("pingpong=True needs overlap=True: the turns are taken around the overlapped products")
     if warpgroups not in REGISTERS:
@@ -207,7 +215,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
             o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
             num_tiles, cdiv(num_tiles, programs), scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
-            softmax_registers, fp8, lazy_rescale)
+            softmax_registers, fp8, lazy_rescale, sums_by_mma)
     grid = (programs, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
@@ -216,11 +224,12 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES, warpgroups: int | None = None,
                             seqused_k: torch.Tensor | None = None,
-                            lazy_rescale: bool = LAZY_RESCALE) -> tuple[torch.Tensor, torch.Tensor]:
+                            lazy_rescale: bool = LAZY_RESCALE,
+                            sums_by_mma: bool = SUMS_BY_MMA) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
     on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's;
-    `lazy_rescale`: as gluon_forward_launch's. A call
+    `lazy_rescale`, `sums_by_mma`: as gluon_forward_launch's. A call
     like an earlier one (equal plan key: replay.py) replays that call's launch instead of going through
     Triton's launch path and building its arguments again; what ran is last_choice("forward")."""
     from .forward import empty_in_order
@@ -234,15 +243,16 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     if replay.replayable(q.device):
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, seqused_k), "gluon", is_causal, scale, overlap, pingpong, block_n,
-                              stages, warpgroups, lazy_rescale)
+                              stages, warpgroups, lazy_rescale, sums_by_mma)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
     # (resolved here, so that the launch and the log name the same count)
     warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
                                                       stages, warpgroups, seqused_k=seqused_k,
-                                                      lazy_rescale=lazy_rescale)
-    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages) + ("-lazy" if lazy_rescale else "")
+                                                      lazy_rescale=lazy_rescale, sums_by_mma=sums_by_mma)
+    tiles = ("gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages) + ("-lazy" if lazy_rescale else "")
+             + ("-sums" if sums_by_mma else ""))
     run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:7], args[7:], {},
                                     kwargs, tiles)], ("gluon_fwd", ))
     return o, lse
@@ -278,11 +288,12 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       descale: torch.Tensor, out_dtype: torch.dtype,
-                      lazy_rescale: bool = LAZY_RESCALE) -> tuple[torch.Tensor, torch.Tensor]:
+                      lazy_rescale: bool = LAZY_RESCALE,
+                      sums_by_mma: bool = SUMS_BY_MMA) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
-    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `lazy_rescale`:
-    as gluon_forward_launch's."""
+    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `lazy_rescale`,
+    `sums_by_mma`: as gluon_forward_launch's."""
     from .forward import empty_in_order
 
     vt = fp8_values_operand(v)
@@ -291,6 +302,7 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
-                                                      descale=descale, lazy_rescale=lazy_rescale)
+                                                      descale=descale, lazy_rescale=lazy_rescale,
+                                                      sums_by_mma=sums_by_mma)
     kernel[grid](*args, **kwargs)
     return o, lse

@@ -308,8 +308,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
     would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
     D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs); and the
-    library's form with key counts (seqused_k). For float8_e4m3fn, the FP8 forward as fp8_forward_gluon
-    launches it."""
+    library's form with key counts (seqused_k), and with each of _GLUON_SOFTMAX_FLAGS. For float8_e4m3fn,
+    the FP8 forward as fp8_forward_gluon launches it, and with each of those flags."""
     from ..launch import gluon_forward
 
     if dtype == torch.float8_e4m3fn:  # the FP8 form: the default schedule, V^T, a bf16 output
@@ -320,12 +320,11 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                                                                         overlap=True, descale=torch.ones(3, 1, 2))
         warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1]
         reports = []
-        for lazy in (False, True):
+        for form, flags in _GLUON_SOFTMAX_FLAGS.items():
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
-                q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2),
-                lazy_rescale=lazy)
+                q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2), **flags)
             reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
-                                   dtype, causal, _gluon_config(warpgroups, "overlap-fp8" + ("-lazy" if lazy else ""))))
+                                   dtype, causal, _gluon_config(warpgroups, "overlap-fp8" + form)))
         return reports
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
@@ -345,13 +344,20 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
                            causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
                                                  "overlap-key-counts")))
-    # the library's form with O's rescale skipped where the maxima held (kernels/gluon_rescale.py)
-    kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
-        q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], lazy_rescale=True)
-    reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
-                           causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
-                                                 "overlap-lazy")))
+    # the library's form with each softmax option not yet on by default
+    for form, flags in _GLUON_SOFTMAX_FLAGS.items():
+        if flags:
+            kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
+                q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], **flags)
+            reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
+                                   dtype, causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
+                                                                "overlap" + form)))
     return reports
+
+
+# The Gluon forward's softmax options as inspect_gluon compiles them, by the suffix of the form's name: O's
+# rescale skipped where the maxima held (kernels/gluon_rescale.py), the rows' sums by the tensor cores.
+_GLUON_SOFTMAX_FLAGS = {"": {}, "-lazy": dict(lazy_rescale=True), "-sums": dict(sums_by_mma=True)}
 
 
 def _gluon_config(warpgroups: int, form: str) -> str:
