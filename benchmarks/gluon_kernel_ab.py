@@ -7,8 +7,10 @@ device copy of the tree has no .git), e.g.
     PYTHONPATH=src python benchmarks/gluon_kernel_ab.py bwd benchmarks/base_kernel.py --base-block-m 64
 
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
-launcher's query blocks unless --base-block-m says otherwise), on the current one also at D = 128 with
-three Q/dO stages, at D = 64 with 64-row query blocks and with dQ split by columns, and with dQ staged in
+launcher's query blocks unless --base-block-m says otherwise; a kernel from before entry 88 scales its dQ
+itself, which the current launcher's read-back scales again, so its dQ error column is off, not its
+time), on the current one also at D = 128 with three Q/dO stages, at D = 64 with 64-row query blocks and
+with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),

@@ -29,9 +29,10 @@ def _share_positions(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("head_dim, split_rows", [(64, False), (64, True), (128, False)])
 @pytest.mark.parametrize("seqlen_q", [1, 97, 130])
 def test_dq_from_fragments_puts_each_share_back(head_dim, split_rows, seqlen_q):
-    """Shares of dQ written chunk by chunk in register order (a chunk per batch, head, query block and
-    warpgroup) come back at their rows and columns, exactly, in dQ's dtype; the rows of the last block past
-    Nq are dropped and nothing else of dQ is written (NaN-poisoned)."""
+    """Shares of dQ / scale written chunk by chunk in register order (a chunk per batch, head, query block
+    and warpgroup), as the Gluon kernel adds them, come back at their rows and columns times the scale,
+    exactly (a power of two), in dQ's dtype; the rows of the last block past Nq are dropped and nothing
+    else of dQ is written (NaN-poisoned)."""
     batch, heads = 2, 3
     block_m = gluon_backward.BLOCK_M[head_dim]
     rows, cols = gluon_backward.dq_share(head_dim, block_m, split_rows)
@@ -46,9 +47,9 @@ def test_dq_from_fragments_puts_each_share_back(head_dim, split_rows, seqlen_q):
     acc = torch.empty(batch * heads * num_m, gluon_backward.WARPGROUPS, rows, cols, device=DEVICE)
     for g in range(gluon_backward.WARPGROUPS):
         share = blocks[:, g * rows:(g + 1) * rows] if split_rows else blocks[:, :, g * cols:(g + 1) * cols]
-        acc[:, g] = share[:, row, col].view(-1, rows, cols)
+        acc[:, g] = share[:, row, col].view(-1, rows, cols) / 0.125
     dq = torch.full((batch, heads, seqlen_q, head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    run("dq_fragments", None, [gluon_backward.dq_fragments_spec(dq, acc)], ())  # (as a backward's plan runs it)
+    run("dq_fragments", None, [gluon_backward.dq_fragments_spec(dq, acc, 0.125)], ())  # (as a backward's plan)
     assert torch.equal(dq, full[:, :, :seqlen_q].to(torch.bfloat16))
 
 
@@ -75,8 +76,8 @@ from flashtriton.kernels.dq_fragments import dq_from_fragments_kernel
 from flashtriton.tools.inspect import HOPPER, _compile_offline
 for rows, cols, split, head_dim in ((128, 32, False, 64), (64, 64, True, 64), (64, 64, False, 128)):
     acc, dq = torch.empty(12, 2, rows, cols), torch.empty(2, 3, 130, head_dim, dtype=torch.bfloat16)
-    compiled = _compile_offline(dq_from_fragments_kernel, (24, ), (acc, dq, *dq.stride()[:3], 3, 2, 130, rows, cols,
-                                2, split), dict(num_warps=4), HOPPER)
+    compiled = _compile_offline(dq_from_fragments_kernel, (24, ), (acc, dq, *dq.stride()[:3], 3, 2, 130, 0.125, rows,
+                                cols, 2, split), dict(num_warps=4), HOPPER)
     assert "STG" in compiled.asm["sass"]
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)

@@ -41,13 +41,14 @@ def fragment_permutation(rows, cols):
 
 @triton.jit
 def dq_from_fragments_kernel(
-    ACC, DQ, stride_b, stride_h, stride_n, heads, num_m, seqlen_q,
+    ACC, DQ, stride_b, stride_h, stride_n, heads, num_m, seqlen_q, scale,
     ROWS: tl.constexpr, COLS: tl.constexpr, WARPGROUPS: tl.constexpr, SPLIT_ROWS: tl.constexpr,
 ):
     """One program per chunk of ACC, float32 (B * H * num_m, WARPGROUPS, ROWS, COLS) contiguous: warpgroup
-    g's share of query block m's dQ, in fragment_bits's order, goes to DQ (B, H, N, D; strides given) in
-    DQ's dtype. A share is ROWS rows of the block from row g * ROWS with all of D (SPLIT_ROWS), or all the
-    block's rows with columns g * COLS on; rows past seqlen_q are dropped."""
+    g's share of query block m's dQ, in fragment_bits's order, times `scale` (the softmax scale, which the
+    Gluon kernel leaves out of its per-block sums), goes to DQ (B, H, N, D; strides given) in DQ's dtype.
+    A share is ROWS rows of the block from row g * ROWS with all of D (SPLIT_ROWS), or all the block's rows
+    with columns g * COLS on; rows past seqlen_q are dropped."""
     pid = tl.program_id(0)
     wg = pid % WARPGROUPS
     block = pid // WARPGROUPS
@@ -67,5 +68,5 @@ def dq_from_fragments_kernel(
         rows = m * ROWS + tl.arange(0, ROWS)
         cols = wg * COLS + tl.arange(0, COLS)
     out = DQ + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
-    tl.store(out + rows.to(tl.int64)[:, None] * stride_n + cols[None, :], x.to(DQ.dtype.element_ty),
+    tl.store(out + rows.to(tl.int64)[:, None] * stride_n + cols[None, :], (x * scale).to(DQ.dtype.element_ty),
              mask=rows[:, None] < seqlen_q)

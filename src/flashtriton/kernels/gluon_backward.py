@@ -19,8 +19,9 @@ split by role, as in the Gluon forward (gluon_forward.py):
       dS^T = P^T * (dP^T - D)                               (D = rowsum(dO * O))
       dK  += dS^T Q          (dS^T from registers)
   then dK * scale and dV are stored once. With DQ_ATOMIC, dS^T also goes to shared memory, and each
-  warpgroup computes its share of dQ = dS K over the program's 128 keys (half of D's columns, or half of
-  the rows: _dq_products) and adds it into a float32 buffer by a TMA reduction (_add_dq).
+  warpgroup computes its share of dQ / scale = dS K over the program's 128 keys (half of D's columns, or
+  half of the rows: _dq_products) and adds it into a float32 buffer by a TMA reduction (_add_dq); the pass
+  that reads the buffer back into dQ multiplies by the scale.
 
 Semantics are the Triton backward's: causal masks align to the bottom-right corner; rows past Nq read
 zeros for Q, dO, L and D (P = 1 there, but dP = 0 and dO = 0: nothing reaches the gradients), and keys
@@ -164,24 +165,26 @@ def dq_fragment_layout(rows, cols):
 
 
 @gluon.jit
-def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
             DQ_FRAGMENTS: gl.constexpr):
-    """Add warpgroup WG's finished share of dQ (_dq_products), scaled, into dQ's float32 buffer for the query
+    """Add warpgroup WG's finished share of dQ / scale (_dq_products) into dQ's float32 buffer for the query
     block from row m_row of query head head_q: staged in shared memory, then a TMA reduction that runs on
-    while the next block computes. With DQ_FRAGMENTS the buffer holds each (batch, head, block,
-    warpgroup)'s share as one chunk in the accumulator's register order (dq_fragment_layout: conflict-free
-    16-byte stores), which dq_from_fragments_kernel puts back in place, the block's being `chunk`;
-    otherwise the buffer is laid out like dQ."""
+    while the next block computes. The softmax scale is left to the pass that reads the buffer back (one
+    multiply per element of dQ there, against one per element and query block here: 32 per thread and
+    block, on the way from dQ's product to its staging; docs/performance.md entry 88). With DQ_FRAGMENTS
+    the buffer holds each (batch, head, block, warpgroup)'s share as one chunk in the accumulator's register
+    order (dq_fragment_layout: conflict-free 16-byte stores), which dq_from_fragments_kernel puts back in
+    place, the block's being `chunk`; otherwise the buffer is laid out like dQ."""
     DQ_ROWS: gl.constexpr = dq.type.shape[0]
     DQ_COLS: gl.constexpr = dq.type.shape[1]
     staged = dq_smem.index(WG)
     tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
     if DQ_FRAGMENTS:
-        staged._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], dq_fragment_layout(DQ_ROWS, DQ_COLS)).store(dq * scale)
+        staged._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], dq_fragment_layout(DQ_ROWS, DQ_COLS)).store(dq)
         fence_async_shared()
         _tma_reduce_add(dq_desc, [chunk, WG, 0, 0], staged)
     else:
-        staged.reshape([DQ_ROWS, DQ_COLS]).store(dq * scale)
+        staged.reshape([DQ_ROWS, DQ_COLS]).store(dq)
         fence_async_shared()
         if DQ_COLS == HEAD_DIM:  # split by rows
             _tma_reduce_add(dq_desc, [off_b, head_q, m_row + WG * DQ_ROWS, 0], staged)
@@ -196,7 +199,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
     returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked. `ring`:
     the shared memory, barriers and sizes every block reads (_compute_partition's)."""
-    (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k, scale,
+    (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
      qk_scale_log2) = ring
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
@@ -248,7 +251,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
         dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
         dk = warpgroup_mma(dst_op, q, dk, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
-        _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m * BLOCK_M, chunk, scale, WG, HEAD_DIM, DQ_FRAGMENTS)
+        _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m * BLOCK_M, chunk, WG, HEAD_DIM, DQ_FRAGMENTS)
     else:
         dk = warpgroup_mma(dst_op, q, dk, is_async=True)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
@@ -290,7 +293,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         m_full = gl.minimum(gl.maximum(m_full, m_first), num_m)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
-    ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k, scale,
+    ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
             qk_scale_log2)
     mbarrier.wait(kv_ready, 0)
     count = 0
@@ -333,7 +336,7 @@ def attn_bwd_dkdv_gluon_kernel(
     DQ_FRAGMENTS: gl.constexpr, COMPUTE_REGS: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv. With
-    DQ_ATOMIC, also dQ * scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller; dq_desc's
+    DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller; dq_desc's
     box is each warpgroup's share, (1, 1, BLOCK_M, D / 2) or (1, 1, BLOCK_M / 2, D)) by TMA reductions:
     FlashAttention-3's five products per block instead of seven, summed in an order that varies from run
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),

@@ -122,7 +122,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                               softcap, None if varlen is None else varlen[2:], dropout_p, tuple(needs), gluon,
                               dq_acc is None, fragments)
         if replay_recorded("backward", key, tensors, stream):
-            return _wanted(_gradients(dq, dk, dv, dq_acc, fragments), needs)
+            return _wanted(_gradients(dq, dk, dv, dq_acc, fragments, scale), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
     specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
@@ -132,17 +132,17 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
                                      dq_fragments=fragments))
         if "dq_fragments" in tensors:
-            specs.append(gluon_backward.dq_fragments_spec(dq, dq_acc))
+            specs.append(gluon_backward.dq_fragments_spec(dq, dq_acc, scale))
     run("backward", key, specs, ("gluon_dkdv" if gluon else "dkdv", "dq"))
-    return _wanted(_gradients(dq, dk, dv, dq_acc, fragments), needs)
+    return _wanted(_gradients(dq, dk, dv, dq_acc, fragments, scale), needs)
 
 
-def _gradients(dq, dk, dv, dq_acc, fragments: bool):
+def _gradients(dq, dk, dv, dq_acc, fragments: bool, scale: float):
     """(dq, dk, dv) once the launches have run: on the Gluon path with `dq_acc` (float32) its kernel added
-    dQ there, which dq then takes in its own dtype (in register order, with `fragments`, the plan's last
-    launch did)."""
+    dQ / scale there, which dq then takes in its own dtype, times `scale` (in register order, with
+    `fragments`, the plan's last launch did)."""
     if dq_acc is not None and not fragments:
-        dq.copy_(dq_acc)
+        torch.mul(dq_acc, scale, out=dq)
     return dq, dk, dv
 
 

@@ -116,15 +116,16 @@ def dq_accumulator(q: torch.Tensor, fragments: bool, block_m: int | None = None,
                        dtype=torch.float32)
 
 
-def dq_fragments_spec(dq: torch.Tensor, dq_acc: torch.Tensor) -> LaunchSpec:
+def dq_fragments_spec(dq: torch.Tensor, dq_acc: torch.Tensor, scale: float) -> LaunchSpec:
     """dq_from_fragments_kernel's launch, which writes dq (B, Hq, Nq, D) in its own dtype from dq_accumulator's
-    buffer in register order once the Gluon kernel has run: attention_backward records it with that kernel,
+    buffer in register order, times the softmax `scale`, once the Gluon kernel has run: attention_backward
+    records it with that kernel,
     so that a replayed backward puts dQ back in place without a launch through Triton. A share with all of
     D's columns is a split by rows."""
     chunks, _, rows, cols = dq_acc.shape
     batch, heads, seqlen_q, head_dim = dq.shape
     return LaunchSpec("dq_fragments", dq_from_fragments_kernel, lambda meta: (chunks * WARPGROUPS, ), (dq_acc, dq),
-                      (), (*dq.stride()[:3], heads, chunks // (batch * heads), seqlen_q),
+                      (), (*dq.stride()[:3], heads, chunks // (batch * heads), seqlen_q, scale),
                       dict(ROWS=rows, COLS=cols, WARPGROUPS=WARPGROUPS, SPLIT_ROWS=cols == head_dim))
 
 
@@ -136,8 +137,9 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
-    (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ * scale into it by TMA reductions (its
-    DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms). `stages`
+    (B, Hq, Nq, D) contiguous, zeros), the kernel also adds dQ / scale into it by TMA reductions (its
+    DQ_ATOMIC form, which attention_backward takes outside torch.use_deterministic_algorithms; the pass that
+    reads the buffer back multiplies by the scale: dq_fragments_spec, or attention_backward's copy). `stages`
     and `block_m` (the query rows per block, BLOCK_M[head dim] unless given) are there for A/B runs, and so
     is `dq_split_rows` (None: the library's, split_dq_by_rows): with 128-row blocks each compute warpgroup
     can take half of dQ's rows with all of D (wgmma at N = 64), or half of D's columns for all the rows
