@@ -7,8 +7,9 @@ shape. docs/performance.md, entry 59.
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE]
 
 The kernel alone also runs, `fp8_kernel` (V^T and the descale table made once, outside the timing), and
-with O's rescale skipped where the maxima held, `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py),
-with the rows' sums by the tensor cores, `fp8_kernel_sums` (sums_by_mma), and with both.
+with each of gluon_kernel_ab.FORWARD_OPTIONS: O's rescale skipped where the maxima held, `fp8_kernel_lazy`
+(lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the tensor cores, `fp8_kernel_sums`
+(sums_by_mma), O by TMA stores, `fp8_kernel_ostore` (o_by_tma), and all three, `fp8_kernel_all`.
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
 earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments; and at D = 64 this
 tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.
@@ -25,6 +26,7 @@ import ab_runs
 from flashtriton import flash_attention, flash_attention_fp8
 from flashtriton.launch import gluon_forward
 from flashtriton.reference import attention_ref
+from gluon_kernel_ab import FORWARD_OPTIONS, base_arguments, load_kernel
 
 ROUNDS = 5
 # (batch, heads, N, head dim, causal): the paper suite's 16k tokens per batch at D = 128, and D = 64
@@ -42,7 +44,6 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
     on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and `options`
     (lazy_rescale, sums_by_mma) as gluon_forward_launch takes them (None: its rule)."""
-    from gluon_kernel_ab import base_arguments
     batch, heads_kv = k8.shape[:2]
     vt = gluon_forward.fp8_values_operand(v8)
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv).contiguous()
@@ -74,8 +75,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
     }
     from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
     providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
-    for name, options in {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=True),
-                          "lazy_sums": dict(lazy_rescale=True, sums_by_mma=True)}.items():
+    for name, options in FORWARD_OPTIONS.items():
         providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, **options)
     if base is not None:
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales)
@@ -100,7 +100,6 @@ if __name__ == "__main__":
     parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
     parser.add_argument("--base", default=None, help="an earlier commit's kernels/gluon_forward.py")
     cli = parser.parse_args()
-    from gluon_kernel_ab import load_kernel
     earlier = None if cli.base is None else load_kernel(cli.base, "attn_fwd_gluon_kernel")
     for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
         print(json.dumps(race(*shape, base=earlier)), flush=True)

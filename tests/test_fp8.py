@@ -204,13 +204,13 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 130, 700), (1, 8, 2, 640, 640)])
-@pytest.mark.parametrize("options", [dict(lazy_rescale=True), dict(sums_by_mma=True),
-                                     dict(lazy_rescale=True, sums_by_mma=True)])
-def test_gluon_fp8_softmax_options_match_float64_reference(head_dim, is_causal, shape, options):
+@pytest.mark.parametrize("options", [dict(lazy_rescale=True), dict(sums_by_mma=True), dict(o_by_tma=True),
+                                     dict(lazy_rescale=True, sums_by_mma=True, o_by_tma=True)])
+def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, options):
     """The FP8 kernel with lazy_rescale (kernels/gluon_rescale.py: probabilities up to 256, within e4m3's
-    448) and sums_by_mma (the sums of the e4m3 P by the tensor cores), alone and together, on scores whose
-    row maxima grow across key blocks, some by more than the threshold: O and L within twice plain FP8
-    attention's errors, as test_gluon_fp8_matches_float64_reference."""
+    448), sums_by_mma (the sums of the e4m3 P by the tensor cores) and o_by_tma (the bf16 O by TMA stores),
+    alone and together, on scores whose row maxima grow across key blocks, some by more than the threshold:
+    O and L within twice plain FP8 attention's errors, as test_gluon_fp8_matches_float64_reference."""
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
     batch, heads_kv = shape[0], shape[2]
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)

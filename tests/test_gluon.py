@@ -40,17 +40,18 @@ def reports():
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
     warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts, with
-    lazy_rescale and with sums_by_mma, three warpgroups at D = 64 without a mask and two with one): matrix
+    lazy_rescale, with sums_by_mma and with o_by_tma, three warpgroups at D = 64 without a mask and two with
+    one): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
     stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
-    # head dims x masks x (forms + key counts + lazy rescale + sums by MMA), and D = 64's three warpgroups
-    # with each mask
-    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 3) + 2
+    # head dims x masks x (forms + key counts + the three options), and D = 64's three warpgroups with each
+    # mask
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 4) + 2
     assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts",
-                                                               "overlap-lazy", "overlap-sums"}
-    assert sum(r["config"].startswith("M64x3-") for r in reports) == 5
+                                                               "overlap-lazy", "overlap-sums", "overlap-ostore"}
+    assert sum(r["config"].startswith("M64x3-") for r in reports) == 6
     for r in reports:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
@@ -120,6 +121,27 @@ def test_lazy_rescale_branches_over_the_rescale(reports):
         assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
         assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
     assert not any(r["skippable_fmul"] for r in forward if not r["config"].endswith("-lazy"))
+
+
+def test_o_by_tma_stores_each_tile_in_one_copy(reports):
+    """With o_by_tma, each softmax warpgroup writes O through shared memory and one TMA store per tile (a
+    UTMASTG per warpgroup's code), a 64 x D staging tile per warpgroup in shared memory within 227 KB, no
+    spill beyond the same form's without it (but FP8 at D = 64, whose three warpgroups have 160 registers:
+    16 bytes more on Triton 3.6, bounded at 24), wgmma still asynchronous. bf16 and FP8 (a bf16 O), D 64 and
+    128, both masks."""
+    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
+    stored = [r for r in forward if r["config"].endswith("-ostore")]
+    assert len(stored) == 8
+    for r in stored:
+        warpgroups = int(r["config"].split("-")[0].split("x")[1])
+        twin = next(t for t in forward if t["config"] == r["config"].removesuffix("-ostore")
+                    and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"]))
+        assert r["tma_stores"] == warpgroups and twin["tma_stores"] == 0, (r, twin)
+        assert r["shared_bytes"] - twin["shared_bytes"] >= warpgroups * 64 * r["head_dim"] * 2, (r, twin)
+        assert r["shared_bytes"] <= 227 * 1024, r
+        extra = 24 if r["dtype"] == "float8_e4m3fn" and warpgroups == 3 else 0
+        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"] + extra, (r, twin)
+        assert not r["wgmma_serialized"], r
 
 
 def test_sums_by_mma_trade_adds_for_thin_products(reports):
@@ -429,8 +451,8 @@ def growing_scores(q, k):
     return q * (0.25 + rows / 4)[:, None].to(q.dtype), k * (1 + block)[:, None].to(k.dtype)
 
 
-SOFTMAX_OPTIONS = {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=True),
-                   "both": dict(lazy_rescale=True, sums_by_mma=True)}
+FORWARD_OPTIONS = {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=True), "ostore": dict(o_by_tma=True),
+                   "all": dict(lazy_rescale=True, sums_by_mma=True, o_by_tma=True)}
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -438,13 +460,15 @@ SOFTMAX_OPTIONS = {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=Tru
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(1, 513), (130, 700), (700, 130), (640, 640)])
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
-@pytest.mark.parametrize("options", list(SOFTMAX_OPTIONS))
-def test_softmax_options_match_float64_reference(head_dim, is_causal, seqlens, form, options):
-    """lazy_rescale (kernels/gluon_rescale.py) and sums_by_mma, alone and together, on scores whose maxima
-    grow across key blocks (growing_scores): rows that keep a stale max (probabilities up to 256), rows that
-    rescale, and warps with both; O and L against the float64 reference as test_matches_float64_reference,
-    O's memory NaN-filled before. sums_by_mma needs the overlapped loop (the in-turn form refuses it)."""
-    if form == "in-turn" and "sums_by_mma" in SOFTMAX_OPTIONS[options]:
+@pytest.mark.parametrize("options", list(FORWARD_OPTIONS))
+def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, form, options):
+    """lazy_rescale (kernels/gluon_rescale.py), sums_by_mma and o_by_tma, alone and together, on scores whose
+    maxima grow across key blocks (growing_scores): rows that keep a stale max (probabilities up to 256),
+    rows that rescale, and warps with both; O and L against the float64 reference as
+    test_matches_float64_reference, O's memory NaN-filled before (o_by_tma: TMA must drop the rows past Nq,
+    and before row 0 in a causal call's first tile). sums_by_mma needs the overlapped loop (the in-turn form
+    refuses it)."""
+    if form == "in-turn" and "sums_by_mma" in FORWARD_OPTIONS[options]:
         pytest.skip("sums_by_mma needs overlap (test_sums_by_mma_needs_overlap)")
     torch.manual_seed(sum(seqlens) + head_dim)
     q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
@@ -452,8 +476,23 @@ def test_softmax_options_match_float64_reference(head_dim, is_causal, seqlens, f
     scale = head_dim ** -0.5
     torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
     o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form],
-                                                   **SOFTMAX_OPTIONS[options])
+                                                   **FORWARD_OPTIONS[options])
     assert_matches_reference(q, k, v, is_causal, scale, o, lse)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_o_by_tma_in_flash_attn_layout(is_causal):
+    """o_by_tma with q, k, v in flash_attn's (B, N, H, D) layout (seen as (B, H, N, D)): O comes back in the
+    same layout, written through its descriptor's strides; a repeated call replays its launch with O's
+    descriptor rebuilt over the new O."""
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(2, 200, 4, 128, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    for _ in range(2):
+        torch.full((2, 200, 4, 128), float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
+        o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, 128 ** -0.5, o_by_tma=True)
+        assert o.stride() == q.stride()
+        assert_matches_reference(q, k, v, is_causal, 128 ** -0.5, o, lse)
 
 
 def test_sums_by_mma_needs_overlap():

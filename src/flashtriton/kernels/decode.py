@@ -221,7 +221,7 @@ def attn_decode_kernel(
 
     no_key = l_i == 0.0
     l_safe = tl.where(no_key, 1.0, l_i)
-    o = acc / l_safe[:, None]
+    o = acc * (1.0 / l_safe)[:, None]  # a division per row, not per value
     if V_DESCALE is not None:
         o = o * v_descale
     lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(l_safe))  # log2 units

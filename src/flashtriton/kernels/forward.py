@@ -218,13 +218,14 @@ def attn_fwd_kernel(
                                BLOCK_N, HEAD_DIM, BLOCK_D, EVEN_D, True, MASK_LEFT, MASK_RIGHT, INPUT_PRECISION,
                                USE_TMA, WARP_SPECIALIZE, SOFTCAP, ALIBI, DROPOUT, KEY_COUNTS)
 
-    # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0.
+    # Rows that saw no key (l = 0): O = 0 and L = -inf, not 0/0. One division per row, then a multiply per
+    # value: a division per value compiles to a multiply, a select and a subnormal rescale each.
     no_key = l_i == 0.0
     l_safe = tl.where(no_key, 1.0, l_i)
     if DROPOUT:  # kept probabilities are scaled by 1 / (1 - p); L is the full softmax's
-        o = (acc / (l_safe * (1.0 - dropout_p))[:, None]).to(O.dtype.element_ty)
+        o = (acc * (1.0 / (l_safe * (1.0 - dropout_p)))[:, None]).to(O.dtype.element_ty)
     else:
-        o = (acc / l_safe[:, None]).to(O.dtype.element_ty)
+        o = (acc * (1.0 / l_safe)[:, None]).to(O.dtype.element_ty)
     lse = tl.where(no_key, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
 
     if USE_TMA:  # the copy engine clips rows and columns past the edges

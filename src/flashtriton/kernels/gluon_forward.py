@@ -253,13 +253,13 @@ def _issue_pv(p_op, v_smem, stage, acc, sums, ones, FP8: gl.constexpr, SUMS_BY_M
 
 
 @gluon.jit
-def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, o_base,
-            lse_base, stride_om, rows0, seqlen_q, seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn,
-            WG: gl.constexpr, WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-            PINGPONG: gl.constexpr, FP8: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-            SUMS_BY_MMA: gl.constexpr):
+def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, rows0, seqlen_q,
+            seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
+            IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
+            SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
-    blocks, then O and L; returns the rings' fills and the turns taken so far. With OVERLAP, block j's
+    blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
+    saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
     Q K^T is issued with block j-1's P V, K's stage is released once Q K^T has run, and the softmax of
     block j is written before the wait for P V (FlashAttention-3's intra-warpgroup pipelining); ptxas
     puts that wait first, so here the softmax follows both products (module docstring). Without OVERLAP,
@@ -382,17 +382,37 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
         l_i = gl.convert_layout(gl.max(sums, 1), s_rows)
     no_key = l_i == 0.0
     l_safe = gl.where(no_key, 1.0, l_i)
+    # one division per row, then a multiply per value: dividing each value compiled to a multiply, a select
+    # and a rescale of subnormal quotients per value (docs/performance.md, entry 89)
     if FP8:
         o = acc * (v_descale / gl.convert_layout(l_safe, o_rows))[:, None]
     else:
-        o = acc / gl.convert_layout(l_safe, o_rows)[:, None]
-    rows_o = rows0 + gl.arange(0, BLOCK_M, layout=o_rows)
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(O.dtype.element_ty),
-             mask=(rows_o[:, None] >= 0) & (rows_o[:, None] < seqlen_q))
+        o = acc * (1.0 / gl.convert_layout(l_safe, o_rows))[:, None]
     lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
+    return o, lse, fills + n_blocks, turn
+
+
+@gluon.jit
+def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, off_b, off_h, rows0, seqlen_q):
+    """O's and L's 64 rows from `rows0` (rows outside 0..seqlen_q - 1 are not written). O by a TMA store
+    from `o_stage` (this warpgroup's shared-memory tile) when there is an `o_desc`, FlashAttention-3's
+    epilogue: the tile leaves as one bulk copy while the warpgroup goes on to the next, and TMA drops the
+    rows out of bounds, where the pointer stores take 16 bytes per row and instruction and a mask; else
+    through pointers (O like q, `stride_om` between rows). L through pointers."""
+    BLOCK_M: gl.constexpr = o.type.shape[0]
+    HEAD_DIM: gl.constexpr = o.type.shape[1]
+    if o_desc is not None:
+        tma.store_wait(pendings=0)  # the previous tile's O has left the staging tile
+        o_stage.reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_stage.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, rows0, 0], o_stage)
+    else:
+        rows_o = rows0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o.type.layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o.type.layout))
+        gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(O.dtype.element_ty),
+                 mask=(rows_o[:, None] >= 0) & (rows_o[:, None] < seqlen_q))
+    rows = rows0 + gl.arange(0, BLOCK_M, layout=lse.type.layout)
     gl.store(LSE + lse_base + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
-    return fills + n_blocks, turn
 
 
 @gluon.jit
@@ -403,7 +423,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
      stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
-     SEQUSED_K, ones_smem) = shared
+     SEQUSED_K, ones_smem, o_desc, o_smem) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -427,11 +447,16 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
                 tile_scale = qk_scale_log2 * gl.load(DESCALE + kv_head) * gl.load(DESCALE + kv_heads + kv_head)
                 v_descale = gl.load(DESCALE + 2 * kv_heads + kv_head)
             mbarrier.wait(q_ready, tiles_done & 1)
-            fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O,
-                                  LSE, o_base, bh.to(gl.int64) * seqlen_q, stride_om, first_row + WG * BLOCK_M,
-                                  seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn, WG, WARPGROUPS,
-                                  IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE, SUMS_BY_MMA)
+            rows0 = first_row + WG * BLOCK_M
+            o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
+                                          turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
+                                          WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
+                                          SUMS_BY_MMA)
+            _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
+                        off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
+    if o_desc is not None:
+        tma.store_wait(pendings=0)  # the last tile's O has left shared memory before the program ends
 
 
 @gluon.jit
@@ -439,8 +464,9 @@ def attn_fwd_gluon_kernel(
     # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv);
     # SEQUSED_K (B,) int32 or None; q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA
     # descriptors with a (1, 1, rows, D) box (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N)
-    # box). Tensors before descriptors, as launch/replay.py replays a recorded launch.
-    O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc,
+    # box); o_desc (or None) over O (B, Hq, Nq, D) with a (1, 1, 64, D) box: O leaves by TMA stores.
+    # Tensors before descriptors, as launch/replay.py replays a recorded launch.
+    O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc, o_desc,
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles, rounds,
     qk_scale_log2,
@@ -475,6 +501,9 @@ def attn_fwd_gluon_kernel(
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [WARPGROUPS, 1], mbarrier.MBarrierLayout())
     ones_smem = q_smem  # unused without SUMS_BY_MMA (a stand-in: Gluon's tuples cannot hold None)
+    o_smem = q_smem  # likewise without o_desc
+    if o_desc is not None:  # each softmax warpgroup's O on its way out by TMA
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
     if SUMS_BY_MMA:  # (8, BLOCK_N) ones, the B operand of the rows' sums (read transposed, keys contiguous)
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
@@ -499,7 +528,7 @@ def attn_fwd_gluon_kernel(
              num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
               stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-              qk_scale_log2, DESCALE, SEQUSED_K, ones_smem)
+              qk_scale_log2, DESCALE, SEQUSED_K, ones_smem, o_desc, o_smem)
     if SUMS_BY_MMA:
         gl.thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:

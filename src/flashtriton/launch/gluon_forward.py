@@ -49,6 +49,9 @@ LAZY_RESCALE = False
 # Each row's sum of P by the tensor cores, P times ones beside P V (the kernel's SUMS_BY_MMA): 50 fewer
 # instructions per key block and warp at D = 128 offline, for 8 thin products; off until raced (entry 87).
 SUMS_BY_MMA = False
+# O written by TMA stores from shared memory (FlashAttention-3's epilogue) instead of through pointers: the
+# epilogue's instructions per tile, which count at short lengths; off until raced (entry 89).
+O_BY_TMA = False
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -169,7 +172,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
                          seqused_k: torch.Tensor | None = None, lazy_rescale: bool = LAZY_RESCALE,
-                         sums_by_mma: bool = SUMS_BY_MMA) -> tuple:
+                         sums_by_mma: bool = SUMS_BY_MMA, o_by_tma: bool = O_BY_TMA) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -180,7 +183,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's).
     `lazy_rescale`: the kernel's LAZY_RESCALE (kernels/gluon_rescale.py); `sums_by_mma` its SUMS_BY_MMA
-    (with overlap only)."""
+    (with overlap only); `o_by_tma`: O through a TMA descriptor (its o_desc), which then sits among the
+    descriptors, after V's (else its None is among the scalars)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -190,11 +194,12 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     seqlen_k = k.shape[2]
     fp8 = q.dtype == torch.float8_e4m3fn
     persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
-    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}[q.dtype]
+    elements = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
     def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):
         box = [1, 1, rows, cols]
-        return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
+        layout = gl.NVMMASharedLayout.get_default_for(box, elements[x.dtype])
+        return TensorDescriptor.from_tensor(x, box, layout)
     if fp8 and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
                          "(fp8_forward_gluon prepares both)")
@@ -213,9 +218,10 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
     args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
             descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
-            o.stride(0), o.stride(1), o.stride(2), heads, heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks,
-            num_tiles, cdiv(num_tiles, programs), scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong,
-            softmax_registers, fp8, lazy_rescale, sums_by_mma)
+            descriptor(o, BLOCK_M) if o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
+            heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
+            scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8, lazy_rescale,
+            sums_by_mma)
     grid = (programs, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
@@ -224,12 +230,12 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES, warpgroups: int | None = None,
                             seqused_k: torch.Tensor | None = None,
-                            lazy_rescale: bool = LAZY_RESCALE,
-                            sums_by_mma: bool = SUMS_BY_MMA) -> tuple[torch.Tensor, torch.Tensor]:
+                            lazy_rescale: bool = LAZY_RESCALE, sums_by_mma: bool = SUMS_BY_MMA,
+                            o_by_tma: bool = O_BY_TMA) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
     on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's;
-    `lazy_rescale`, `sums_by_mma`: as gluon_forward_launch's. A call
+    `lazy_rescale`, `sums_by_mma`, `o_by_tma`: as gluon_forward_launch's. A call
     like an earlier one (equal plan key: replay.py) replays that call's launch instead of going through
     Triton's launch path and building its arguments again; what ran is last_choice("forward")."""
     from .forward import empty_in_order
@@ -238,23 +244,26 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    tensors = {"gluon_fwd": ((o, lse, None, seqused_k), (q, k, v))}
+    tensors = {"gluon_fwd": ((o, lse, None, seqused_k), (q, k, v, o) if o_by_tma else (q, k, v))}
     key = None
     if replay.replayable(q.device):
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, seqused_k), "gluon", is_causal, scale, overlap, pingpong, block_n,
-                              stages, warpgroups, lazy_rescale, sums_by_mma)
+                              stages, warpgroups, lazy_rescale, sums_by_mma, o_by_tma)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
     # (resolved here, so that the launch and the log name the same count)
     warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
                                                       stages, warpgroups, seqused_k=seqused_k,
-                                                      lazy_rescale=lazy_rescale, sums_by_mma=sums_by_mma)
-    tiles = ("gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages) + ("-lazy" if lazy_rescale else "")
-             + ("-sums" if sums_by_mma else ""))
-    run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:7], args[7:], {},
-                                    kwargs, tiles)], ("gluon_fwd", ))
+                                                      lazy_rescale=lazy_rescale, sums_by_mma=sums_by_mma,
+                                                      o_by_tma=o_by_tma)
+    flags = dict(lazy=lazy_rescale, sums=sums_by_mma, ostore=o_by_tma)
+    tiles = "-".join(["gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages),
+                      *(name for name, on in flags.items() if on)])
+    descriptors = 4 if o_by_tma else 3  # (without O's, its None stays among the scalars)
+    run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:4 + descriptors],
+                                    args[4 + descriptors:], {}, kwargs, tiles)], ("gluon_fwd", ))
     return o, lse
 
 
@@ -288,12 +297,12 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       descale: torch.Tensor, out_dtype: torch.dtype,
-                      lazy_rescale: bool = LAZY_RESCALE,
-                      sums_by_mma: bool = SUMS_BY_MMA) -> tuple[torch.Tensor, torch.Tensor]:
+                      lazy_rescale: bool = LAZY_RESCALE, sums_by_mma: bool = SUMS_BY_MMA,
+                      o_by_tma: bool = O_BY_TMA) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
     and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `lazy_rescale`,
-    `sums_by_mma`: as gluon_forward_launch's."""
+    `sums_by_mma`, `o_by_tma`: as gluon_forward_launch's."""
     from .forward import empty_in_order
 
     vt = fp8_values_operand(v)
@@ -303,6 +312,6 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
                                                       descale=descale, lazy_rescale=lazy_rescale,
-                                                      sums_by_mma=sums_by_mma)
+                                                      sums_by_mma=sums_by_mma, o_by_tma=o_by_tma)
     kernel[grid](*args, **kwargs)
     return o, lse

@@ -122,6 +122,8 @@ class KernelReport:
     # FMULs that a predicated forward branch jumps over (--json only): the Gluon forward's O rescale behind
     # its warp's vote (kernels/gluon_rescale.py).
     skippable_fmul: int = 0
+    # TMA stores (UTMASTG) in the SASS (--json only): the Gluon forward's O with o_by_tma.
+    tma_stores: int = 0
 
 
 def _cuobjdump(cubin: bytes, option: str) -> str:
@@ -176,7 +178,8 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
-                        _shared_stores(sass), sass.count(";"), _skippable_fmuls(sass))
+                        _shared_stores(sass), sass.count(";"), _skippable_fmuls(sass),
+                        len(re.findall(r"\bUTMASTG\b", sass)))
 
 
 def _skippable_fmuls(sass: str) -> int:
@@ -308,7 +311,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
     would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
     D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs); and the
-    library's form with key counts (seqused_k), and with each of _GLUON_SOFTMAX_FLAGS. For float8_e4m3fn,
+    library's form with key counts (seqused_k), and with each of _GLUON_OPTIONS. For float8_e4m3fn,
     the FP8 forward as fp8_forward_gluon launches it, and with each of those flags."""
     from ..launch import gluon_forward
 
@@ -320,7 +323,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                                                                         overlap=True, descale=torch.ones(3, 1, 2))
         warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1]
         reports = []
-        for form, flags in _GLUON_SOFTMAX_FLAGS.items():
+        for form, flags in _GLUON_OPTIONS.items():
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
                 q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2), **flags)
             reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
@@ -344,8 +347,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
                            causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
                                                  "overlap-key-counts")))
-    # the library's form with each softmax option not yet on by default
-    for form, flags in _GLUON_SOFTMAX_FLAGS.items():
+    # the library's form with each option not yet on by default
+    for form, flags in _GLUON_OPTIONS.items():
         if flags:
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
                 q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], **flags)
@@ -355,9 +358,10 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     return reports
 
 
-# The Gluon forward's softmax options as inspect_gluon compiles them, by the suffix of the form's name: O's
-# rescale skipped where the maxima held (kernels/gluon_rescale.py), the rows' sums by the tensor cores.
-_GLUON_SOFTMAX_FLAGS = {"": {}, "-lazy": dict(lazy_rescale=True), "-sums": dict(sums_by_mma=True)}
+# The Gluon forward's options as inspect_gluon compiles them, by the suffix of the form's name: O's rescale
+# skipped where the maxima held (kernels/gluon_rescale.py), the rows' sums by the tensor cores, O by TMA.
+_GLUON_OPTIONS = {"": {}, "-lazy": dict(lazy_rescale=True), "-sums": dict(sums_by_mma=True),
+                  "-ostore": dict(o_by_tma=True)}
 
 
 def _gluon_config(warpgroups: int, form: str) -> str:
