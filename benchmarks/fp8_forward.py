@@ -40,10 +40,10 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
 
 
 def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None,
-                  **options) -> callable:
+                  options: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
     on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and `options`
-    (lazy_rescale, sums_by_mma) as gluon_forward_launch takes them (None: its rule)."""
+    (ForwardOptions) as gluon_forward_launch takes them (warpgroups None: its rule)."""
     batch, heads_kv = k8.shape[:2]
     vt = gluon_forward.fp8_values_operand(v8)
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv).contiguous()
@@ -51,7 +51,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     lse = torch.empty(q8.shape[:3], device=q8.device)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5,
                                                                     overlap=True, descale=descale,
-                                                                    warpgroups=warpgroups, **options)
+                                                                    warpgroups=warpgroups, options=options)
     args = base_arguments(kernel_fn, kernel, args)
 
     def run():
@@ -76,7 +76,8 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
     from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
     providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
     for name, options in FORWARD_OPTIONS.items():
-        providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, **options)
+        providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
+                                                        options=options)
     if base is not None:
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales)
         if head_dim == 64:  # two softmax warpgroups: 240 registers each, where three spill P (entry 85)

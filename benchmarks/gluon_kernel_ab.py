@@ -14,10 +14,10 @@ with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
-the current one also with each of FORWARD_OPTIONS: O's rescale skipped where the maxima held
-(`current_lazy`: lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the tensor cores
-(`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), and all three; the Triton
-forward and cuDNN's; `--pingpong` adds both kernels' ping-pong
+the current one also with each of FORWARD_OPTIONS (launch/gluon_forward.ForwardOptions): O's rescale
+skipped where the maxima held (`current_lazy`: lazy_rescale, kernels/gluon_rescale.py), the rows' sums by
+the tensor cores (`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), and all
+three; the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong
 form. Interleaved rounds of `do_bench`, medians; one JSON line per shape, with each provider's largest
 error against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69-73 and 86-89.
 """
@@ -67,8 +67,10 @@ def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
 
 # The Gluon forward's options not yet on by default (launch/gluon_forward.py), each raced on its own and all
 # together (docs/performance.md, entries 86, 87 and 89).
-FORWARD_OPTIONS = {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=True), "ostore": dict(o_by_tma=True),
-                   "all": dict(lazy_rescale=True, sums_by_mma=True, o_by_tma=True)}
+FORWARD_OPTIONS = {"lazy": gluon_forward.ForwardOptions(lazy_rescale=True),
+                   "sums": gluon_forward.ForwardOptions(sums_by_mma=True),
+                   "ostore": gluon_forward.ForwardOptions(o_by_tma=True),
+                   "all": gluon_forward.ForwardOptions(True, True, True)}
 
 
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,
@@ -77,8 +79,8 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = head_dim ** -0.5
 
-    def form(turns: bool, **options):
-        return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns, **options)
+    def form(turns: bool, options: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS):
+        return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns, options=options)
 
     def base_form(turns: bool):
         def run():
@@ -88,10 +90,10 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
             return o, lse
         return run
     providers = {"base": base_form(False), "current": form(False)}
-    providers.update({f"current_{name}": form(False, **options) for name, options in FORWARD_OPTIONS.items()})
+    providers.update({f"current_{name}": form(False, options) for name, options in FORWARD_OPTIONS.items()})
     if pingpong:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True),
-                         current_pingpong_all=form(True, **FORWARD_OPTIONS["all"]))
+                         current_pingpong_all=form(True, FORWARD_OPTIONS["all"]))
     providers.update(triton=ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, "triton",
                                             lambda: attention_forward(q, k, v, causal, scale)))
     providers = {name: fn for name, fn in providers.items() if name not in skip}

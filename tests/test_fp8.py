@@ -204,8 +204,11 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 130, 700), (1, 8, 2, 640, 640)])
-@pytest.mark.parametrize("options", [dict(lazy_rescale=True), dict(sums_by_mma=True), dict(o_by_tma=True),
-                                     dict(lazy_rescale=True, sums_by_mma=True, o_by_tma=True)])
+@pytest.mark.parametrize("options", [gluon_forward.ForwardOptions(lazy_rescale=True),
+                                     gluon_forward.ForwardOptions(sums_by_mma=True),
+                                     gluon_forward.ForwardOptions(o_by_tma=True),
+                                     gluon_forward.ForwardOptions(True, True, True)],
+                         ids=["lazy", "sums", "ostore", "all"])
 def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, options):
     """The FP8 kernel with lazy_rescale (kernels/gluon_rescale.py: probabilities up to 256, within e4m3's
     448), sums_by_mma (the sums of the e4m3 P by the tensor cores) and o_by_tma (the bf16 O by TMA stores),
@@ -216,7 +219,7 @@ def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, o
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)
     scale = head_dim ** -0.5
     o, lse = gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale.contiguous(), torch.bfloat16,
-                                             **options)
+                                             options)
     low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
     checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks

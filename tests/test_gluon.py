@@ -451,8 +451,10 @@ def growing_scores(q, k):
     return q * (0.25 + rows / 4)[:, None].to(q.dtype), k * (1 + block)[:, None].to(k.dtype)
 
 
-FORWARD_OPTIONS = {"lazy": dict(lazy_rescale=True), "sums": dict(sums_by_mma=True), "ostore": dict(o_by_tma=True),
-                   "all": dict(lazy_rescale=True, sums_by_mma=True, o_by_tma=True)}
+FORWARD_OPTIONS = {"lazy": gluon_forward.ForwardOptions(lazy_rescale=True),
+                   "sums": gluon_forward.ForwardOptions(sums_by_mma=True),
+                   "ostore": gluon_forward.ForwardOptions(o_by_tma=True),
+                   "all": gluon_forward.ForwardOptions(True, True, True)}
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -468,7 +470,7 @@ def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, f
     test_matches_float64_reference, O's memory NaN-filled before (o_by_tma: TMA must drop the rows past Nq,
     and before row 0 in a causal call's first tile). sums_by_mma needs the overlapped loop (the in-turn form
     refuses it)."""
-    if form == "in-turn" and "sums_by_mma" in FORWARD_OPTIONS[options]:
+    if form == "in-turn" and FORWARD_OPTIONS[options].sums_by_mma:
         pytest.skip("sums_by_mma needs overlap (test_sums_by_mma_needs_overlap)")
     torch.manual_seed(sum(seqlens) + head_dim)
     q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
@@ -476,7 +478,7 @@ def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, f
     scale = head_dim ** -0.5
     torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
     o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form],
-                                                   **FORWARD_OPTIONS[options])
+                                                   options=FORWARD_OPTIONS[options])
     assert_matches_reference(q, k, v, is_causal, scale, o, lse)
 
 
@@ -490,7 +492,8 @@ def test_o_by_tma_in_flash_attn_layout(is_causal):
     q, k, v = (torch.randn(2, 200, 4, 128, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
     for _ in range(2):
         torch.full((2, 200, 4, 128), float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
-        o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, 128 ** -0.5, o_by_tma=True)
+        o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, 128 ** -0.5,
+                                                       options=FORWARD_OPTIONS["ostore"])
         assert o.stride() == q.stride()
         assert_matches_reference(q, k, v, is_causal, 128 ** -0.5, o, lse)
 
@@ -499,7 +502,8 @@ def test_sums_by_mma_needs_overlap():
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
     with pytest.raises(ValueError, match="sums_by_mma=True needs overlap=True"):
-        gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, overlap=False, sums_by_mma=True)
+        gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, overlap=False,
+                                           options=FORWARD_OPTIONS["sums"])
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

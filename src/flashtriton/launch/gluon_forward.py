@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -43,15 +44,27 @@ _DTYPES = (torch.bfloat16, torch.float16)
 # issued with block j-1's P V (the softmax written between their waits, which ptxas runs first: the
 # kernel's module docstring); and that with the warpgroups taking turns on the tensor cores.
 FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True, True)}
-# O rescaled only where a row's max grew by more than 2^8 (kernels/gluon_rescale.py): 51 fewer instructions
-# per key block and warp at D = 128 offline; off until raced on the H200 (docs/performance.md, entry 86).
-LAZY_RESCALE = False
-# Each row's sum of P by the tensor cores, P times ones beside P V (the kernel's SUMS_BY_MMA): 50 fewer
-# instructions per key block and warp at D = 128 offline, for 8 thin products; off until raced (entry 87).
-SUMS_BY_MMA = False
-# O written by TMA stores from shared memory (FlashAttention-3's epilogue) instead of through pointers: the
-# epilogue's instructions per tile, which count at short lengths; off until raced (entry 89).
-O_BY_TMA = False
+
+
+class ForwardOptions(NamedTuple):
+    """Changes to the Gluon forward that are flags of the same kernel, each off until raced on the H200."""
+    # O rescaled only where a row's max grew by more than 2^8 (the kernel's LAZY_RESCALE,
+    # kernels/gluon_rescale.py): 51 fewer instructions per key block and warp at D = 128 offline (entry 86)
+    lazy_rescale: bool = False
+    # each row's sum of P by the tensor cores, P times ones beside P V (SUMS_BY_MMA; overlapped loop only):
+    # 50 fewer instructions per key block and warp at D = 128 offline, for 8 thin products (entry 87)
+    sums_by_mma: bool = False
+    # O written by TMA stores from shared memory, FlashAttention-3's epilogue (the kernel's o_desc), instead
+    # of through pointers: the epilogue's instructions per tile, which count at short lengths (entry 89)
+    o_by_tma: bool = False
+
+    def suffix(self) -> str:
+        """For logs: e.g. "-lazy-ostore", "" when all are off."""
+        names = ("lazy", "sums", "ostore")
+        return "".join(f"-{name}" for name, on in zip(names, self, strict=True) if on)
+
+
+DEFAULT_OPTIONS = ForwardOptions()
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -171,8 +184,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
-                         seqused_k: torch.Tensor | None = None, lazy_rescale: bool = LAZY_RESCALE,
-                         sums_by_mma: bool = SUMS_BY_MMA, o_by_tma: bool = O_BY_TMA) -> tuple:
+                         seqused_k: torch.Tensor | None = None,
+                         options: ForwardOptions = DEFAULT_OPTIONS) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -182,9 +195,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's).
-    `lazy_rescale`: the kernel's LAZY_RESCALE (kernels/gluon_rescale.py); `sums_by_mma` its SUMS_BY_MMA
-    (with overlap only); `o_by_tma`: O through a TMA descriptor (its o_desc), which then sits among the
-    descriptors, after V's (else its None is among the scalars)."""
+    `options`: ForwardOptions (with o_by_tma, O's descriptor sits among the descriptors, after V's; else
+    its None is among the scalars)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -203,7 +215,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     if fp8 and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
                          "(fp8_forward_gluon prepares both)")
-    if sums_by_mma and not overlap:
+    if options.sums_by_mma and not overlap:
         raise ValueError("sums_by_mma=True needs overlap=True: the sums are taken beside the overlapped loop's "
                          "P V")
     if pingpong and not overlap:
@@ -218,10 +230,10 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
     args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
             descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
-            descriptor(o, BLOCK_M) if o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
+            descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
-            scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8, lazy_rescale,
-            sums_by_mma)
+            scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
+            options.lazy_rescale, options.sums_by_mma)
     grid = (programs, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 
@@ -230,12 +242,11 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES, warpgroups: int | None = None,
                             seqused_k: torch.Tensor | None = None,
-                            lazy_rescale: bool = LAZY_RESCALE, sums_by_mma: bool = SUMS_BY_MMA,
-                            o_by_tma: bool = O_BY_TMA) -> tuple[torch.Tensor, torch.Tensor]:
+                            options: ForwardOptions = DEFAULT_OPTIONS) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
     on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's;
-    `lazy_rescale`, `sums_by_mma`, `o_by_tma`: as gluon_forward_launch's. A call
+    `options`: as gluon_forward_launch's. A call
     like an earlier one (equal plan key: replay.py) replays that call's launch instead of going through
     Triton's launch path and building its arguments again; what ran is last_choice("forward")."""
     from .forward import empty_in_order
@@ -244,24 +255,20 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    tensors = {"gluon_fwd": ((o, lse, None, seqused_k), (q, k, v, o) if o_by_tma else (q, k, v))}
+    tensors = {"gluon_fwd": ((o, lse, None, seqused_k), (q, k, v, o) if options.o_by_tma else (q, k, v))}
     key = None
     if replay.replayable(q.device):
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, seqused_k), "gluon", is_causal, scale, overlap, pingpong, block_n,
-                              stages, warpgroups, lazy_rescale, sums_by_mma, o_by_tma)
+                              stages, warpgroups, options)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
     # (resolved here, so that the launch and the log name the same count)
     warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
-                                                      stages, warpgroups, seqused_k=seqused_k,
-                                                      lazy_rescale=lazy_rescale, sums_by_mma=sums_by_mma,
-                                                      o_by_tma=o_by_tma)
-    flags = dict(lazy=lazy_rescale, sums=sums_by_mma, ostore=o_by_tma)
-    tiles = "-".join(["gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages),
-                      *(name for name, on in flags.items() if on)])
-    descriptors = 4 if o_by_tma else 3  # (without O's, its None stays among the scalars)
+                                                      stages, warpgroups, seqused_k=seqused_k, options=options)
+    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages) + options.suffix()
+    descriptors = 4 if options.o_by_tma else 3  # (without O's, its None stays among the scalars)
     run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:4 + descriptors],
                                     args[4 + descriptors:], {}, kwargs, tiles)], ("gluon_fwd", ))
     return o, lse
@@ -297,12 +304,11 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       descale: torch.Tensor, out_dtype: torch.dtype,
-                      lazy_rescale: bool = LAZY_RESCALE, sums_by_mma: bool = SUMS_BY_MMA,
-                      o_by_tma: bool = O_BY_TMA) -> tuple[torch.Tensor, torch.Tensor]:
+                      options: ForwardOptions = DEFAULT_OPTIONS) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
-    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `lazy_rescale`,
-    `sums_by_mma`, `o_by_tma`: as gluon_forward_launch's."""
+    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `options`: as
+    gluon_forward_launch's."""
     from .forward import empty_in_order
 
     vt = fp8_values_operand(v)
@@ -311,7 +317,6 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     if o.numel() == 0:
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
-                                                      descale=descale, lazy_rescale=lazy_rescale,
-                                                      sums_by_mma=sums_by_mma, o_by_tma=o_by_tma)
+                                                      descale=descale, options=options)
     kernel[grid](*args, **kwargs)
     return o, lse

@@ -311,7 +311,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
     would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
     D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs); and the
-    library's form with key counts (seqused_k), and with each of _GLUON_OPTIONS. For float8_e4m3fn,
+    library's form with key counts (seqused_k), and with each of _gluon_options(). For float8_e4m3fn,
     the FP8 forward as fp8_forward_gluon launches it, and with each of those flags."""
     from ..launch import gluon_forward
 
@@ -323,11 +323,11 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                                                                         overlap=True, descale=torch.ones(3, 1, 2))
         warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1]
         reports = []
-        for form, flags in _GLUON_OPTIONS.items():
+        for options in _gluon_options():
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
-                q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2), **flags)
+                q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2), options=options)
             reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
-                                   dtype, causal, _gluon_config(warpgroups, "overlap-fp8" + form)))
+                                   dtype, causal, _gluon_config(warpgroups, "overlap-fp8" + options.suffix())))
         return reports
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
@@ -348,20 +348,22 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                            causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
                                                  "overlap-key-counts")))
     # the library's form with each option not yet on by default
-    for form, flags in _GLUON_OPTIONS.items():
-        if flags:
-            kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
-                q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], **flags)
-            reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
-                                   dtype, causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
-                                                                "overlap" + form)))
+    for options in _gluon_options()[1:]:
+        kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
+            q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], options=options)
+        reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
+                               dtype, causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
+                                                            "overlap" + options.suffix())))
     return reports
 
 
-# The Gluon forward's options as inspect_gluon compiles them, by the suffix of the form's name: O's rescale
-# skipped where the maxima held (kernels/gluon_rescale.py), the rows' sums by the tensor cores, O by TMA.
-_GLUON_OPTIONS = {"": {}, "-lazy": dict(lazy_rescale=True), "-sums": dict(sums_by_mma=True),
-                  "-ostore": dict(o_by_tma=True)}
+# The Gluon forward's options as inspect_gluon compiles them (none, then each alone), named in the reports by
+# ForwardOptions.suffix: O's rescale skipped where the maxima held, the rows' sums by the tensor cores, O by TMA.
+def _gluon_options():
+    from ..launch.gluon_forward import ForwardOptions
+
+    return [ForwardOptions(), ForwardOptions(lazy_rescale=True), ForwardOptions(sums_by_mma=True),
+            ForwardOptions(o_by_tma=True)]
 
 
 def _gluon_config(warpgroups: int, form: str) -> str:
