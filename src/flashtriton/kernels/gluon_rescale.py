@@ -31,7 +31,9 @@ def _skippable_multiplies(pack: int) -> str:
 
 
 _MULTIPLY = gl.constexpr(_skippable_multiplies(PACK))
-_MULTIPLY_CONSTRAINTS = gl.constexpr(",".join(["=f"] * PACK + ["f"] * (2 * PACK) + ["r"] * PACK))
+# early-clobbered outputs ("=&f"): the statement writes them before it has read every input, so no output may
+# share an input's register (ptxas still gives each output its own input's register: the SASS is the same)
+_MULTIPLY_CONSTRAINTS = gl.constexpr(",".join(["=&f"] * PACK + ["f"] * (2 * PACK) + ["r"] * PACK))
 _PACK = gl.constexpr(PACK)
 # Over a thread's two rows of wgmma's accumulator layout (rows r and r + 8 of its warp's 16): 1 in every
 # thread of the warp if any of its rows has a factor other than 1.
