@@ -103,24 +103,31 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
             assert r["instructions"] <= 4000, r
 
 
+def option_forms(reports, suffix):
+    """The forward reports of one ForwardOptions form (config ending in `suffix`: bf16 and FP8, D 64 and 128,
+    both masks), each as (report, its softmax warpgroups, the report of the same form without the option)."""
+    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
+    forms = [r for r in forward if r["config"].endswith(suffix)]
+    assert sorted((r["dtype"], r["head_dim"], r["causal"]) for r in forms) == sorted(
+        (dtype, head_dim, causal) for dtype in ("bfloat16", "float8_e4m3fn") for head_dim in (64, 128)
+        for causal in (False, True))
+    return [(r, int(r["config"].split("-")[0].split("x")[1]),
+             next(t for t in forward if t["config"] == r["config"].removesuffix(suffix)
+                  and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"])))
+            for r in forms]
+
+
 def test_lazy_rescale_branches_over_the_rescale(reports):
     """With lazy_rescale (kernels/gluon_rescale.py), each softmax warpgroup's overlapped loop multiplies O by
     its rows' factors behind a branch, D / 2 FMULs per thread (a warpgroup's code is its own, so the kernel
     has WARPGROUPS such runs), which no other form has; and nothing else gets worse: no spill beyond the
     same form's without it, wgmma still asynchronous. bf16 and FP8, D 64 and 128, both masks."""
-    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
-    lazy = [r for r in forward if r["config"].endswith("-lazy")]
-    assert sorted((r["dtype"], r["head_dim"], r["causal"]) for r in lazy) == sorted(
-        (dtype, head_dim, causal) for dtype in ("bfloat16", "float8_e4m3fn") for head_dim in (64, 128)
-        for causal in (False, True))
-    for r in lazy:
-        warpgroups = int(r["config"].split("-")[0].split("x")[1])
+    for r, warpgroups, twin in option_forms(reports, "-lazy"):
         assert r["skippable_fmul"] == warpgroups * r["head_dim"] // 2, r
-        twin = next(t for t in forward if t["config"] == r["config"].removesuffix("-lazy")
-                    and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"]))
         assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
         assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
-    assert not any(r["skippable_fmul"] for r in forward if not r["config"].endswith("-lazy"))
+    assert not any(r["skippable_fmul"] for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"
+                   and not r["config"].endswith("-lazy"))
 
 
 def test_o_by_tma_stores_each_tile_in_one_copy(reports):
@@ -129,13 +136,7 @@ def test_o_by_tma_stores_each_tile_in_one_copy(reports):
     spill beyond the same form's without it (but FP8 at D = 64, whose three warpgroups have 160 registers:
     16 bytes more on Triton 3.6, bounded at 24), wgmma still asynchronous. bf16 and FP8 (a bf16 O), D 64 and
     128, both masks."""
-    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
-    stored = [r for r in forward if r["config"].endswith("-ostore")]
-    assert len(stored) == 8
-    for r in stored:
-        warpgroups = int(r["config"].split("-")[0].split("x")[1])
-        twin = next(t for t in forward if t["config"] == r["config"].removesuffix("-ostore")
-                    and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"]))
+    for r, warpgroups, twin in option_forms(reports, "-ostore"):
         assert r["tma_stores"] == warpgroups and twin["tma_stores"] == 0, (r, twin)
         assert r["shared_bytes"] - twin["shared_bytes"] >= warpgroups * 64 * r["head_dim"] * 2, (r, twin)
         assert r["shared_bytes"] <= 227 * 1024, r
@@ -150,13 +151,7 @@ def test_sums_by_mma_trade_adds_for_thin_products(reports):
     (BLOCK_N / 32 in FP8), at least 100 fewer SASS instructions than the same form without it (the adds and
     the sums' quad shuffles; 144-416 on Triton 3.6), no spill beyond that form's, wgmma still
     asynchronous, 2 KB of ones (1 KB in FP8) in shared memory. bf16 and FP8, D 64 and 128, both masks."""
-    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
-    sums = [r for r in forward if r["config"].endswith("-sums")]
-    assert len(sums) == 8
-    for r in sums:
-        warpgroups = int(r["config"].split("-")[0].split("x")[1])
-        twin = next(t for t in forward if t["config"] == r["config"].removesuffix("-sums")
-                    and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"]))
+    for r, warpgroups, twin in option_forms(reports, "-sums"):
         fp8 = r["dtype"] == "float8_e4m3fn"
         assert r["hgmma"] - twin["hgmma"] == warpgroups * 2 * (gluon_forward.BLOCK_N // (32 if fp8 else 16)), (r, twin)
         assert r["instructions"] <= twin["instructions"] - 100, (r, twin)

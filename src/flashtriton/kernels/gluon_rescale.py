@@ -20,20 +20,21 @@ PACK = 16  # O's values per inline-asm statement: one branch each (a thread hold
 
 def _skippable_multiplies(pack: int) -> str:
     """PTX for `pack` values: outputs $0.., O's values, each row's factor, then the warp's vote; the
-    outputs are O's values unchanged when the vote is 0 (the moves cost nothing: ptxas gives each output
-    its input's register)."""
-    lines = ["{", ".reg .pred %skip;"]
-    lines += [f"mov.b32 ${i}, ${pack + i};" for i in range(pack)]
-    lines += [f"setp.eq.s32 %skip, ${3 * pack}, 0;", "@%skip bra.uni SKIP;"]
-    lines += [f"mul.f32 ${i}, ${pack + i}, ${2 * pack + i};" for i in range(pack)]
-    lines += ["SKIP:", "}"]
+    outputs are O's values unchanged when the vote is 0. Every input is read (into temporaries) before any
+    output is written, so outputs may share inputs' registers; ptxas gives each output its own input's
+    register, and the moves cost nothing."""
+    lines = ["{", ".reg .pred %skip;", f".reg .f32 %t<{pack}>;", f"setp.eq.s32 %skip, ${3 * pack}, 0;"]
+    lines += [f"mov.f32 %t{i}, ${pack + i};" for i in range(pack)]
+    lines += ["@%skip bra.uni SKIP;"]
+    lines += [f"mul.f32 %t{i}, %t{i}, ${2 * pack + i};" for i in range(pack)]
+    lines += ["SKIP:"]
+    lines += [f"mov.f32 ${i}, %t{i};" for i in range(pack)]
+    lines += ["}"]
     return "\n".join(lines)
 
 
 _MULTIPLY = gl.constexpr(_skippable_multiplies(PACK))
-# early-clobbered outputs ("=&f"): the statement writes them before it has read every input, so no output may
-# share an input's register (ptxas still gives each output its own input's register: the SASS is the same)
-_MULTIPLY_CONSTRAINTS = gl.constexpr(",".join(["=&f"] * PACK + ["f"] * (2 * PACK) + ["r"] * PACK))
+_MULTIPLY_CONSTRAINTS = gl.constexpr(",".join(["=f"] * PACK + ["f"] * (2 * PACK) + ["r"] * PACK))
 _PACK = gl.constexpr(PACK)
 # Over a thread's two rows of wgmma's accumulator layout (rows r and r + 8 of its warp's 16): 1 in every
 # thread of the warp if any of its rows has a factor other than 1.
