@@ -1,0 +1,110 @@
+"""The Gluon kernels' steady loops counted in their SASS, offline (no GPU): instructions per key block and warp
+of the forward's overlapped loop (the first softmax warpgroup's), and per query block of the backward's
+loops, with the opcodes that fill them. Each kernel is compiled for sm_90 as the launcher runs it (B1 H2
+N4096). A loop is the code from a backward branch's target to that branch; the forward's is the one that
+holds the first wait for a block's scores. "fast" is the loop with the predicated branches taken that jump
+over runs of FMULs only (O's rescale behind its warp's vote, kernels/gluon_rescale.py): the path a block
+takes when no row's max grew by much. How docs/performance.md entries 85-89 count.
+
+    PYTHONPATH=src python benchmarks/sass_loops.py fwd [--dtype bf16|fp8] [--head-dim 128] [--causal]
+        [--options lazy,sums,ostore] [--kernel FILE]
+    PYTHONPATH=src python benchmarks/sass_loops.py bwd [--head-dim 64] [--causal]
+"""
+
+import argparse
+import collections
+import re
+
+import torch
+
+from flashtriton.launch import gluon_backward, gluon_forward
+from flashtriton.launch.backward import statistics_buffer
+from flashtriton.tools.inspect import offline_sass
+from gluon_kernel_ab import base_arguments, load_kernel
+
+OPTIONS = {"lazy": "lazy_rescale", "sums": "sums_by_mma", "ostore": "o_by_tma"}
+
+
+def _target(line: str) -> int | None:
+    """A branch's target as a line number: cuobjdump lists a kernel's instructions 16 bytes apart from 0."""
+    match = re.search(r"\bBRA(?:\.U)? (0x[0-9a-f]+)", line)
+    return int(match.group(1), 16) // 16 if match else None
+
+
+def loops(sass: str) -> list[tuple[int, int]]:
+    """(first, last) line of each loop: a backward branch's target to the branch."""
+    lines = sass.splitlines()
+    return [(_target(line), i) for i, line in enumerate(lines)
+            if _target(line) is not None and _target(line) < i]
+
+
+def describe(lines: list[str], first: int, last: int, top: int = 14) -> str:
+    """A loop's length, its length with the branches over FMUL-only runs taken, and its commonest opcodes."""
+    body = lines[first:last + 1]
+    skipped = 0
+    for i in range(first, last + 1):
+        target = _target(lines[i])
+        run = lines[i + 1:target] if target is not None and lines[i].startswith("@") and target > i + 1 else []
+        if run and all(line.startswith("FMUL") for line in run):
+            skipped += len(run)
+    ops = collections.Counter((line.split()[1] if line.startswith("@") else line.split()[0]).split(".")[0]
+                              for line in body)
+    mix = ", ".join(f"{op} {count}" for op, count in ops.most_common(top))
+    return f"{len(body)} instructions, fast {len(body) - skipped}: {mix}"
+
+
+def forward(args) -> None:
+    fp8 = args.dtype == "fp8"
+    options = gluon_forward.ForwardOptions(**{OPTIONS[name]: True for name in filter(None, args.options.split(","))})
+    if fp8:
+        q = torch.randn(1, 2, 4096, args.head_dim).to(torch.float8_e4m3fn)
+        v = torch.randn(1, 2, args.head_dim, 4096).to(torch.float8_e4m3fn)  # V^T, as fp8_values_operand makes it
+        o = torch.empty(q.shape, dtype=torch.bfloat16)
+    else:
+        q = v = torch.randn(1, 2, 4096, args.head_dim, dtype=torch.bfloat16)
+        o = torch.empty_like(q)
+    kernel, grid, launch_args, kwargs = gluon_forward.gluon_forward_launch(
+        q, q, v, o, torch.empty(1, 2, 4096), args.causal, args.head_dim ** -0.5, overlap=True,
+        descale=torch.ones(3, 1, 2) if fp8 else None, options=options)
+    if args.kernel:
+        earlier = load_kernel(args.kernel, "attn_fwd_gluon_kernel")
+        kernel, launch_args = earlier, base_arguments(earlier, kernel, launch_args)
+    sass = offline_sass(kernel, grid, launch_args, kwargs)
+    lines = sass.splitlines()
+    wait = next(i for i, line in enumerate(lines) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[12]\b", line))
+    first, last = min(((f, t) for f, t in loops(sass) if f <= wait <= t), key=lambda loop: loop[1] - loop[0])
+    print(f"kernel: {len(lines)} instructions; the overlapped loop: {describe(lines, first, last)}")
+
+
+def backward(args) -> None:
+    q = torch.randn(1, 2, 4096, args.head_dim, dtype=torch.bfloat16)
+    lse2, delta = statistics_buffer(torch.empty(1, 2, 4096))
+    split_rows = gluon_backward.split_dq_by_rows(args.head_dim)
+    dq_acc = gluon_backward.dq_accumulator(q, gluon_backward.DQ_FRAGMENTS, split_rows=split_rows)
+    kernel, grid, launch_args, kwargs = gluon_backward.gluon_dkdv_launch(
+        q, q, q, q, lse2, delta, q, q, args.causal, args.head_dim ** -0.5, dq_acc, dq_split_rows=split_rows,
+        dq_fragments=gluon_backward.DQ_FRAGMENTS)
+    sass = offline_sass(kernel, grid, launch_args, kwargs)
+    lines = sass.splitlines()
+    print(f"kernel: {len(lines)} instructions")
+    # the query-block loops: those holding wgmma and no other loop (the outer loops over heads hold them)
+    inner = [(f, t) for f, t in loops(sass) if any("GMMA" in line for line in lines[f:t + 1])
+             and not any(f < g and h < t for g, h in loops(sass))]
+    for first, last in inner:
+        print(f"loop at {first}: {describe(lines, first, last)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kernel_kind", choices=["fwd", "bwd"])
+    parser.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16", help="fwd only")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--options", default="", help=f"fwd only: comma-separated of {', '.join(OPTIONS)}")
+    parser.add_argument("--kernel", help="fwd only: a kernel file with attn_fwd_gluon_kernel (default: the tree's)")
+    args = parser.parse_args()
+    (forward if args.kernel_kind == "fwd" else backward)(args)
+
+
+if __name__ == "__main__":
+    main()
