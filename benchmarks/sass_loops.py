@@ -19,34 +19,23 @@ import torch
 
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.launch.backward import statistics_buffer
-from flashtriton.tools.inspect import offline_sass
+from flashtriton.tools.inspect import branch_target, offline_sass, skippable_fmuls
 from gluon_kernel_ab import base_arguments, load_kernel
 
 OPTIONS = {"lazy": "lazy_rescale", "sums": "sums_by_mma", "ostore": "o_by_tma"}
 
 
-def _target(line: str) -> int | None:
-    """A branch's target as a line number: cuobjdump lists a kernel's instructions 16 bytes apart from 0."""
-    match = re.search(r"\bBRA(?:\.U)? (0x[0-9a-f]+)", line)
-    return int(match.group(1), 16) // 16 if match else None
-
-
 def loops(sass: str) -> list[tuple[int, int]]:
     """(first, last) line of each loop: a backward branch's target to the branch."""
     lines = sass.splitlines()
-    return [(_target(line), i) for i, line in enumerate(lines)
-            if _target(line) is not None and _target(line) < i]
+    return [(branch_target(line), i) for i, line in enumerate(lines)
+            if branch_target(line) is not None and branch_target(line) < i]
 
 
 def describe(lines: list[str], first: int, last: int, top: int = 14) -> str:
     """A loop's length, its length with the branches over FMUL-only runs taken, and its commonest opcodes."""
     body = lines[first:last + 1]
-    skipped = 0
-    for i in range(first, last + 1):
-        target = _target(lines[i])
-        run = lines[i + 1:target] if target is not None and lines[i].startswith("@") and target > i + 1 else []
-        if run and all(line.startswith("FMUL") for line in run):
-            skipped += len(run)
+    skipped = skippable_fmuls(lines, first, last)
     ops = collections.Counter((line.split()[1] if line.startswith("@") else line.split()[0]).split(".")[0]
                               for line in body)
     mix = ", ".join(f"{op} {count}" for op, count in ops.most_common(top))

@@ -119,9 +119,8 @@ def dq_accumulator(q: torch.Tensor, fragments: bool, block_m: int | None = None,
 def dq_fragments_spec(dq: torch.Tensor, dq_acc: torch.Tensor, scale: float) -> LaunchSpec:
     """dq_from_fragments_kernel's launch, which writes dq (B, Hq, Nq, D) in its own dtype from dq_accumulator's
     buffer in register order, times the softmax `scale`, once the Gluon kernel has run: attention_backward
-    records it with that kernel,
-    so that a replayed backward puts dQ back in place without a launch through Triton. A share with all of
-    D's columns is a split by rows."""
+    records it with that kernel, so that a replayed backward puts dQ back in place without a launch through
+    Triton. A share with all of D's columns is a split by rows."""
     chunks, _, rows, cols = dq_acc.shape
     batch, heads, seqlen_q, head_dim = dq.shape
     return LaunchSpec("dq_fragments", dq_from_fragments_kernel, lambda meta: (chunks * WARPGROUPS, ), (dq_acc, dq),

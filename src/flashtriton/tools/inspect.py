@@ -178,21 +178,26 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
-                        _shared_stores(sass), sass.count(";"), _skippable_fmuls(sass),
+                        _shared_stores(sass), sass.count(";"), skippable_fmuls(sass.splitlines()),
                         len(re.findall(r"\bUTMASTG\b", sass)))
 
 
-def _skippable_fmuls(sass: str) -> int:
-    """FMULs in runs of nothing else that a predicated branch forward jumps over. cuobjdump lists a kernel's
-    instructions 16 bytes apart from address 0, so a branch's target is a line number."""
-    lines = sass.splitlines()
+def branch_target(line: str) -> int | None:
+    """A SASS branch's target as a line number of _sass's listing (cuobjdump lists a kernel's instructions
+    16 bytes apart from address 0), or None if `line` is no branch."""
+    match = re.search(r"\bBRA(?:\.U)? (0x[0-9a-f]+)", line)
+    return int(match.group(1), 16) // 16 if match else None
+
+
+def skippable_fmuls(lines: list[str], first: int = 0, last: int | None = None) -> int:
+    """FMULs in runs of nothing else that a predicated branch forward jumps over, among lines[first:last + 1]
+    of a SASS listing: the Gluon forward's O rescale behind its warp's vote (kernels/gluon_rescale.py)."""
     skipped = 0
-    for i, line in enumerate(lines):
-        branch = re.match(r"@!?U?P\d+ BRA(?:\.U)? (0x[0-9a-f]+)", line)
-        if branch and int(branch.group(1), 16) // 16 > i + 1:
-            run = lines[i + 1:int(branch.group(1), 16) // 16]
-            if all(op.startswith("FMUL") for op in run):
-                skipped += len(run)
+    for i in range(first, len(lines) if last is None else last + 1):
+        target = branch_target(lines[i])
+        run = lines[i + 1:target] if lines[i].startswith("@") and target is not None and target > i + 1 else []
+        if run and all(line.startswith("FMUL") for line in run):
+            skipped += len(run)
     return skipped
 
 
@@ -319,8 +324,6 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         q = torch.randn(1, 2, seqlen, head_dim).to(dtype)
         vt = torch.randn(1, 2, head_dim, seqlen).to(dtype)
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, seqlen)
-        kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, vt, o, lse, causal, head_dim ** -0.5,
-                                                                        overlap=True, descale=torch.ones(3, 1, 2))
         warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1]
         reports = []
         for options in _gluon_options():
