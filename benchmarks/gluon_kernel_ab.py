@@ -70,7 +70,8 @@ def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
 FORWARD_OPTIONS = {"lazy": gluon_forward.ForwardOptions(lazy_rescale=True),
                    "sums": gluon_forward.ForwardOptions(sums_by_mma=True),
                    "ostore": gluon_forward.ForwardOptions(o_by_tma=True),
-                   "all": gluon_forward.ForwardOptions(True, True, True)}
+                   "paired": gluon_forward.ForwardOptions(paired_stages=True),
+                   "all": gluon_forward.ForwardOptions(True, True, True, True)}
 
 
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,

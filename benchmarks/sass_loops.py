@@ -19,17 +19,10 @@ import torch
 
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.launch.backward import statistics_buffer
-from flashtriton.tools.inspect import branch_target, offline_sass, skippable_fmuls
+from flashtriton.tools.inspect import loops, offline_sass, skippable_fmuls
 from gluon_kernel_ab import base_arguments, load_kernel
 
-OPTIONS = {"lazy": "lazy_rescale", "sums": "sums_by_mma", "ostore": "o_by_tma"}
-
-
-def loops(sass: str) -> list[tuple[int, int]]:
-    """(first, last) line of each loop: a backward branch's target to the branch."""
-    lines = sass.splitlines()
-    return [(branch_target(line), i) for i, line in enumerate(lines)
-            if branch_target(line) is not None and branch_target(line) < i]
+OPTIONS = {"lazy": "lazy_rescale", "sums": "sums_by_mma", "ostore": "o_by_tma", "paired": "paired_stages"}
 
 
 def describe(lines: list[str], first: int, last: int, top: int = 14) -> str:
@@ -61,7 +54,7 @@ def forward(args) -> None:
     sass = offline_sass(kernel, grid, launch_args, kwargs)
     lines = sass.splitlines()
     wait = next(i for i, line in enumerate(lines) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[12]\b", line))
-    first, last = min(((f, t) for f, t in loops(sass) if f <= wait <= t), key=lambda loop: loop[1] - loop[0])
+    first, last = min(((f, t) for f, t in loops(lines) if f <= wait <= t), key=lambda loop: loop[1] - loop[0])
     print(f"kernel: {len(lines)} instructions; the overlapped loop: {describe(lines, first, last)}")
 
 
@@ -77,8 +70,8 @@ def backward(args) -> None:
     lines = sass.splitlines()
     print(f"kernel: {len(lines)} instructions")
     # the query-block loops: those holding wgmma and no other loop (the outer loops over heads hold them)
-    inner = [(f, t) for f, t in loops(sass) if any("GMMA" in line for line in lines[f:t + 1])
-             and not any(f < g and h < t for g, h in loops(sass))]
+    inner = [(f, t) for f, t in loops(lines) if any("GMMA" in line for line in lines[f:t + 1])
+             and not any(f < g and h < t for g, h in loops(lines))]
     for first, last in inner:
         print(f"loop at {first}: {describe(lines, first, last)}")
 

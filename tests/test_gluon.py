@@ -40,18 +40,20 @@ def reports():
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
     warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts, with
-    lazy_rescale, with sums_by_mma and with o_by_tma, three warpgroups at D = 64 without a mask and two with
+    lazy_rescale, with sums_by_mma, with o_by_tma and with paired_stages, three warpgroups at D = 64 without a
+    mask and two with
     one): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
     stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
-    # head dims x masks x (forms + key counts + the three options), and D = 64's three warpgroups with each
+    # head dims x masks x (forms + key counts + the four options), and D = 64's three warpgroups with each
     # mask
-    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 4) + 2
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 5) + 2
     assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts",
-                                                               "overlap-lazy", "overlap-sums", "overlap-ostore"}
-    assert sum(r["config"].startswith("M64x3-") for r in reports) == 6
+                                                               "overlap-lazy", "overlap-sums", "overlap-ostore",
+                                                               "overlap-paired"}
+    assert sum(r["config"].startswith("M64x3-") for r in reports) == 7
     for r in reports:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
@@ -158,6 +160,18 @@ def test_sums_by_mma_trade_adds_for_thin_products(reports):
         assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
         assert not r["wgmma_serialized"], r
         assert r["shared_bytes"] - twin["shared_bytes"] >= 8 * gluon_forward.BLOCK_N * (1 if fp8 else 2), (r, twin)
+
+
+def test_paired_stages_release_each_block_once(reports):
+    """With paired_stages, K of block j + 1 and V of block j share a stage: each softmax warpgroup's
+    overlapped loop arrives on one mbarrier per key block, where the same form without it arrives on two
+    (K's and V's stages); fewer instructions, no spill beyond that form's, wgmma still asynchronous, no
+    more shared memory. bf16 and FP8, D 64 and 128, both masks."""
+    for r, warpgroups, twin in option_forms(reports, "-paired"):
+        assert (r["loop_arrives"], twin["loop_arrives"]) == (warpgroups, 2 * warpgroups), (r, twin)
+        assert r["instructions"] < twin["instructions"], (r, twin)
+        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
+        assert r["shared_bytes"] <= twin["shared_bytes"] and not r["wgmma_serialized"], (r, twin)
 
 
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
@@ -449,7 +463,8 @@ def growing_scores(q, k):
 FORWARD_OPTIONS = {"lazy": gluon_forward.ForwardOptions(lazy_rescale=True),
                    "sums": gluon_forward.ForwardOptions(sums_by_mma=True),
                    "ostore": gluon_forward.ForwardOptions(o_by_tma=True),
-                   "all": gluon_forward.ForwardOptions(True, True, True)}
+                   "paired": gluon_forward.ForwardOptions(paired_stages=True),
+                   "all": gluon_forward.ForwardOptions(True, True, True, True)}
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -459,14 +474,16 @@ FORWARD_OPTIONS = {"lazy": gluon_forward.ForwardOptions(lazy_rescale=True),
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
 @pytest.mark.parametrize("options", list(FORWARD_OPTIONS))
 def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, form, options):
-    """lazy_rescale (kernels/gluon_rescale.py), sums_by_mma and o_by_tma, alone and together, on scores whose
+    """lazy_rescale (kernels/gluon_rescale.py), sums_by_mma, o_by_tma and paired_stages, alone and together, on
+    scores whose
     maxima grow across key blocks (growing_scores): rows that keep a stale max (probabilities up to 256),
     rows that rescale, and warps with both; O and L against the float64 reference as
     test_matches_float64_reference, O's memory NaN-filled before (o_by_tma: TMA must drop the rows past Nq,
-    and before row 0 in a causal call's first tile). sums_by_mma needs the overlapped loop (the in-turn form
-    refuses it)."""
-    if form == "in-turn" and FORWARD_OPTIONS[options].sums_by_mma:
-        pytest.skip("sums_by_mma needs overlap (test_sums_by_mma_needs_overlap)")
+    and before row 0 in a causal call's first tile). Key counts 513 and 700 leave the rings' stages at odd
+    phases across a persistent program's tiles (paired_stages takes one stage more per tile). sums_by_mma
+    and paired_stages need the overlapped loop (the in-turn form refuses them)."""
+    if form == "in-turn" and (FORWARD_OPTIONS[options].sums_by_mma or FORWARD_OPTIONS[options].paired_stages):
+        pytest.skip("sums_by_mma and paired_stages need overlap (test_options_that_need_overlap)")
     torch.manual_seed(sum(seqlens) + head_dim)
     q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
     q, k = growing_scores(q, k)
@@ -493,12 +510,13 @@ def test_o_by_tma_in_flash_attn_layout(is_causal):
         assert_matches_reference(q, k, v, is_causal, 128 ** -0.5, o, lse)
 
 
-def test_sums_by_mma_needs_overlap():
+@pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages"])
+def test_options_that_need_overlap(option):
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
-    with pytest.raises(ValueError, match="sums_by_mma=True needs overlap=True"):
+    with pytest.raises(ValueError, match=f"{option}=True needs overlap=True"):
         gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, overlap=False,
-                                           options=FORWARD_OPTIONS["sums"])
+                                           options=gluon_forward.ForwardOptions(**{option: True}))
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

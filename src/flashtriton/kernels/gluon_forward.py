@@ -108,22 +108,17 @@ def _block_start(j, keys, BLOCK_N: gl.constexpr, SHIFTED: gl.constexpr):
 
 
 @gluon.jit
-def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SHIFTED: gl.constexpr,
+def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED: gl.constexpr,
                 TRANSPOSED: gl.constexpr = False):
-    """Key block `block` of K or V (its first key: _block_start's) into its ring's stage count % NUM_STAGES
-    (`count`: the ring's fills so far, over every tile of the program), once every softmax partition has
-    released that stage's previous fill. A fresh mbarrier counts as having completed the phase before its
-    first, so the first pass through the ring does not wait. TRANSPOSED: the tensor is V^T, (B, Hkv, D,
-    Nk), keys last (FP8, launch/gluon_forward.py's fp8_values_operand)."""
-    NUM_STAGES: gl.constexpr = smem.type.shape[0]
+    """Key block `block` of K or V (its first key: _block_start's) into its ring's `stage`, arriving on
+    `ready` when the bytes have landed. TRANSPOSED: the tensor is V^T, (B, Hkv, D, Nk), keys last (FP8,
+    launch/gluon_forward.py's fp8_values_operand)."""
     BLOCK_N: gl.constexpr = smem.type.shape[4] if TRANSPOSED else smem.type.shape[3]
     # _block_start's, inline: called from the load partition with the constant block 0, Triton 3.6 failed
     # to compile it ("value defined outside the region")
     start = block * BLOCK_N
     if SHIFTED:
         start = gl.minimum(start, keys - BLOCK_N)
-    stage = count % NUM_STAGES
-    mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
     mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
     if TRANSPOSED:
         tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, start], ready.index(stage), smem.index(stage))
@@ -132,9 +127,23 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
 
 
 @gluon.jit
-def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SHIFTED: gl.constexpr,
+                TRANSPOSED: gl.constexpr = False):
+    """_copy_block into the ring's stage count % NUM_STAGES (`count`: the ring's fills so far, over every
+    tile of the program), once every softmax partition has released that stage's previous fill. A fresh
+    mbarrier counts as having completed the phase before its first, so the first pass through the ring does
+    not wait."""
+    NUM_STAGES: gl.constexpr = smem.type.shape[0]
+    stage = count % NUM_STAGES
+    mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+    _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED, TRANSPOSED)
+
+
+@gluon.jit
+def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
-    warpgroup is done with the previous tile's, then K of block j + 1 before V of block j. `loads`: the
+    warpgroup is done with the previous tile's, then K of block j + 1 before V of block j; with PAIRED the
+    two into one stage of both rings, whose K barrier (k_empty) releases both. `loads`: the
     kernel's arguments this partition takes (the flags come apart: in a tuple the kernel names, a flag
     becomes a run-time value, and both sides of each `if` on it would be compiled)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, num_tiles,
@@ -142,8 +151,9 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
     SHIFTED: gl.constexpr = SEQUSED_K is not None
-    fills = 0  # blocks loaded into each ring so far
+    fills = 0  # blocks loaded into each ring so far (with PAIRED: stages filled, one more per tile)
     tiles_done = 0
     for r in range(rounds):
         tile = _program_tile(r, IS_CAUSAL)
@@ -153,16 +163,32 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
             off_hkv = off_h // group
             if n_blocks > 0:  # the first K does not wait on Q's stage
                 _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED)
+                if PAIRED:  # the tile's first stage holds no V: its V barrier completes a phase without bytes
+                    mbarrier.arrive(v_ready.index(fills % NUM_STAGES), count=1)
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
             mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WARPGROUPS):
                 tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready,
                                                 q_smem.index(wg))
             for j in range(n_blocks):
-                if j + 1 < n_blocks:
-                    _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys, SHIFTED)
-                _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8)
+                if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
+                    count = fills + j + 1
+                    stage = count % NUM_STAGES
+                    mbarrier.wait(k_empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+                    if j + 1 < n_blocks:
+                        _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, SHIFTED)
+                    else:  # the tile's last stage holds no K
+                        mbarrier.arrive(k_ready.index(stage), count=1)
+                    _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, SHIFTED, FP8)
+                else:
+                    if j + 1 < n_blocks:
+                        _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys,
+                                    SHIFTED)
+                    _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8)
             fills += n_blocks
+            if PAIRED:
+                if n_blocks > 0:
+                    fills += 1
             tiles_done += 1
 
 
@@ -262,7 +288,8 @@ def _issue_pv(p_op, v_smem, stage, acc, sums, ones, FP8: gl.constexpr, SUMS_BY_M
 def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, rows0, seqlen_q,
             seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
             IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
-            SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr):
+            SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
+            PAIRED_STAGES: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
     saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
@@ -277,7 +304,9 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     `seqlen_k` is this sequence's count of keys on a padded K and V (_block_start). LAZY_RESCALE: rows
     keep their max within gluon_rescale.RESCALE_THRESHOLD, and in the overlapped loop a warp whose rows all
     kept theirs skips O's rescale. SUMS_BY_MMA (OVERLAP only; ignored without): the rows' sums of P by the
-    tensor cores (_issue_pv), against `ones_smem`, a (8, BLOCK_N) tile of ones."""
+    tensor cores (_issue_pv), against `ones_smem`, a (8, BLOCK_N) tile of ones. PAIRED_STAGES (OVERLAP
+    only): block j's K and block j-1's V share a stage (_load_partition), released by one arrive on k_empty
+    once both products have run; a tile takes n_blocks + 1 stages."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -312,6 +341,10 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                                                        instr_shape=[16, 8, INSTR_K])
     sums = gl.zeros([BLOCK_M, 8], gl.float32, layout=l_layout)
     ones = ones_smem.permute((1, 0)) if SUMS else None
+    PAIRED: gl.constexpr = PAIRED_STAGES and OVERLAP
+    V_SHIFT: gl.constexpr = 1 if PAIRED else 0  # block i's V is in stage fills + i + V_SHIFT
+    v_free = k_empty if PAIRED else v_empty  # the barrier that releases a V stage
+    used = n_blocks  # the stages this tile takes
     if OVERLAP:
         if n_blocks > 0:
             mbarrier.wait(k_ready.index(fills % NUM_STAGES), (fills // NUM_STAGES) & 1)
@@ -322,15 +355,15 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-            mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)
+            mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)  # (with PAIRED, the stage holds no V)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
-                prev = (fills + j - 1) % NUM_STAGES
+                prev = (fills + j - 1 + V_SHIFT) % NUM_STAGES
                 mbarrier.wait(k_ready.index(stage), ((fills + j) // NUM_STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((fills + j - 1) // NUM_STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((fills + j - 1 + V_SHIFT) // NUM_STAGES) & 1)
                 if PINGPONG:
                     mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
@@ -340,11 +373,12 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                     mbarrier.arrive(turns.index(NEXT), count=1)
                 # this block's scores; P V (and the sums) may run on
                 qk = warpgroup_mma_wait(num_outstanding=2 if SUMS else 1, deps=(qk, ))
-                mbarrier.arrive(k_empty.index(stage), count=1)
+                if not PAIRED:
+                    mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                      qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS)
                 acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sums))
-                mbarrier.arrive(v_empty.index(prev), count=1)
+                mbarrier.arrive(v_free.index(prev), count=1)
                 if LAZY_RESCALE:
                     acc = rescale_where_needed(acc, gl.convert_layout(alpha, o_rows))
                 else:
@@ -353,16 +387,17 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                     sums = sums * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
                 p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
-            last = (fills + n_blocks - 1) % NUM_STAGES
-            mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1) // NUM_STAGES) & 1)
+            last = (fills + n_blocks - 1 + V_SHIFT) % NUM_STAGES
+            mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1 + V_SHIFT) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
             acc, sums = _issue_pv(p_op, v_smem, last, acc, sums, ones, FP8, SUMS)
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sums))
-            mbarrier.arrive(v_empty.index(last), count=1)
+            mbarrier.arrive(v_free.index(last), count=1)
             turn += n_blocks + 1
+            used = n_blocks + V_SHIFT
         else:
             mbarrier.arrive(q_empty, count=1)
     else:
@@ -395,7 +430,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     else:
         o = acc * (1.0 / gl.convert_layout(l_safe, o_rows))[:, None]
     lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
-    return o, lse, fills + n_blocks, turn
+    return o, lse, fills + used, turn
 
 
 @gluon.jit
@@ -424,7 +459,7 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
 @gluon.jit
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-                       SUMS_BY_MMA: gl.constexpr):
+                       SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
@@ -457,7 +492,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
                                           turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
                                           WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
-                                          SUMS_BY_MMA)
+                                          SUMS_BY_MMA, PAIRED_STAGES)
             _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
                         off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
@@ -478,7 +513,7 @@ def attn_fwd_gluon_kernel(
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-    SUMS_BY_MMA: gl.constexpr,
+    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -488,7 +523,8 @@ def attn_fwd_gluon_kernel(
     DESCALE, FlashAttention-3's q/k/v_descale; O in O's dtype. SEQUSED_K: each sequence's count of keys
     on a padded K and V (see the module docstring). LAZY_RESCALE: O rescaled only where a row's max grew by
     more than gluon_rescale.RESCALE_THRESHOLD. SUMS_BY_MMA (with OVERLAP): each row's sum of P by the tensor
-    cores, P times ones (_issue_pv)."""
+    cores, P times ones (_issue_pv). PAIRED_STAGES (with OVERLAP): K of block j + 1 and V of block j share a
+    stage and its release (_load_partition)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -538,20 +574,20 @@ def attn_fwd_gluon_kernel(
     if SUMS_BY_MMA:
         gl.thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

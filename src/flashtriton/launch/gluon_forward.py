@@ -57,10 +57,14 @@ class ForwardOptions(NamedTuple):
     # O written by TMA stores from shared memory, FlashAttention-3's epilogue (the kernel's o_desc), instead
     # of through pointers: the epilogue's instructions per tile, which count at short lengths (entry 89)
     o_by_tma: bool = False
+    # K of block j + 1 and V of block j in one stage of the two rings, released together (the kernel's
+    # PAIRED_STAGES; overlapped loop only): one mbarrier arrive, and the warpgroup barrier Triton puts before
+    # it, per key block instead of two, for K held until P V has run (entry 90)
+    paired_stages: bool = False
 
     def suffix(self) -> str:
         """For logs: e.g. "-lazy-ostore", "" when all are off."""
-        names = ("lazy", "sums", "ostore")
+        names = ("lazy", "sums", "ostore", "paired")
         return "".join(f"-{name}" for name, on in zip(names, self, strict=True) if on)
 
 
@@ -218,6 +222,9 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     if options.sums_by_mma and not overlap:
         raise ValueError("sums_by_mma=True needs overlap=True: the sums are taken beside the overlapped loop's "
                          "P V")
+    if options.paired_stages and not overlap:
+        raise ValueError("paired_stages=True needs overlap=True: a stage pairs the K and V that the overlapped "
+                         "loop's products read together")
     if pingpong and not overlap:
         raise ValueError("pingpong=True needs overlap=True: the turns are taken around the overlapped products")
     if warpgroups not in REGISTERS:
@@ -233,7 +240,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
-            options.lazy_rescale, options.sums_by_mma)
+            options.lazy_rescale, options.sums_by_mma, options.paired_stages)
     grid = (programs, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
 

@@ -124,6 +124,9 @@ class KernelReport:
     skippable_fmul: int = 0
     # TMA stores (UTMASTG) in the SASS (--json only): the Gluon forward's O with o_by_tma.
     tma_stores: int = 0
+    # mbarrier arrives (SYNCS.ARRIVE) in the innermost loops that issue wgmma (--json only): the Gluon
+    # forward's stage releases per key block and softmax warpgroup, two, or one with paired_stages.
+    loop_arrives: int = 0
 
 
 def _cuobjdump(cubin: bytes, option: str) -> str:
@@ -179,7 +182,7 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
                         _shared_stores(sass), sass.count(";"), skippable_fmuls(sass.splitlines()),
-                        len(re.findall(r"\bUTMASTG\b", sass)))
+                        len(re.findall(r"\bUTMASTG\b", sass)), loop_arrives(sass.splitlines()))
 
 
 def branch_target(line: str) -> int | None:
@@ -187,6 +190,24 @@ def branch_target(line: str) -> int | None:
     16 bytes apart from address 0), or None if `line` is no branch."""
     match = re.search(r"\bBRA(?:\.U)? (0x[0-9a-f]+)", line)
     return int(match.group(1), 16) // 16 if match else None
+
+
+def loops(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, last) line of each loop of a SASS listing: a backward branch's target, and the branch."""
+    return [(branch_target(line), i) for i, line in enumerate(lines)
+            if branch_target(line) is not None and branch_target(line) < i]
+
+
+def loop_arrives(lines: list[str]) -> int:
+    """mbarrier arrives (SYNCS.ARRIVE) in the loops of a listing that issue wgmma ([HQ]GMMA) and hold no
+    other loop (ptxas puts an mbarrier wait's retry at the kernel's end, branching back: a span that holds
+    the loops between)."""
+    spans = loops(lines)
+    innermost = [(first, last) for first, last in spans
+                 if any(re.search(r"\b[HQ]GMMA\.", line) for line in lines[first:last + 1])
+                 and not any((f, t) != (first, last) and first <= f and t <= last for f, t in spans)]
+    return sum(line.split()[1 if line.startswith("@") else 0].startswith("SYNCS.ARRIVE")
+               for first, last in innermost for line in lines[first:last + 1])
 
 
 def skippable_fmuls(lines: list[str], first: int = 0, last: int | None = None) -> int:
@@ -361,12 +382,13 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
 
 
 # The Gluon forward's options as inspect_gluon compiles them (none, then each alone), named in the reports by
-# ForwardOptions.suffix: O's rescale skipped where the maxima held, the rows' sums by the tensor cores, O by TMA.
+# ForwardOptions.suffix: O's rescale skipped where the maxima held, the rows' sums by the tensor cores, O by TMA,
+# K and V paired in one stage.
 def _gluon_options():
     from ..launch.gluon_forward import ForwardOptions
 
     return [ForwardOptions(), ForwardOptions(lazy_rescale=True), ForwardOptions(sums_by_mma=True),
-            ForwardOptions(o_by_tma=True)]
+            ForwardOptions(o_by_tma=True), ForwardOptions(paired_stages=True)]
 
 
 def _gluon_config(warpgroups: int, form: str) -> str:
