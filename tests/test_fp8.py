@@ -213,8 +213,9 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
 def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, options):
     """The FP8 kernel with lazy_rescale (kernels/gluon_rescale.py: probabilities up to 256, within e4m3's
     448), sums_by_mma (the sums of the e4m3 P by the tensor cores), o_by_tma (the bf16 O by TMA stores) and
-    paired_stages (K and V^T sharing a stage), alone and together, on scores whose row maxima grow across key blocks, some by more than the threshold:
-    O and L within twice plain FP8 attention's errors, as test_gluon_fp8_matches_float64_reference."""
+    paired_stages (K and V^T sharing a stage), alone and together, on scores whose row maxima grow across key
+    blocks, some by more than the threshold: O and L within twice plain FP8 attention's errors, as
+    test_gluon_fp8_matches_float64_reference."""
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
     batch, heads_kv = shape[0], shape[2]
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)
