@@ -16,10 +16,11 @@ register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
 the current one also with each of FORWARD_OPTIONS (launch/gluon_forward.ForwardOptions): O's rescale
 skipped where the maxima held (`current_lazy`: lazy_rescale, kernels/gluon_rescale.py), the rows' sums by
-the tensor cores (`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), and all
-three; the Triton forward and cuDNN's; `--pingpong` adds both kernels' ping-pong
-form. Interleaved rounds of `do_bench`, medians; one JSON line per shape, with each provider's largest
-error against float32 SDPA (O, or dQ, dK, dV). docs/performance.md, entries 66, 69-73 and 86-89.
+the tensor cores (`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), K and V
+paired in one stage (`current_paired`: paired_stages), and all four; the Triton forward and cuDNN's;
+`--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
+per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
+docs/performance.md, entries 66, 69-73 and 86-90.
 """
 
 import argparse
