@@ -41,7 +41,7 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
 
 
 def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None,
-                  options: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS) -> callable:
+                  options: gluon_forward.ForwardOptions | None = None) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
     on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and `options`
     (ForwardOptions) as gluon_forward_launch takes them (warpgroups None: its rule)."""
@@ -80,7 +80,8 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
         providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
                                                         options=options)
     if base is not None:
-        providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales)
+        providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales,
+                                                     options=gluon_forward.ForwardOptions())
         if head_dim == 64:  # two softmax warpgroups: 240 registers each, where three spill P (entry 85)
             providers["fp8_kernel_2wg"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, 2)
     # V's copy into the kernel's layout alone, part of fp8's time (its TFLOP/s are not a rate of anything)

@@ -81,13 +81,14 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = head_dim ** -0.5
 
-    def form(turns: bool, options: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS):
+    def form(turns: bool, options: gluon_forward.ForwardOptions | None = None):
         return lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, scale, True, turns, options=options)
 
     def base_form(turns: bool):
         def run():
             o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
-            kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, turns)
+            kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, k, v, o, lse, causal, scale, True, turns,
+                                                                            options=gluon_forward.ForwardOptions())
             base[grid](*base_arguments(base, kernel, args), **kwargs)
             return o, lse
         return run

@@ -17,6 +17,7 @@ from flashtriton.cache import CACHE
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded, make_qkv
+from flashtriton.tools.inspect import gluon_forward_options
 
 pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(),
                                 reason="the Gluon kernel is written for Triton 3.6's Gluon (launch/gluon_forward.py)")
@@ -47,13 +48,13 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
     stages within 227 KB of shared memory."""
     reports = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"]
-    # head dims x masks x (forms + key counts + the four options), and D = 64's three warpgroups with each
-    # mask
-    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 5) + 2
+    # head dims x masks x (forms + key counts + the flags alone and the library's), and D = 64's three
+    # warpgroups with each mask
+    flags = gluon_forward_options()[1:]
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1 + len(flags)) + 2
     assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts",
-                                                               "overlap-lazy", "overlap-sums", "overlap-ostore",
-                                                               "overlap-paired"}
-    assert sum(r["config"].startswith("M64x3-") for r in reports) == 7
+                                                               *("overlap" + flag.suffix() for flag in flags)}
+    assert sum(r["config"].startswith("M64x3-") for r in reports) == 3 + len(flags)
     for r in reports:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
@@ -109,7 +110,7 @@ def option_forms(reports, suffix):
     """The forward reports of one ForwardOptions form (config ending in `suffix`: bf16 and FP8, D 64 and 128,
     both masks), each as (report, its softmax warpgroups, the report of the same form without the option)."""
     forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
-    forms = [r for r in forward if r["config"].endswith(suffix)]
+    forms = [r for r in forward if r["config"].endswith(("-overlap" + suffix, "-overlap-fp8" + suffix))]
     assert sorted((r["dtype"], r["head_dim"], r["causal"]) for r in forms) == sorted(
         (dtype, head_dim, causal) for dtype in ("bfloat16", "float8_e4m3fn") for head_dim in (64, 128)
         for causal in (False, True))

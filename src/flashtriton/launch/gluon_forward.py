@@ -68,7 +68,13 @@ class ForwardOptions(NamedTuple):
         return "".join(f"-{name}" for name, on in zip(names, self, strict=True) if on)
 
 
-DEFAULT_OPTIONS = ForwardOptions()
+# What the library runs: the flags measured faster on the H200 (docs/performance.md, entries 86-91).
+DEFAULT_OPTIONS = ForwardOptions(o_by_tma=True, paired_stages=True)
+
+
+def default_options(overlap: bool) -> ForwardOptions:
+    """DEFAULT_OPTIONS for a form: without the flags that need the overlapped loop in the in-turn one."""
+    return DEFAULT_OPTIONS if overlap else DEFAULT_OPTIONS._replace(sums_by_mma=False, paired_stages=False)
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -189,7 +195,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
                          seqused_k: torch.Tensor | None = None,
-                         options: ForwardOptions = DEFAULT_OPTIONS) -> tuple:
+                         options: ForwardOptions | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -199,8 +205,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's).
-    `options`: ForwardOptions (with o_by_tma, O's descriptor sits among the descriptors, after V's; else
-    its None is among the scalars)."""
+    `options`: ForwardOptions (None: default_options(overlap); with o_by_tma, O's descriptor sits among the
+    descriptors, after V's, else its None is among the scalars)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -210,6 +216,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     seqlen_k = k.shape[2]
     fp8 = q.dtype == torch.float8_e4m3fn
     persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
+    options = default_options(overlap) if options is None else options
     elements = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
     def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):
@@ -249,7 +256,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                             overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
                             stages: int = NUM_STAGES, warpgroups: int | None = None,
                             seqused_k: torch.Tensor | None = None,
-                            options: ForwardOptions = DEFAULT_OPTIONS) -> tuple[torch.Tensor, torch.Tensor]:
+                            options: ForwardOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """o like q, and lse (B, Hq, Nq) float32, through the Gluon kernel; the caller checked
     gluon_forward_supports. The default form, overlapped without ping-pong, was the fastest of the three
     on the H200 (docs/performance.md, "The Gluon forward"). `seqused_k`: as attention_forward's;
@@ -258,6 +265,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     Triton's launch path and building its arguments again; what ran is last_choice("forward")."""
     from .forward import empty_in_order
 
+    options = default_options(overlap) if options is None else options
     o = empty_in_order(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
@@ -311,7 +319,7 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                       descale: torch.Tensor, out_dtype: torch.dtype,
-                      options: ForwardOptions = DEFAULT_OPTIONS) -> tuple[torch.Tensor, torch.Tensor]:
+                      options: ForwardOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
     and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `options`: as

@@ -335,10 +335,11 @@ def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen
 def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                   target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon forward (launch/gluon_forward.py) for this shape, as attention_forward_gluon
-    would launch it, in each of its FORMS (in turn, overlapped, ping-pong) with two softmax warpgroups; at
-    D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library runs); and the
-    library's form with key counts (seqused_k), and with each of _gluon_options(). For float8_e4m3fn,
-    the FP8 forward as fp8_forward_gluon launches it, and with each of those flags."""
+    would launch it, in each of its FORMS (in turn, overlapped, ping-pong) without flags and with two softmax
+    warpgroups; at D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library
+    runs); the library's form with key counts (seqused_k) and its flags; and that form with each flag of
+    gluon_forward_options() alone, and with the library's flags where they are several. For
+    float8_e4m3fn, the FP8 forward as fp8_forward_gluon launches it, without flags and likewise."""
     from ..launch import gluon_forward
 
     if dtype == torch.float8_e4m3fn:  # the FP8 form: the default schedule, V^T, a bf16 output
@@ -347,7 +348,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, seqlen)
         warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1]
         reports = []
-        for options in _gluon_options():
+        for options in gluon_forward_options():
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
                 q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2), options=options)
             reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
@@ -361,7 +362,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     reports = []
     for form, (overlap, pingpong), warpgroups in variants:
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q, q, q, o, lse, causal, head_dim ** -0.5,
-                                                                        overlap, pingpong, warpgroups=warpgroups)
+                                                                        overlap, pingpong, warpgroups=warpgroups,
+                                                                        options=gluon_forward.ForwardOptions())
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, _gluon_config(warpgroups, form)))
     # the form the library runs, with a key count per sequence (a KV cache's chunked prefill)
@@ -371,8 +373,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
                            causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
                                                  "overlap-key-counts")))
-    # the library's form with each option not yet on by default
-    for options in _gluon_options()[1:]:
+    # the library's form with each flag alone (and with the library's flags)
+    for options in gluon_forward_options()[1:]:
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
             q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], options=options)
         reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
@@ -381,14 +383,15 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     return reports
 
 
-# The Gluon forward's options as inspect_gluon compiles them (none, then each alone), named in the reports by
-# ForwardOptions.suffix: O's rescale skipped where the maxima held, the rows' sums by the tensor cores, O by TMA,
-# K and V paired in one stage.
-def _gluon_options():
-    from ..launch.gluon_forward import ForwardOptions
+def gluon_forward_options() -> list:
+    """The Gluon forward's flags as inspect_gluon compiles them: none, each alone (O's rescale skipped where
+    the maxima held, the rows' sums by the tensor cores, O by TMA, K and V paired in one stage), and the
+    library's DEFAULT_OPTIONS where they are more than one; named in the reports by ForwardOptions.suffix."""
+    from ..launch.gluon_forward import DEFAULT_OPTIONS, ForwardOptions
 
-    return [ForwardOptions(), ForwardOptions(lazy_rescale=True), ForwardOptions(sums_by_mma=True),
+    sets = [ForwardOptions(), ForwardOptions(lazy_rescale=True), ForwardOptions(sums_by_mma=True),
             ForwardOptions(o_by_tma=True), ForwardOptions(paired_stages=True)]
+    return sets + ([DEFAULT_OPTIONS] if DEFAULT_OPTIONS not in sets else [])
 
 
 def _gluon_config(warpgroups: int, form: str) -> str:
