@@ -61,7 +61,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     return run
 
 
-def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None) -> dict:
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None, skip: tuple = ()) -> dict:
     torch.manual_seed(0)
     exact = [torch.randn(batch, heads, n, head_dim, device="cuda") for _ in range(3)]
     descales = [x.abs().amax().reshape(1) / 448 for x in exact]
@@ -84,6 +84,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
                                                      options=gluon_forward.ForwardOptions())
         if head_dim == 64:  # two softmax warpgroups: 240 registers each, where three spill P (entry 85)
             providers["fp8_kernel_2wg"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, 2)
+    providers = {name: fn for name, fn in providers.items() if name not in skip}
     # V's copy into the kernel's layout alone, part of fp8's time (its TFLOP/s are not a rate of anything)
     timed = dict(providers, fp8_values=lambda: gluon_forward.fp8_values_operand(v8))
     errors = {}
@@ -102,7 +103,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
     parser.add_argument("--base", default=None, help="an earlier commit's kernels/gluon_forward.py")
+    parser.add_argument("--skip", default="", help="providers to leave out, e.g. fp8_kernel_ostore,fp8_kernel_all")
     cli = parser.parse_args()
     earlier = None if cli.base is None else load_kernel(cli.base, "attn_fwd_gluon_kernel")
     for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
-        print(json.dumps(race(*shape, base=earlier)), flush=True)
+        print(json.dumps(race(*shape, base=earlier, skip=tuple(cli.skip.split(",")))), flush=True)
