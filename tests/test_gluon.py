@@ -520,6 +520,21 @@ def test_options_that_need_overlap(option):
                                            options=gluon_forward.ForwardOptions(**{option: True}))
 
 
+@pytest.mark.parametrize("form", list(gluon_forward.FORMS))
+def test_default_options_fit_each_form(form):
+    """A launch without options takes the library's (DEFAULT_OPTIONS), less those that need the overlapped
+    loop in the in-turn form, which would refuse them: the kernel's last three flags are lazy_rescale,
+    sums_by_mma and paired_stages."""
+    q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
+    args = gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, *gluon_forward.FORMS[form])[2]
+    expected = gluon_forward.DEFAULT_OPTIONS
+    if form == "in-turn":
+        expected = expected._replace(sums_by_mma=False, paired_stages=False)
+    assert args[-3:] == (expected.lazy_rescale, expected.sums_by_mma, expected.paired_stages)
+    assert gluon_forward.default_options(form != "in-turn") == expected
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
