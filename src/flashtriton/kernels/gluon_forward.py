@@ -128,15 +128,20 @@ def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED: 
 
 
 @gluon.jit
-def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SHIFTED: gl.constexpr,
-                TRANSPOSED: gl.constexpr = False):
-    """_copy_block into the ring's stage count % NUM_STAGES (`count`: the ring's fills so far, over every
-    tile of the program), once every softmax partition has released that stage's previous fill. A fresh
-    mbarrier counts as having completed the phase before its first, so the first pass through the ring does
-    not wait."""
-    NUM_STAGES: gl.constexpr = smem.type.shape[0]
+def _claim_stage(empty, count, NUM_STAGES: gl.constexpr):
+    """The ring's stage count % NUM_STAGES (`count`: the ring's fills so far, over every tile of the program),
+    once every softmax partition has released its previous fill. A fresh mbarrier counts as having
+    completed the phase before its first, so the first pass through the ring does not wait."""
     stage = count % NUM_STAGES
     mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+    return stage
+
+
+@gluon.jit
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SHIFTED: gl.constexpr,
+                TRANSPOSED: gl.constexpr = False):
+    """_copy_block into the stage _claim_stage gives for the ring's fill `count`."""
+    stage = _claim_stage(empty, count, smem.type.shape[0])
     _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED, TRANSPOSED)
 
 
@@ -173,9 +178,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                                                 q_smem.index(wg))
             for j in range(n_blocks):
                 if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
-                    count = fills + j + 1
-                    stage = count % NUM_STAGES
-                    mbarrier.wait(k_empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+                    stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES)
                     if j + 1 < n_blocks:
                         _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, SHIFTED)
                     else:  # the tile's last stage holds no K

@@ -75,9 +75,14 @@ class ForwardOptions(NamedTuple):
 DEFAULT_OPTIONS = ForwardOptions(paired_stages=True)
 
 
+# The flags that need the overlapped loop, and why (the in-turn form refuses them).
+OVERLAP_ONLY = {"sums_by_mma": "the sums are taken beside the overlapped loop's P V",
+                "paired_stages": "a stage pairs the K and V that the overlapped loop's products read together"}
+
+
 def default_options(overlap: bool) -> ForwardOptions:
-    """DEFAULT_OPTIONS for a form: without the flags that need the overlapped loop in the in-turn one."""
-    return DEFAULT_OPTIONS if overlap else DEFAULT_OPTIONS._replace(sums_by_mma=False, paired_stages=False)
+    """DEFAULT_OPTIONS for a form: without OVERLAP_ONLY's flags in the in-turn one."""
+    return DEFAULT_OPTIONS if overlap else DEFAULT_OPTIONS._replace(**dict.fromkeys(OVERLAP_ONLY, False))
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -229,12 +234,9 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     if fp8 and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
                          "(fp8_forward_gluon prepares both)")
-    if options.sums_by_mma and not overlap:
-        raise ValueError("sums_by_mma=True needs overlap=True: the sums are taken beside the overlapped loop's "
-                         "P V")
-    if options.paired_stages and not overlap:
-        raise ValueError("paired_stages=True needs overlap=True: a stage pairs the K and V that the overlapped "
-                         "loop's products read together")
+    for name, why in OVERLAP_ONLY.items():
+        if getattr(options, name) and not overlap:
+            raise ValueError(f"{name}=True needs overlap=True: {why}")
     if pingpong and not overlap:
         raise ValueError("pingpong=True needs overlap=True: the turns are taken around the overlapped products")
     if warpgroups not in REGISTERS:

@@ -194,8 +194,8 @@ def branch_target(line: str) -> int | None:
 
 def loops(lines: list[str]) -> list[tuple[int, int]]:
     """(first, last) line of each loop of a SASS listing: a backward branch's target, and the branch."""
-    return [(branch_target(line), i) for i, line in enumerate(lines)
-            if branch_target(line) is not None and branch_target(line) < i]
+    targets = ((branch_target(line), i) for i, line in enumerate(lines))
+    return [(target, i) for target, i in targets if target is not None and target < i]
 
 
 def loop_arrives(lines: list[str]) -> int:
