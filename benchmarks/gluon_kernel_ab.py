@@ -66,13 +66,9 @@ def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
     return tuple(named[name] for name in base.arg_names)
 
 
-# The Gluon forward's options not yet on by default (launch/gluon_forward.py), each raced on its own and all
-# together (docs/performance.md, entries 86, 87 and 89).
-FORWARD_OPTIONS = {"lazy": gluon_forward.ForwardOptions(lazy_rescale=True),
-                   "sums": gluon_forward.ForwardOptions(sums_by_mma=True),
-                   "ostore": gluon_forward.ForwardOptions(o_by_tma=True),
-                   "paired": gluon_forward.ForwardOptions(paired_stages=True),
-                   "all": gluon_forward.ForwardOptions(True, True, True, True)}
+# The Gluon forward's flags (launch/gluon_forward.py), each raced on its own and all together
+# (docs/performance.md, entries 86-91).
+FORWARD_OPTIONS = {**gluon_forward.single_flags(), "all": gluon_forward.ForwardOptions(True, True, True, True)}
 
 
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,

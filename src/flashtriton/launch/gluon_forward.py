@@ -65,8 +65,16 @@ class ForwardOptions(NamedTuple):
 
     def suffix(self) -> str:
         """For logs: e.g. "-lazy-ostore", "" when all are off."""
-        names = ("lazy", "sums", "ostore", "paired")
-        return "".join(f"-{name}" for name, on in zip(names, self, strict=True) if on)
+        return "".join(f"-{name}" for name, on in zip(FLAG_NAMES, self, strict=True) if on)
+
+
+FLAG_NAMES = ("lazy", "sums", "ostore", "paired")  # ForwardOptions' fields as logs and A/B runs name them
+
+
+def single_flags() -> dict[str, ForwardOptions]:
+    """Each of ForwardOptions' flags on alone, by its FLAG_NAMES name (the A/B runs', inspect's, the tests')."""
+    return {name: ForwardOptions(**{field: True})
+            for name, field in zip(FLAG_NAMES, ForwardOptions._fields, strict=True)}
 
 
 # What the library runs: the flags measured correct and faster on the H200 (docs/performance.md, entry 91):

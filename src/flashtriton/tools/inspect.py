@@ -387,10 +387,9 @@ def gluon_forward_options() -> list:
     """The Gluon forward's flags as inspect_gluon compiles them: none, each alone (O's rescale skipped where
     the maxima held, the rows' sums by the tensor cores, O by TMA, K and V paired in one stage), and the
     library's DEFAULT_OPTIONS where they are more than one; named in the reports by ForwardOptions.suffix."""
-    from ..launch.gluon_forward import DEFAULT_OPTIONS, ForwardOptions
+    from ..launch.gluon_forward import DEFAULT_OPTIONS, ForwardOptions, single_flags
 
-    sets = [ForwardOptions(), ForwardOptions(lazy_rescale=True), ForwardOptions(sums_by_mma=True),
-            ForwardOptions(o_by_tma=True), ForwardOptions(paired_stages=True)]
+    sets = [ForwardOptions(), *single_flags().values()]
     return sets + ([DEFAULT_OPTIONS] if DEFAULT_OPTIONS not in sets else [])
 
 
