@@ -6,11 +6,12 @@ shape. docs/performance.md, entry 59.
 
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE]
 
-The kernel alone also runs, `fp8_kernel` (V^T and the descale table made once, outside the timing), and
-with each of gluon_kernel_ab.FORWARD_OPTIONS: O's rescale skipped where the maxima held, `fp8_kernel_lazy`
-(lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the tensor cores, `fp8_kernel_sums`
-(sums_by_mma), O by TMA stores, `fp8_kernel_ostore` (o_by_tma), K and V paired in one stage,
-`fp8_kernel_paired` (paired_stages), and all four, `fp8_kernel_all`.
+The kernel alone also runs, `fp8_kernel` (the library's flags; V^T and the descale table made once,
+outside the timing), and with each of gluon_kernel_ab.FORWARD_OPTIONS, a flag turned over from the
+library's setting: O's rescale skipped where the maxima held, `fp8_kernel_lazy` (lazy_rescale,
+kernels/gluon_rescale.py), the rows' sums by the tensor cores, `fp8_kernel_sums` (sums_by_mma), O by TMA
+stores, `fp8_kernel_ostore` (o_by_tma), K and V not paired in one stage, `fp8_kernel_no_paired`
+(paired_stages off), and all four flags, `fp8_kernel_all`.
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
 earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments; and at D = 64 this
 tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.

@@ -14,10 +14,12 @@ with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
-the current one also with each of FORWARD_OPTIONS (launch/gluon_forward.ForwardOptions): O's rescale
-skipped where the maxima held (`current_lazy`: lazy_rescale, kernels/gluon_rescale.py), the rows' sums by
-the tensor cores (`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), K and V
-paired in one stage (`current_paired`: paired_stages), and all four; the Triton forward and cuDNN's;
+the current one (`current`: the library's DEFAULT_OPTIONS) also with each of FORWARD_OPTIONS
+(launch/gluon_forward.ForwardOptions), each flag turned over from the library's setting: O's rescale skipped
+where the maxima held (`current_lazy`: lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the
+tensor cores (`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), each added to the
+defaults, K and V paired in one stage taken from them (`current_no_paired`: paired_stages off), and all four
+flags; the Triton forward and cuDNN's;
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
 per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
 docs/performance.md, entries 66, 69-73 and 86-90.
@@ -66,9 +68,20 @@ def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
     return tuple(named[name] for name in base.arg_names)
 
 
-# The Gluon forward's flags (launch/gluon_forward.py), each raced on its own and all together
-# (docs/performance.md, entries 86-91).
-FORWARD_OPTIONS = {**gluon_forward.single_flags(), "all": gluon_forward.ForwardOptions(True, True, True, True)}
+def flags_turned_over() -> dict[str, gluon_forward.ForwardOptions]:
+    """The library's DEFAULT_OPTIONS with one flag turned over, by its FLAG_NAMES name (a flag on by default
+    as "no_<name>"), and all four flags on: what each flag changes beside what the library runs."""
+    default = gluon_forward.DEFAULT_OPTIONS
+    options = {}
+    for name, field in zip(gluon_forward.FLAG_NAMES, gluon_forward.ForwardOptions._fields, strict=True):
+        on = getattr(default, field)
+        options[("no_" if on else "") + name] = default._replace(**{field: not on})
+    return options | {"all": gluon_forward.ForwardOptions(True, True, True, True)}
+
+
+# The Gluon forward's flags (launch/gluon_forward.py), each turned over from the library's setting and all
+# together (docs/performance.md, entries 86-92).
+FORWARD_OPTIONS = flags_turned_over()
 
 
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,
