@@ -216,8 +216,6 @@ def test_gluon_fp8_options_match_float64_reference(request, head_dim, is_causal,
     test_gluon_fp8_matches_float64_reference. Two flags, off by default, fail on the H200 (docs/performance.md
     entry 91): o_by_tma faults at D = 64 causal (skipped: the fault spoils the process's later tests), and
     sums_by_mma's e4m3 sums are wrong (a strict xfail, until found)."""
-    if options.o_by_tma and head_dim == 64 and is_causal:
-        pytest.skip("o_by_tma faults at D = 64 causal on the H200 (docs/performance.md, entry 91)")
     if options.sums_by_mma:
         request.applymarker(pytest.mark.xfail(strict=True, reason="sums_by_mma's e4m3 sums are wrong (entry 91)"))
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)

@@ -438,24 +438,37 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
 
 
 @gluon.jit
+def _store_rows(o, O, o_base, stride_om, rows0, seqlen_q):
+    """O's 64 rows from `rows0` through pointers (O like q, `stride_om` between rows), those outside 0..seqlen_q
+    - 1 masked off."""
+    BLOCK_M: gl.constexpr = o.type.shape[0]
+    HEAD_DIM: gl.constexpr = o.type.shape[1]
+    rows_o = rows0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o.type.layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o.type.layout))
+    gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(O.dtype.element_ty),
+             mask=(rows_o[:, None] >= 0) & (rows_o[:, None] < seqlen_q))
+
+
+@gluon.jit
 def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, off_b, off_h, rows0, seqlen_q):
     """O's and L's 64 rows from `rows0` (rows outside 0..seqlen_q - 1 are not written). O by a TMA store
     from `o_stage` (this warpgroup's shared-memory tile) when there is an `o_desc`, FlashAttention-3's
     epilogue: the tile leaves as one bulk copy while the warpgroup goes on to the next, and TMA drops the
-    rows out of bounds, where the pointer stores take 16 bytes per row and instruction and a mask; else
-    through pointers (O like q, `stride_om` between rows). L through pointers."""
+    rows past Nq, where the pointer stores take 16 bytes per row and instruction and a mask. A causal
+    tile that overhangs row 0 (_tile) stores through pointers: a TMA store at a negative row stopped the
+    kernel with an illegal instruction on the H200 (docs/performance.md, entry 92). L through pointers."""
     BLOCK_M: gl.constexpr = o.type.shape[0]
     HEAD_DIM: gl.constexpr = o.type.shape[1]
     if o_desc is not None:
-        tma.store_wait(pendings=0)  # the previous tile's O has left the staging tile
-        o_stage.reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_stage.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, rows0, 0], o_stage)
+        if rows0 >= 0:
+            tma.store_wait(pendings=0)  # the previous tile's O has left the staging tile
+            o_stage.reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_stage.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [off_b, off_h, rows0, 0], o_stage)
+        else:
+            _store_rows(o, O, o_base, stride_om, rows0, seqlen_q)
     else:
-        rows_o = rows0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o.type.layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o.type.layout))
-        gl.store(O + o_base + rows_o.to(gl.int64)[:, None] * stride_om + cols[None, :], o.to(O.dtype.element_ty),
-                 mask=(rows_o[:, None] >= 0) & (rows_o[:, None] < seqlen_q))
+        _store_rows(o, O, o_base, stride_om, rows0, seqlen_q)
     rows = rows0 + gl.arange(0, BLOCK_M, layout=lse.type.layout)
     gl.store(LSE + lse_base + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
 
