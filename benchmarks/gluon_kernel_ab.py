@@ -19,7 +19,8 @@ the current one (`current`: the library's DEFAULT_OPTIONS) also with each of FOR
 where the maxima held (`current_lazy`: lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the
 tensor cores (`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), each added to the
 defaults, K and V paired in one stage taken from them (`current_no_paired`: paired_stages off), and all four
-flags; the Triton forward and cuDNN's;
+flags; the Triton forward and cuDNN's; the current one again, last (`current_again`: its gap to `current`
+is what a provider's place in the round is worth);
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
 per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
 docs/performance.md, entries 66, 69-73 and 86-90.
@@ -68,10 +69,10 @@ def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
     return tuple(named[name] for name in base.arg_names)
 
 
-def flags_turned_over() -> dict[str, gluon_forward.ForwardOptions]:
-    """The library's DEFAULT_OPTIONS with one flag turned over, by its FLAG_NAMES name (a flag on by default
-    as "no_<name>"), and all four flags on: what each flag changes beside what the library runs."""
-    default = gluon_forward.DEFAULT_OPTIONS
+def flags_turned_over(default: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS
+                      ) -> dict[str, gluon_forward.ForwardOptions]:
+    """`default` (the library's options) with one flag turned over, by its FLAG_NAMES name (a flag on by
+    default as "no_<name>"), and all four flags on: what each flag changes beside what the library runs."""
     options = {}
     for name, field in zip(gluon_forward.FLAG_NAMES, gluon_forward.ForwardOptions._fields, strict=True):
         on = getattr(default, field)
@@ -112,6 +113,8 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
     reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     errors = {name: ab_runs.largest_error(fn()[0], reference) for name, fn in providers.items()}
     providers["cudnn"] = ab_runs.cudnn(q, k, v, causal)
+    if "current" in providers:  # last in each round: what the first place is worth
+        providers["current_again"] = providers["current"]
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
     return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, rounds),
                               err=errors)

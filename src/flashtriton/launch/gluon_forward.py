@@ -77,10 +77,12 @@ def single_flags() -> dict[str, ForwardOptions]:
             for name, field in zip(FLAG_NAMES, ForwardOptions._fields, strict=True)}
 
 
-# What the library runs: the flags measured correct and faster on the H200 (docs/performance.md, entry 91):
-# paired_stages, 5-9% in FP8 and 0-1.6% in bf16. lazy_rescale ran 2-5% slower in bf16; sums_by_mma is wrong in
-# FP8 and o_by_tma stops with an illegal instruction at D = 64 causal, both still to be found.
+# What the library runs: the flags measured correct and faster on the H200 (docs/performance.md, entries 91
+# and 92): paired_stages, 5-9% in FP8 and 0-1.6% in bf16; in FP8 also o_by_tma, 5-10% on each of six shapes
+# beside paired_stages. In bf16 o_by_tma ran -5% (cs336's shape) to +3%, so it stays off there; lazy_rescale
+# ran 2-5% slower in bf16; sums_by_mma is wrong in FP8, not yet found.
 DEFAULT_OPTIONS = ForwardOptions(paired_stages=True)
+FP8_DEFAULT_OPTIONS = DEFAULT_OPTIONS._replace(o_by_tma=True)
 
 
 # The flags that need the overlapped loop, and why (the in-turn form refuses them).
@@ -88,9 +90,11 @@ OVERLAP_ONLY = {"sums_by_mma": "the sums are taken beside the overlapped loop's 
                 "paired_stages": "a stage pairs the K and V that the overlapped loop's products read together"}
 
 
-def default_options(overlap: bool) -> ForwardOptions:
-    """DEFAULT_OPTIONS for a form: without OVERLAP_ONLY's flags in the in-turn one."""
-    return DEFAULT_OPTIONS if overlap else DEFAULT_OPTIONS._replace(**dict.fromkeys(OVERLAP_ONLY, False))
+def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
+    """DEFAULT_OPTIONS (FP8_DEFAULT_OPTIONS for an FP8 call) for a form: without OVERLAP_ONLY's flags in the
+    in-turn one."""
+    options = FP8_DEFAULT_OPTIONS if fp8 else DEFAULT_OPTIONS
+    return options if overlap else options._replace(**dict.fromkeys(OVERLAP_ONLY, False))
 
 
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
@@ -221,7 +225,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's).
-    `options`: ForwardOptions (None: default_options(overlap); with o_by_tma, O's descriptor sits among the
+    `options`: ForwardOptions (None: default_options(overlap, fp8); with o_by_tma, O's descriptor sits among the
     descriptors, after V's, else its None is among the scalars)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -232,7 +236,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     seqlen_k = k.shape[2]
     fp8 = q.dtype == torch.float8_e4m3fn
     persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
-    options = default_options(overlap) if options is None else options
+    options = default_options(overlap, fp8) if options is None else options
     elements = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
     def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):

@@ -348,7 +348,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, seqlen)
         warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen, fp8=True)[1]
         reports = []
-        for options in gluon_forward_options():
+        for options in gluon_forward_options(fp8=True):
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
                 q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2), options=options)
             reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
@@ -383,14 +383,16 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     return reports
 
 
-def gluon_forward_options() -> list:
+def gluon_forward_options(fp8: bool = False) -> list:
     """The Gluon forward's flags as inspect_gluon compiles them: none, each alone (O's rescale skipped where
     the maxima held, the rows' sums by the tensor cores, O by TMA, K and V paired in one stage), and the
-    library's DEFAULT_OPTIONS where they are more than one; named in the reports by ForwardOptions.suffix."""
-    from ..launch.gluon_forward import DEFAULT_OPTIONS, ForwardOptions, single_flags
+    library's set (default_options, bf16's or FP8's) where it is more than one flag; named in the reports by
+    ForwardOptions.suffix."""
+    from ..launch.gluon_forward import ForwardOptions, default_options, single_flags
 
     sets = [ForwardOptions(), *single_flags().values()]
-    return sets + ([DEFAULT_OPTIONS] if DEFAULT_OPTIONS not in sets else [])
+    library = default_options(True, fp8)
+    return sets + ([library] if library not in sets else [])
 
 
 def _gluon_config(warpgroups: int, form: str) -> str:
