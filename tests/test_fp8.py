@@ -213,11 +213,11 @@ def test_gluon_fp8_options_match_float64_reference(request, head_dim, is_causal,
     448), sums_by_mma (the sums of the e4m3 P by the tensor cores), o_by_tma (the bf16 O by TMA stores) and
     paired_stages (K and V^T sharing a stage), alone and together, on scores whose row maxima grow across key
     blocks, some by more than the threshold: O and L within twice plain FP8 attention's errors, as
-    test_gluon_fp8_matches_float64_reference. Two flags, off by default, fail on the H200 (docs/performance.md
-    entry 91): o_by_tma faults at D = 64 causal (skipped: the fault spoils the process's later tests), and
-    sums_by_mma's e4m3 sums are wrong (a strict xfail, until found)."""
+    test_gluon_fp8_matches_float64_reference. sums_by_mma's e4m3 sums are wrong on the H200 (docs/performance.md
+    entries 91 and 92: a strict xfail, until found). o_by_tma, on by default in FP8, once faulted at D = 64
+    causal (a TMA store at a negative row, entry 92): shape (2, 4, 2, 130, 700) has such a tile."""
     if options.sums_by_mma:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="sums_by_mma's e4m3 sums are wrong (entry 91)"))
+        request.applymarker(pytest.mark.xfail(strict=True, reason="sums_by_mma's e4m3 sums are wrong (entry 92)"))
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
     batch, heads_kv = shape[0], shape[2]
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)

@@ -477,9 +477,8 @@ def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, f
     test_matches_float64_reference, O's memory NaN-filled before (o_by_tma: TMA must drop the rows past Nq,
     and before row 0 in a causal call's first tile). Key counts 513 and 700 leave the rings' stages at odd
     phases across a persistent program's tiles (paired_stages takes one stage more per tile). sums_by_mma
-    and paired_stages need the overlapped loop (the in-turn form refuses them). o_by_tma, off by default,
-    faults at D = 64 causal on the H200 (docs/performance.md entry 91): skipped there, since the fault spoils
-    the process's later tests."""
+    and paired_stages need the overlapped loop (the in-turn form refuses them). o_by_tma once faulted on the
+    causal tiles that start before row 0 (130 x 700, 1 x 513: docs/performance.md, entry 92)."""
     if form == "in-turn" and (FORWARD_OPTIONS[options].sums_by_mma or FORWARD_OPTIONS[options].paired_stages):
         pytest.skip("sums_by_mma and paired_stages need overlap (test_options_that_need_overlap)")
     torch.manual_seed(sum(seqlens) + head_dim)

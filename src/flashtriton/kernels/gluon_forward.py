@@ -35,12 +35,13 @@ keys are masked, and no row past the count is ever read.
 Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
 whose last dim is contiguous works, (B, N, H, D) included.
 
-Four changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS names those the
-library runs, raced on the H200; docs/performance.md, entries 86, 87 and 89-91): LAZY_RESCALE, rows keep a
-stale max within 2^8 and a warp whose rows all kept theirs skips O's rescale (gluon_rescale.py);
-SUMS_BY_MMA, each row's sum of P by the tensor cores beside P V (_issue_pv); an o_desc, O written by TMA
-stores from shared memory (_store_tile) instead of through pointers; and PAIRED_STAGES (on by default), K
-of block j + 1 and V of block j in one stage of the rings, released together (_load_partition).
+Four changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
+FP8_DEFAULT_OPTIONS name those the library runs, raced on the H200; docs/performance.md, entries 86, 87 and
+89-92): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's
+rescale (gluon_rescale.py); SUMS_BY_MMA, each row's sum of P by the tensor cores beside P V (_issue_pv); an
+o_desc, O written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default
+in FP8); and PAIRED_STAGES (on by default), K of block j + 1 and V of block j in one stage of the rings,
+released together (_load_partition).
 """
 
 from triton.experimental import gluon
