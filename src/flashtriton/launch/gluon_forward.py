@@ -78,9 +78,10 @@ def single_flags() -> dict[str, ForwardOptions]:
 
 
 # What the library runs: the flags measured correct and faster on the H200 (docs/performance.md, entries 91
-# and 92): paired_stages, 5-9% in FP8 and 0-1.6% in bf16; in FP8 also o_by_tma, 5-10% on each of six shapes
-# beside paired_stages. In bf16 o_by_tma ran -5% (cs336's shape) to +3%, so it stays off there; lazy_rescale
-# ran 2-5% slower in bf16; sums_by_mma is wrong in FP8, not yet found.
+# and 92): paired_stages, 5-9% in FP8 and 0-1.6% in bf16 (against a provider that its place in the round may
+# have slowed, entry 92); in FP8 also o_by_tma: the two together 3-7% over neither on six shapes. In bf16
+# o_by_tma ran -5% (cs336's shape) to +3%, so it stays off there; lazy_rescale ran 2-5% slower in bf16;
+# sums_by_mma is wrong in FP8, not yet found.
 DEFAULT_OPTIONS = ForwardOptions(paired_stages=True)
 FP8_DEFAULT_OPTIONS = DEFAULT_OPTIONS._replace(o_by_tma=True)
 
