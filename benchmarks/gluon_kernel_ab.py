@@ -23,7 +23,7 @@ flags; the Triton forward and cuDNN's; the current one again, last (`current_aga
 is what a provider's place in the round is worth);
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
 per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
-docs/performance.md, entries 66, 69-73 and 86-90.
+docs/performance.md, entries 66, 69-73 and 86-92.
 """
 
 import argparse
@@ -77,7 +77,7 @@ def flags_turned_over(default: gluon_forward.ForwardOptions = gluon_forward.DEFA
     for name, field in zip(gluon_forward.FLAG_NAMES, gluon_forward.ForwardOptions._fields, strict=True):
         on = getattr(default, field)
         options[("no_" if on else "") + name] = default._replace(**{field: not on})
-    return options | {"all": gluon_forward.ForwardOptions(True, True, True, True)}
+    return options | {"all": gluon_forward.ALL_FLAGS}
 
 
 # The Gluon forward's flags (launch/gluon_forward.py), each turned over from the library's setting and all

@@ -200,7 +200,7 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     assert calls == [E4M3]
 
 
-FP8_OPTIONS = {**gluon_forward.single_flags(), "all": gluon_forward.ForwardOptions(True, True, True, True)}
+FP8_OPTIONS = gluon_forward.flag_sets()
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")

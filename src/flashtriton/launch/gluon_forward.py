@@ -47,8 +47,8 @@ FORMS = {"in-turn": (False, False), "overlap": (True, False), "pingpong": (True,
 
 
 class ForwardOptions(NamedTuple):
-    """Changes to the Gluon forward that are flags of the same kernel, off here; DEFAULT_OPTIONS names those
-    the library runs, once raced on the H200."""
+    """Changes to the Gluon forward that are flags of the same kernel, off here; DEFAULT_OPTIONS and
+    FP8_DEFAULT_OPTIONS name those the library runs, once raced on the H200."""
     # O rescaled only where a row's max grew by more than 2^8 (the kernel's LAZY_RESCALE,
     # kernels/gluon_rescale.py): 51 fewer instructions per key block and warp at D = 128 offline (entry 86)
     lazy_rescale: bool = False
@@ -75,6 +75,14 @@ def single_flags() -> dict[str, ForwardOptions]:
     """Each of ForwardOptions' flags on alone, by its FLAG_NAMES name (the A/B runs', inspect's, the tests')."""
     return {name: ForwardOptions(**{field: True})
             for name, field in zip(FLAG_NAMES, ForwardOptions._fields, strict=True)}
+
+
+ALL_FLAGS = ForwardOptions(*(True, ) * len(ForwardOptions._fields))  # every flag on (the tests', the A/B runs')
+
+
+def flag_sets() -> dict[str, ForwardOptions]:
+    """single_flags() and ALL_FLAGS as "all": the sets the GPU tests run the kernel with."""
+    return single_flags() | {"all": ALL_FLAGS}
 
 
 # What the library runs: the flags measured correct and faster on the H200 (docs/performance.md, entries 91
