@@ -32,7 +32,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     lse = torch.empty(batch, heads, n, device="cuda")
     tiles = batch * heads * -(-n // (gluon_forward.WARPGROUPS[head_dim] * gluon_forward.BLOCK_M))
 
-    def kernel(grid=None, warpgroups=None, fp8=True, block_n=gluon_forward.BLOCK_N):
+    def kernel(grid=None, warpgroups=None, fp8=True, block_n=None):
         args = (q8, k8, vt) if fp8 else (qb, kb, vb)
         launch, default_grid, params, options = gluon_forward.gluon_forward_launch(
             *args, o, lse, causal, head_dim ** -0.5, overlap=True, warpgroups=warpgroups, block_n=block_n,

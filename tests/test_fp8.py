@@ -28,7 +28,7 @@ def _quantized(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, per_head,
         if growing and i == 0:
             x = x * (0.25 + (torch.arange(seqlen_q, device=DEVICE) % 8) / 4)[:, None]
         elif growing and i == 1:
-            x = x * (1 + torch.arange(seqlen_k, device=DEVICE) // gluon_forward.BLOCK_N)[:, None]
+            x = x * (1 + torch.arange(seqlen_k, device=DEVICE) // gluon_forward.BLOCK_N[head_dim])[:, None]
         if per_head:
             by_kv_head = x.unflatten(1, (heads_kv, -1)) if i == 0 else x[:, :, None]
             scale = by_kv_head.abs().amax(dim=(2, 3, 4)) / 448  # e4m3's largest finite value

@@ -24,18 +24,23 @@ pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(),
 ON_HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.fixture(scope="module")
-def reports():
-    # inspect compiles real kernels, so it runs in its own process without TRITON_INTERPRET.
+def inspect_gluon_reports(head_dims: str, dtypes: str) -> list[dict]:
+    """`inspect --gluon --json`'s reports: it compiles real kernels, so it runs in its own process without
+    TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = os.path.join(os.path.dirname(__file__), "..", "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    # bf16 and the FP8 form: fp16 compiles the same code with another element type (`inspect --gluon
-    # --dtypes fp16`), and each compile costs the suite seconds.
-    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--gluon", "--head-dims", "64,128",
-                          "--dtypes", "bf16,fp8", "--json"], capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--gluon", "--head-dims", head_dims,
+                          "--dtypes", dtypes, "--json"], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    # bf16 and the FP8 form: fp16 compiles the same code with another element type (`inspect --gluon
+    # --dtypes fp16`), and each compile costs the suite seconds.
+    return inspect_gluon_reports("64,128", "bf16,fp8")
 
 
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
@@ -67,6 +72,31 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * warpgroups) * 32 <= 65536, r
         assert r["shared_bytes"] <= 227 * 1024, r
+
+
+def test_head_dim_256_compiles_every_form_without_spills():
+    """D = 256, the 16-bit forward only (FLASHTRITON_FORWARD=gluon; no Gluon backward or FP8 form there): two
+    softmax warpgroups over 64-key blocks, each form and each flag the head dim takes (O by TMA does not fit),
+    both masks: wgmma asynchronous, no spilled register (O's 64 x 256 fp32 is 128 of a softmax thread's
+    240), the partitions trading registers, within 227 KB of shared memory (192 KB of Q, K and V); and the
+    flags' own facts, as at D = 64 and 128 (one arrive per block with paired stages, BLOCK_N / 16 thin
+    products per P V with sums_by_mma, a skippable rescale of D / 2 FMULs per warpgroup with lazy_rescale)."""
+    reports = inspect_gluon_reports("256", "bf16")
+    flags = [f for f in gluon_forward_options()[1:] if not f.o_by_tma]
+    forms = {*gluon_forward.FORMS, "overlap-key-counts", *("overlap" + flag.suffix() for flag in flags)}
+    assert sorted((r["config"].split("-", 4)[4], r["causal"]) for r in reports) == sorted(
+        (form, causal) for form in forms for causal in (False, True))
+    by_form = {(r["config"].split("-", 4)[4], r["causal"]): r for r in reports}
+    for r in reports:
+        assert r["kernel"] == "attn_fwd_gluon_kernel" and r["config"].startswith("M64x2-N64-"), r
+        assert r["hgmma"] > 0 and r["hmma"] == 0 and not r["wgmma_serialized"], r
+        assert r["stack_bytes"] + r["local_bytes"] == 0 and r["register_reallocations"] > 0, r
+        assert r["registers"] * (4 + 4 * 2) * 32 <= 65536 and r["shared_bytes"] <= 227 * 1024, r
+    for causal in (False, True):
+        plain = by_form["overlap", causal]
+        assert (by_form["overlap-paired", causal]["loop_arrives"], plain["loop_arrives"]) == (2, 4)
+        assert by_form["overlap-sums", causal]["hgmma"] - plain["hgmma"] == 2 * 2 * 64 // 16
+        assert by_form["overlap-lazy", causal]["skippable_fmul"] == 2 * 256 // 2
 
 
 def test_causal_mask_compares_with_immediates(reports):
@@ -155,12 +185,12 @@ def test_sums_by_mma_trade_adds_for_thin_products(reports):
     the sums' quad shuffles; 144-416 on Triton 3.6), no spill beyond that form's, wgmma still
     asynchronous, 2 KB of ones (1 KB in FP8) in shared memory. bf16 and FP8, D 64 and 128, both masks."""
     for r, warpgroups, twin in option_forms(reports, "-sums"):
-        fp8 = r["dtype"] == "float8_e4m3fn"
-        assert r["hgmma"] - twin["hgmma"] == warpgroups * 2 * (gluon_forward.BLOCK_N // (32 if fp8 else 16)), (r, twin)
+        fp8, block_n = r["dtype"] == "float8_e4m3fn", gluon_forward.BLOCK_N[r["head_dim"]]
+        assert r["hgmma"] - twin["hgmma"] == warpgroups * 2 * (block_n // (32 if fp8 else 16)), (r, twin)
         assert r["instructions"] <= twin["instructions"] - 100, (r, twin)
         assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
         assert not r["wgmma_serialized"], r
-        assert r["shared_bytes"] - twin["shared_bytes"] >= 8 * gluon_forward.BLOCK_N * (1 if fp8 else 2), (r, twin)
+        assert r["shared_bytes"] - twin["shared_bytes"] >= 8 * block_n * (1 if fp8 else 2), (r, twin)
 
 
 def test_paired_stages_release_each_block_once(reports):
@@ -420,6 +450,30 @@ def test_supports():
     assert not gluon_forward.gluon_forward_supports(q, k[:, :, :0], v[:, :, :0])  # no key: TMA needs one
     odd = torch.randn(1, 4, 40, 65, dtype=torch.bfloat16)[..., :64]  # rows 130 bytes apart: not TMA-aligned
     assert not gluon_forward.gluon_forward_supports(odd, k, v)
+    # D = 256 in 16-bit (64-key blocks), not in FP8
+    q256, k256, v256 = make_qkv(1, 4, 2, 40, 50, 256, torch.bfloat16, "cpu", requires_grad=False)
+    assert gluon_forward.gluon_forward_supports(q256, k256, v256)
+    fp8 = (torch.float8_e4m3fn, )
+    assert gluon_forward.gluon_forward_supports(*(x.to(torch.float8_e4m3fn) for x in (q, k, v)), dtypes=fp8)
+    assert not gluon_forward.gluon_forward_supports(*(x.to(torch.float8_e4m3fn) for x in (q256, k256, v256)),
+                                                    dtypes=fp8)
+
+
+def test_launch_refuses_what_it_cannot_hold():
+    """gluon_forward_launch, called directly (A/B scripts, inspect), names the head dims it takes, and refuses
+    O by TMA at D = 256, where O's staging tiles would not fit beside the rings in shared memory."""
+    def launch(head_dim, dtype=torch.bfloat16, **kwargs):
+        q = torch.randn(1, 2, 64, head_dim).to(dtype)
+        v = torch.randn(1, 2, head_dim, 64).to(dtype) if dtype == torch.float8_e4m3fn else q  # (FP8: V^T)
+        o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, 64)
+        return gluon_forward.gluon_forward_launch(q, q, v, o, lse, False, 0.1, overlap=True, **kwargs)
+    assert launch(256)[1] == (2, )  # 2 x 2 heads' 64 rows: one tile each
+    with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\), got 96; the Triton kernels"):
+        launch(96)
+    with pytest.raises(ValueError, match=r"head dims \(64, 128\) in FP8, got 256"):
+        launch(256, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2))
+    with pytest.raises(ValueError, match=r"o_by_tma=True needs a head dim in \(64, 128\), got 256"):
+        launch(256, options=gluon_forward.ForwardOptions(o_by_tma=True))
 
 
 def assert_matches_reference(q, k, v, is_causal, scale, o, lse):
@@ -436,7 +490,7 @@ def assert_matches_reference(q, k, v, is_causal, scale, o, lse):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", gluon_forward.HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(1, 1), (17, 63), (97, 130), (130, 97), (300, 333), (1024, 1024)])
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
@@ -454,9 +508,9 @@ def test_matches_float64_reference(head_dim, is_causal, seqlens, form):
 
 def growing_scores(q, k):
     """q and k scaled so that the scores' row maxima grow from key block to key block, by more than the
-    lazy rescale's threshold in some rows and by less in others: key block b (of 128 keys) times 1 + b, query
+    lazy rescale's threshold in some rows and by less in others: key block b (of BLOCK_N keys) times 1 + b, query
     row i times 0.25 to 2 by i % 8."""
-    block = torch.arange(k.shape[2], device=k.device) // gluon_forward.BLOCK_N
+    block = torch.arange(k.shape[2], device=k.device) // gluon_forward.BLOCK_N[k.shape[-1]]
     rows = torch.arange(q.shape[2], device=q.device) % 8
     return q * (0.25 + rows / 4)[:, None].to(q.dtype), k * (1 + block)[:, None].to(k.dtype)
 
@@ -465,7 +519,7 @@ FORWARD_OPTIONS = gluon_forward.flag_sets()
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", gluon_forward.HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(1, 513), (130, 700), (700, 130), (640, 640)])
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
@@ -481,6 +535,8 @@ def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, f
     causal tiles that start before row 0 (130 x 700, 1 x 513: docs/performance.md, entry 92)."""
     if form == "in-turn" and (FORWARD_OPTIONS[options].sums_by_mma or FORWARD_OPTIONS[options].paired_stages):
         pytest.skip("sums_by_mma and paired_stages need overlap (test_options_that_need_overlap)")
+    if FORWARD_OPTIONS[options].o_by_tma and head_dim not in gluon_forward.O_BY_TMA_HEAD_DIMS:
+        pytest.skip("O's staging tiles do not fit beside D = 256's rings (test_launch_refuses_what_it_cannot_hold)")
     torch.manual_seed(sum(seqlens) + head_dim)
     q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
     q, k = growing_scores(q, k)
@@ -548,13 +604,13 @@ def test_fp8_default_options_store_o_by_tma():
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", gluon_forward.HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
 def test_key_counts_on_a_padded_cache(head_dim, is_causal, form):
     """seqused_k: each sequence attends to its own first keys of a padded K and V whose rows past the count
     hold NaN, its causal diagonal at its last key. Counts 0 (O = 0, L = -inf), 5 (shorter than a key
-    block: the block ending at the count starts before key 0), 128 (a whole block), 300, 333 (the whole
+    block: the block ending at the count starts before key 0), 128 (whole blocks), 300, 333 (the whole
     cache); 130 queries, GQA 4/2: each sequence against the float64 reference on its own keys."""
     torch.manual_seed(head_dim + is_causal)
     counts = [0, 5, 128, 300, 333]
@@ -603,7 +659,7 @@ def test_chunked_prefill_with_lengths_takes_the_gluon_forward(monkeypatch, path)
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", gluon_forward.HEAD_DIMS)
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
 def test_persistent_programs_take_several_tiles(head_dim, form, is_causal):
     """More tiles than SMs (3 x 8 heads x 16 row tiles = 384), with and without a causal mask (Nk = 2100
@@ -618,11 +674,12 @@ def test_persistent_programs_take_several_tiles(head_dim, form, is_causal):
 
 
 @pytest.mark.parametrize("seqlen_k, head_dim, persistent", [(8192, 128, True), (8193, 128, False), (4096, 64, True),
-                                                           (4097, 64, False), (16384, 64, False)])
+                                                           (4097, 64, False), (16384, 64, False), (4096, 256, True),
+                                                           (4097, 256, False)])
 def test_causal_grid_is_persistent_up_to_its_keys(seqlen_k, head_dim, persistent):
     """The launch's grid (no GPU needed: off the GPU it is sized for an H200's 132 SMs): one program per SM
     without a mask at any length, and with a causal mask up to PERSISTENT_CAUSAL_MAX_KEYS keys (8192 at
-    D = 128, 4096 at D = 64); one program per tile past it."""
+    D = 128, 4096 at D = 64 and 256); one program per tile past it."""
     def grid(is_causal):
         q = torch.empty(4, 8, 4096, head_dim, dtype=torch.bfloat16)
         k = torch.empty(4, 8, seqlen_k, head_dim, dtype=torch.bfloat16)
@@ -636,7 +693,8 @@ def test_causal_grid_is_persistent_up_to_its_keys(seqlen_k, head_dim, persistent
 
 @pytest.mark.parametrize("head_dim, is_causal, seqlen_k, fp8, form", [
     (64, False, 4096, False, (True, 3)), (64, True, 4096, False, (True, 2)), (64, True, 4097, False, (False, 3)),
-    (64, True, 4096, True, (True, 3)), (128, True, 4096, False, (True, 2)), (128, False, 512, False, (True, 2))])
+    (64, True, 4096, True, (True, 3)), (128, True, 4096, False, (True, 2)), (128, False, 512, False, (True, 2)),
+    (256, False, 4096, False, (True, 2)), (256, True, 8192, False, (False, 2))])
 def test_grid_form_takes_two_warpgroups_on_a_persistent_causal_grid(head_dim, is_causal, seqlen_k, fp8, form):
     """(persistent, softmax warpgroups) by the rules: three warpgroups at D = 64 but two on a persistent causal
     grid in 16-bit (FP8 keeps three); what a caller forces stands."""
@@ -773,7 +831,7 @@ def test_a_repeated_call_replays_its_launch(monkeypatch):
     first, second = (make_qkv(2, 4, 2, 97, 333, 128, torch.bfloat16, DEVICE, requires_grad=False) for _ in range(2))
     assert not call(*first, [333, 130]).replayed
     choice = call(*second, [17, 300])
-    assert choice.replayed and str(choice) == f"gluon-{gluon_forward.gluon_tiles(2)}", choice
+    assert choice.replayed and str(choice) == f"gluon-{gluon_forward.gluon_tiles(2, 128)}", choice
     bnhd = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in second]
     assert not call(*bnhd, [17, 300]).replayed
     monkeypatch.setattr(CACHE, "replays", False)

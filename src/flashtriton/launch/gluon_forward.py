@@ -7,10 +7,14 @@ FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for
 (D = 64 too, any length), "auto" (the default) decides by head dim, length and size. The Triton kernels
 stay the reference: interpreter-tested, portable, and what every variant runs.
 
-Tiles: WARPGROUPS softmax warpgroups (two at D = 128, three at D = 64, two on a persistent causal grid) of
-BLOCK_M = 64 query rows each (a tile holds 128 or 192), key blocks of BLOCK_N = 128, NUM_STAGES = 2
-shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB of the H200's 227 KB per
-block).
+Tiles: WARPGROUPS softmax warpgroups (two at D = 128 and 256, three at D = 64, two on a persistent causal
+grid) of BLOCK_M = 64 query rows each (a tile holds 128 or 192), key blocks of BLOCK_N = 128 keys (64 at
+D = 256), NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB of
+the H200's 227 KB per block; at D = 256, 2 x 64 KB and Q's 64 KB: 192 KB).
+
+D = 256 is compiled and checked offline (no spilled register, 192 KB of shared memory) but has not run on a
+GPU yet: only FLASHTRITON_FORWARD=gluon takes it (AUTO_MIN_KEYS has no entry for it), and neither the FP8
+form nor the Gluon backward does (FP8_HEAD_DIMS, gluon_backward.BLOCK_M).
 """
 
 from __future__ import annotations
@@ -27,13 +31,18 @@ from .arguments import LOG2E, cdiv, cuda_properties, sm_count
 from .runner import LaunchSpec, replay_recorded, run
 
 BLOCK_M = 64
-BLOCK_N = 128
+# Keys per block, by head dim. At D = 256 a softmax thread holds O's 64 x 256 fp32 (128 registers), so the
+# scores take 64 keys (32 registers; 128 keys spill), and two stages of 128 keys would not fit shared memory.
+BLOCK_N = {64: 128, 128: 128, 256: 64}
 NUM_STAGES = 2
-HEAD_DIMS = (64, 128)
-WARPGROUPS = {64: 3, 128: 2}  # softmax warpgroups per tile, by head dim (the faster on the H200: entry 49)
+HEAD_DIMS = tuple(BLOCK_N)
+FP8_HEAD_DIMS = (64, 128)  # the FP8 form's (D = 256 not compiled in FP8)
+# O by TMA stages each warpgroup's 64 x D output in shared memory: another 64 KB at D = 256, past the 227 KB.
+O_BY_TMA_HEAD_DIMS = (64, 128)
+WARPGROUPS = {64: 3, 128: 2, 256: 2}  # softmax warpgroups per tile, by head dim (the faster on the H200: entry 49)
 # ... but a persistent causal grid takes two at D = 64 in 16-bit: its 192-row tiles shared out among the
 # programs less evenly than 128-row ones: 1.04-1.38x three there from 2048 to 8192 keys (entry 80)
-PERSISTENT_CAUSAL_WARPGROUPS = {64: 2, 128: 2}
+PERSISTENT_CAUSAL_WARPGROUPS = {64: 2, 128: 2, 256: 2}
 # Registers per thread by softmax warpgroups: (at launch, each softmax thread's after setmaxnreg). The SM's
 # 64K are shared by the loader's 4 warps and the softmax warpgroups: with two (12 warps), 168 at launch,
 # then 240 per softmax thread and what is left (24) per loader thread; with three (16 warps), 128, then
@@ -128,10 +137,11 @@ def gluon_available() -> bool:
 
 def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple = _DTYPES) -> bool:
     """Whether the Gluon forward takes this (B, H, N, D) call with no variant flag: a dtype of `dtypes` (bf16
-    or fp16; the FP8 form float8 e4m3, fp8_gluon_supports), D in HEAD_DIMS, at least one key, every dim's
-    stride but the last a multiple of 16 bytes and the last 1 (TMA), on an sm_90 GPU (any device when only
-    compiled offline)."""
-    if q.dtype not in dtypes or q.dim() != 4 or q.shape[-1] not in HEAD_DIMS or k.shape[2] == 0:
+    or fp16; the FP8 form float8 e4m3, fp8_gluon_supports), D in HEAD_DIMS (FP8: FP8_HEAD_DIMS), at least one
+    key, every dim's stride but the last a multiple of 16 bytes and the last 1 (TMA), on an sm_90 GPU (any
+    device when only compiled offline)."""
+    head_dims = FP8_HEAD_DIMS if q.dtype == torch.float8_e4m3fn else HEAD_DIMS
+    if q.dtype not in dtypes or q.dim() != 4 or q.shape[-1] not in head_dims or k.shape[2] == 0:
         return False
     for x in (q, k, v):
         if x.stride(-1) != 1 or x.data_ptr() % 16 or any(s * x.element_size() % 16 for s in x.stride()[:-1]):
@@ -155,14 +165,16 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # processes), and 1.02-1.12x from 16384, one program per tile (entries 72, 81, 84). And only for
 # calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton
 # path replayed a recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
-# where the two paths now cross for small calls is not re-measured, so the bound stays.
+# where the two paths now cross for small calls is not re-measured, so the bound stays. D = 256 has not run
+# on a GPU: no entry, so auto leaves it to the Triton kernel.
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 1024}
 AUTO_MIN_WORK = 2 ** 33
 # A causal call's grid is persistent up to this many keys, by head dim: at D = 128 in bf16, 1.02-1.08x one
 # program per tile from 1024 to 8192 keys and 0.69x at 16384 (entry 55); in FP8, 1.01x at 8192 and 0.66x at
 # 16384. At D = 64, 0.91x at 16384 in FP8 (entry 60) and in bf16 0.94x at 8192 (two warpgroups against one
-# program per tile with three, entry 84), though a head's K and V take half the bytes or less there.
-PERSISTENT_CAUSAL_MAX_KEYS = {64: 4096, 128: 8192}
+# program per tile with three, entry 84), though a head's K and V take half the bytes or less there. D = 256:
+# D = 128's bound in bytes (4 MiB of K and V per head), not measured.
+PERSISTENT_CAUSAL_MAX_KEYS = {64: 4096, 128: 8192, 256: 4096}
 
 
 def path_from_environment(variable: str, what: str) -> str:
@@ -180,7 +192,7 @@ def forward_path() -> str:
     return path_from_environment(FORWARD_PATH_VARIABLE, "forward")
 
 
-def gluon_tiles(warpgroups: int, overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
+def gluon_tiles(warpgroups: int, block_n: int, overlap: bool = True, pingpong: bool = False,
                 stages: int = NUM_STAGES) -> str:
     """What attention_forward_gluon runs with these arguments, for logs: e.g. M64x2-N128-s2-overlap."""
     form = next(name for name, flags in FORMS.items() if flags == (overlap, pingpong))
@@ -221,7 +233,7 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
 
 def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
-                         block_n: int = BLOCK_N, stages: int = NUM_STAGES, warpgroups: int | None = None,
+                         block_n: int | None = None, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
                          seqused_k: torch.Tensor | None = None,
                          options: ForwardOptions | None = None) -> tuple:
@@ -229,7 +241,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
-    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: grid_form's rule);
+    key tile, the ring's depth and the softmax warpgroups per tile (A/B runs; None: BLOCK_N's by head dim,
+    grid_form's rule);
     `persistent` forces the grid, one program per SM or one per tile (None: grid_form's rule). FP8
     (q in float8 e4m3): `v` is fp8_values_operand's V^T, (B, Hkv, D, Nk rounded up to 32), and `descale`
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
@@ -244,7 +257,11 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     batch, heads, seqlen_q, head_dim = q.shape
     seqlen_k = k.shape[2]
     fp8 = q.dtype == torch.float8_e4m3fn
+    if head_dim not in (FP8_HEAD_DIMS if fp8 else HEAD_DIMS):
+        raise ValueError(f"the Gluon forward takes head dims {FP8_HEAD_DIMS if fp8 else HEAD_DIMS}"
+                         f"{' in FP8' if fp8 else ''}, got {head_dim}; the Triton kernels take the others")
     persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
+    block_n = BLOCK_N[head_dim] if block_n is None else block_n
     options = default_options(overlap, fp8) if options is None else options
     elements = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
@@ -252,6 +269,9 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         box = [1, 1, rows, cols]
         layout = gl.NVMMASharedLayout.get_default_for(box, elements[x.dtype])
         return TensorDescriptor.from_tensor(x, box, layout)
+    if options.o_by_tma and head_dim not in O_BY_TMA_HEAD_DIMS:
+        raise ValueError(f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS}, got {head_dim}: O's staging "
+                         "tiles would not fit in shared memory beside the rings")
     if fp8 and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
                          "(fp8_forward_gluon prepares both)")
@@ -279,7 +299,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                            overlap: bool = True, pingpong: bool = False, block_n: int = BLOCK_N,
+                            overlap: bool = True, pingpong: bool = False, block_n: int | None = None,
                             stages: int = NUM_STAGES, warpgroups: int | None = None,
                             seqused_k: torch.Tensor | None = None,
                             options: ForwardOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,11 +324,12 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                               stages, warpgroups, options)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
-    # (resolved here, so that the launch and the log name the same count)
+    # (resolved here, so that the launch and the log name the same count and key block)
     warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
+    block_n = BLOCK_N[q.shape[-1]] if block_n is None else block_n
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
                                                       stages, warpgroups, seqused_k=seqused_k, options=options)
-    tiles = "gluon-" + gluon_tiles(warpgroups, overlap, pingpong, block_n, stages) + options.suffix()
+    tiles = "gluon-" + gluon_tiles(warpgroups, block_n, overlap, pingpong, stages) + options.suffix()
     descriptors = 4 if options.o_by_tma else 3  # (without O's, its None stays among the scalars)
     run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:4 + descriptors],
                                     args[4 + descriptors:], {}, kwargs, tiles)], ("gluon_fwd", ))

@@ -185,6 +185,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ..launch import gluon_backward, gluon_forward
     from .inspect import (
         inspect_decode,
         inspect_defaults,
@@ -208,9 +209,10 @@ def _inspect(args: argparse.Namespace) -> int:
                 if args.variants:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
                     continue
-                if args.gluon:
-                    reports += inspect_gluon(head_dim, dtypes[name], causal)
-                    if name != "fp8":  # (a forward only)
+                if args.gluon:  # the head dims each Gluon kernel takes (D = 256: the 16-bit forward only)
+                    if head_dim in (gluon_forward.FP8_HEAD_DIMS if name == "fp8" else gluon_forward.HEAD_DIMS):
+                        reports += inspect_gluon(head_dim, dtypes[name], causal)
+                    if name != "fp8" and head_dim in gluon_backward.BLOCK_M:  # (FP8: a forward only)
                         reports += inspect_gluon_backward(head_dim, dtypes[name], causal)
                     continue
                 reports += inspect_defaults(head_dim, dtypes[name], causal, use_tma=not args.no_tma,

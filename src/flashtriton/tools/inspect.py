@@ -351,8 +351,9 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         for options in gluon_forward_options(fp8=True):
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
                 q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True, descale=torch.ones(3, 1, 2), options=options)
+            config = _gluon_config(warpgroups, head_dim, "overlap-fp8" + options.suffix())
             reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
-                                   dtype, causal, _gluon_config(warpgroups, "overlap-fp8" + options.suffix())))
+                                   dtype, causal, config))
         return reports
     q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
     o, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
@@ -365,21 +366,23 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                                                                         overlap, pingpong, warpgroups=warpgroups,
                                                                         options=gluon_forward.ForwardOptions())
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
-        reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, _gluon_config(warpgroups, form)))
+        reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal,
+                               _gluon_config(warpgroups, head_dim, form)))
     # the form the library runs, with a key count per sequence (a KV cache's chunked prefill)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
         q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"],
         seqused_k=torch.tensor([seqlen // 3], dtype=torch.int32))
+    warpgroups = gluon_forward.grid_form(head_dim, causal, seqlen)[1]  # the library's, as below
     reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim, dtype,
-                           causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
-                                                 "overlap-key-counts")))
-    # the library's form with each flag alone (and with the library's flags)
+                           causal, _gluon_config(warpgroups, head_dim, "overlap-key-counts")))
+    # the library's form with each flag alone (and with the library's flags), those the head dim takes
     for options in gluon_forward_options()[1:]:
+        if options.o_by_tma and head_dim not in gluon_forward.O_BY_TMA_HEAD_DIMS:
+            continue
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
             q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], options=options)
         reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
-                               dtype, causal, _gluon_config(gluon_forward.grid_form(head_dim, causal, seqlen)[1],
-                                                            "overlap" + options.suffix())))
+                               dtype, causal, _gluon_config(warpgroups, head_dim, "overlap" + options.suffix())))
     return reports
 
 
@@ -395,12 +398,12 @@ def gluon_forward_options(fp8: bool = False) -> list:
     return sets + ([library] if library not in sets else [])
 
 
-def _gluon_config(warpgroups: int, form: str) -> str:
+def _gluon_config(warpgroups: int, head_dim: int, form: str) -> str:
     """The Gluon forward's tiles, registers and form as a report's `config`, e.g. M64x2-N128-s2-r168/240-overlap."""
     from ..launch import gluon_forward
 
     launch_registers, softmax_registers = gluon_forward.REGISTERS[warpgroups]
-    return (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{gluon_forward.BLOCK_N}-s{gluon_forward.NUM_STAGES}-"
+    return (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{gluon_forward.BLOCK_N[head_dim]}-s{gluon_forward.NUM_STAGES}-"
             f"r{launch_registers}/{softmax_registers}-{form}")
 
 
