@@ -16,10 +16,13 @@ from flashtriton import flash_attention
 from flashtriton.launch import gluon_forward
 
 ROUNDS = 5
-# (batch, heads, N, head dim, causal): D = 64, causal and not, around auto's bounds
+# (batch, heads, N, head dim, causal): D = 64, causal and not, around auto's bounds; then D = 256 (9-13), which
+# auto leaves to the Triton kernel until a race like this one says otherwise (docs/performance.md, entry 93)
 SHAPES = [(16, 16, 1024, 64, True), (8, 16, 2048, 64, True), (4, 32, 4096, 64, True), (2, 16, 8192, 64, True),
           (1, 16, 16384, 64, True), (8, 16, 2048, 64, False), (4, 32, 4096, 64, False), (16, 32, 1024, 64, False),
-          (8, 32, 2048, 64, False)]
+          (8, 32, 2048, 64, False),
+          (8, 16, 1024, 256, False), (4, 16, 2048, 256, True), (4, 16, 4096, 256, False), (4, 16, 4096, 256, True),
+          (1, 16, 16384, 256, True)]
 
 
 def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
@@ -34,7 +37,12 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
                  for path in ("triton", "gluon")}
     errors = {path: ab_runs.largest_error(fn(), reference) for path, fn in providers.items()}
     providers["gluon_launch"] = lambda: gluon_forward.attention_forward_gluon(q, k, v, causal, head_dim ** -0.5)
-    providers["cudnn"] = ab_runs.cudnn(q, k, v, causal)
+    cudnn = ab_runs.cudnn(q, k, v, causal)
+    try:
+        cudnn()
+        providers["cudnn"] = cudnn
+    except RuntimeError:  # (no cuDNN kernel for this shape: the race goes on without it)
+        pass
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
     return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ab_runs.timed_rounds(providers, ROUNDS),
                               err=errors)
