@@ -45,7 +45,8 @@ from flashtriton.launch.forward import attention_forward
 FORWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True),
                   (8, 16, 2048, 128, True), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
                   (4, 32, 4096, 64, False), (4, 32, 4096, 64, True), (8, 16, 2048, 64, True), (1, 16, 16384, 64, True),
-                  (2, 16, 8192, 64, True), (1, 16, 32768, 64, True)]
+                  (2, 16, 8192, 64, True), (1, 16, 32768, 64, True), (4, 16, 4096, 256, False),
+                  (4, 16, 4096, 256, True)]
 BACKWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 16384, 128, True),
                    (8, 16, 2048, 128, False), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
                    (32, 16, 512, 128, False), (8, 16, 2048, 128, True), (4, 32, 4096, 64, False),
@@ -103,7 +104,8 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
             return o, lse
         return run
     providers = {"base": base_form(False), "current": form(False)}
-    providers.update({f"current_{name}": form(False, options) for name, options in FORWARD_OPTIONS.items()})
+    providers.update({f"current_{name}": form(False, options) for name, options in FORWARD_OPTIONS.items()
+                      if not options.o_by_tma or head_dim in gluon_forward.O_BY_TMA_HEAD_DIMS})
     if pingpong:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True),
                          current_pingpong_all=form(True, FORWARD_OPTIONS["all"]))
