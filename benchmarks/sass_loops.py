@@ -7,7 +7,7 @@ over runs of FMULs only (O's rescale behind its warp's vote, kernels/gluon_resca
 takes when no row's max grew by much. How docs/performance.md entries 85-89 count.
 
     PYTHONPATH=src python benchmarks/sass_loops.py fwd [--dtype bf16|fp8] [--head-dim 128] [--causal]
-        [--options lazy,sums,ostore] [--kernel FILE]
+        [--options lazy,sums,ostore] [--block-n 256] [--kernel FILE]
     PYTHONPATH=src python benchmarks/sass_loops.py bwd [--head-dim 64] [--causal]
 """
 
@@ -47,13 +47,16 @@ def forward(args) -> None:
         o = torch.empty_like(q)
     kernel, grid, launch_args, kwargs = gluon_forward.gluon_forward_launch(
         q, q, v, o, torch.empty(1, 2, 4096), args.causal, args.head_dim ** -0.5, overlap=True,
-        descale=torch.ones(3, 1, 2) if fp8 else None, options=options)
+        descale=torch.ones(3, 1, 2) if fp8 else None, options=options, block_n=args.block_n)
     if args.kernel:
         earlier = load_kernel(args.kernel, "attn_fwd_gluon_kernel")
         kernel, launch_args = earlier, base_arguments(earlier, kernel, launch_args)
     sass = offline_sass(kernel, grid, launch_args, kwargs)
     lines = sass.splitlines()
-    wait = next(i for i, line in enumerate(lines) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[12]\b", line))
+    wait = next((i for i, line in enumerate(lines) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[12]\b", line)), None)
+    if wait is None:
+        raise SystemExit(f"kernel: {len(lines)} instructions; no overlapped loop: every wgmma is waited for at once "
+                         "(ptxas serialised them)")
     first, last = min(((f, t) for f, t in loops(lines) if f <= wait <= t), key=lambda loop: loop[1] - loop[0])
     print(f"kernel: {len(lines)} instructions; the overlapped loop: {describe(lines, first, last)}")
 
@@ -83,6 +86,7 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--options", default="", help=f"fwd only: comma-separated of {', '.join(OPTIONS)}")
+    parser.add_argument("--block-n", type=int, default=None, help="fwd only: keys per block (default: the launcher's)")
     parser.add_argument("--kernel", help="fwd only: a kernel file with attn_fwd_gluon_kernel (default: the tree's)")
     args = parser.parse_args()
     (forward if args.kernel_kind == "fwd" else backward)(args)

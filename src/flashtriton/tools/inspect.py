@@ -127,6 +127,10 @@ class KernelReport:
     # mbarrier arrives (SYNCS.ARRIVE) in the innermost loops that issue wgmma (--json only): the Gluon
     # forward's stage releases per key block and softmax warpgroup, two, or one with paired_stages.
     loop_arrives: int = 0
+    # waits for wgmma groups that leave some in flight (WARPGROUP.DEPBAR.LE gsb0 with a nonzero count; --json
+    # only): a form that overlaps its products keeps some; ptxas may instead wait for each at once, without
+    # the serialisation advisory (the FP8 forward with 256-key blocks, docs/performance.md entry 93).
+    partial_waits: int = 0
 
 
 def _cuobjdump(cubin: bytes, option: str) -> str:
@@ -182,7 +186,8 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
                         _shared_stores(sass), sass.count(";"), skippable_fmuls(sass.splitlines()),
-                        len(re.findall(r"\bUTMASTG\b", sass)), loop_arrives(sass.splitlines()))
+                        len(re.findall(r"\bUTMASTG\b", sass)), loop_arrives(sass.splitlines()),
+                        len(re.findall(r"\bWARPGROUP\.DEPBAR\.LE gsb0, 0x0*[1-9a-f]", sass)))
 
 
 def branch_target(line: str) -> int | None:
