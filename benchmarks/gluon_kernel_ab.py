@@ -105,7 +105,7 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
         return run
     providers = {"base": base_form(False), "current": form(False)}
     providers.update({f"current_{name}": form(False, options) for name, options in FORWARD_OPTIONS.items()
-                      if not options.o_by_tma or head_dim in gluon_forward.O_BY_TMA_HEAD_DIMS})
+                      if gluon_forward.options_fit(options, head_dim)})
     if pingpong:
         providers.update(base_pingpong=base_form(True), current_pingpong=form(True),
                          current_pingpong_all=form(True, FORWARD_OPTIONS["all"]))

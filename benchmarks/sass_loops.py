@@ -22,7 +22,8 @@ from flashtriton.launch.backward import statistics_buffer
 from flashtriton.tools.inspect import loops, offline_sass, skippable_fmuls
 from gluon_kernel_ab import base_arguments, load_kernel
 
-OPTIONS = {"lazy": "lazy_rescale", "sums": "sums_by_mma", "ostore": "o_by_tma", "paired": "paired_stages"}
+# the flags by their log names: lazy -> lazy_rescale, ...
+OPTIONS = dict(zip(gluon_forward.FLAG_NAMES, gluon_forward.ForwardOptions._fields, strict=True))
 
 
 def describe(lines: list[str], first: int, last: int, top: int = 14) -> str:

@@ -87,7 +87,7 @@ def test_head_dim_256_compiles_every_form_without_spills():
     arrive per block with paired stages, BLOCK_N / 16 thin products per P V with sums_by_mma, a skippable
     rescale of D / 2 FMULs per warpgroup with lazy_rescale)."""
     reports = inspect_gluon_reports("256", "bf16")
-    flags = [f for f in gluon_forward_options()[1:] if not f.o_by_tma]
+    flags = [f for f in gluon_forward_options()[1:] if gluon_forward.options_fit(f, 256)]
     forms = {*gluon_forward.FORMS, "overlap-key-counts", *("overlap" + flag.suffix() for flag in flags)}
     assert sorted((r["config"].split("-", 4)[4], r["causal"]) for r in reports) == sorted(
         (form, causal) for form in forms for causal in (False, True))
@@ -541,7 +541,7 @@ def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, f
     causal tiles that start before row 0 (130 x 700, 1 x 513: docs/performance.md, entry 92)."""
     if form == "in-turn" and (FORWARD_OPTIONS[options].sums_by_mma or FORWARD_OPTIONS[options].paired_stages):
         pytest.skip("sums_by_mma and paired_stages need overlap (test_options_that_need_overlap)")
-    if FORWARD_OPTIONS[options].o_by_tma and head_dim not in gluon_forward.O_BY_TMA_HEAD_DIMS:
+    if not gluon_forward.options_fit(FORWARD_OPTIONS[options], head_dim):
         pytest.skip("O's staging tiles do not fit beside D = 256's rings (test_launch_refuses_what_it_cannot_hold)")
     torch.manual_seed(sum(seqlens) + head_dim)
     q, k, v = make_qkv(2, 4, 2, *seqlens, head_dim, torch.bfloat16, DEVICE, requires_grad=False)

@@ -39,6 +39,11 @@ HEAD_DIMS = tuple(BLOCK_N)
 FP8_HEAD_DIMS = (64, 128)  # the FP8 form's (D = 256 not compiled in FP8)
 # O by TMA stages each warpgroup's 64 x D output in shared memory: another 64 KB at D = 256, past the 227 KB.
 O_BY_TMA_HEAD_DIMS = (64, 128)
+
+
+def forward_head_dims(fp8: bool) -> tuple[int, ...]:
+    """The head dims the Gluon forward takes: HEAD_DIMS, or in FP8 FP8_HEAD_DIMS."""
+    return FP8_HEAD_DIMS if fp8 else HEAD_DIMS
 WARPGROUPS = {64: 3, 128: 2, 256: 2}  # softmax warpgroups per tile, by head dim (the faster on the H200: entry 49)
 # ... but a persistent causal grid takes two at D = 64 in 16-bit: its 192-row tiles shared out among the
 # programs less evenly than 128-row ones: 1.04-1.38x three there from 2048 to 8192 keys (entry 80)
@@ -115,6 +120,12 @@ def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
     return options if overlap else options._replace(**dict.fromkeys(OVERLAP_ONLY, False))
 
 
+def options_fit(options: ForwardOptions, head_dim: int) -> bool:
+    """Whether the kernel at this head dim holds what `options` ask for in shared memory: all but O by TMA
+    past O_BY_TMA_HEAD_DIMS (gluon_forward_launch refuses the rest; inspect and the A/B runs leave them out)."""
+    return not options.o_by_tma or head_dim in O_BY_TMA_HEAD_DIMS
+
+
 GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
 
 
@@ -140,7 +151,7 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dt
     or fp16; the FP8 form float8 e4m3, fp8_gluon_supports), D in HEAD_DIMS (FP8: FP8_HEAD_DIMS), at least one
     key, every dim's stride but the last a multiple of 16 bytes and the last 1 (TMA), on an sm_90 GPU (any
     device when only compiled offline)."""
-    head_dims = FP8_HEAD_DIMS if q.dtype == torch.float8_e4m3fn else HEAD_DIMS
+    head_dims = forward_head_dims(q.dtype == torch.float8_e4m3fn)
     if q.dtype not in dtypes or q.dim() != 4 or q.shape[-1] not in head_dims or k.shape[2] == 0:
         return False
     for x in (q, k, v):
@@ -257,8 +268,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     batch, heads, seqlen_q, head_dim = q.shape
     seqlen_k = k.shape[2]
     fp8 = q.dtype == torch.float8_e4m3fn
-    if head_dim not in (FP8_HEAD_DIMS if fp8 else HEAD_DIMS):
-        raise ValueError(f"the Gluon forward takes head dims {FP8_HEAD_DIMS if fp8 else HEAD_DIMS}"
+    if head_dim not in forward_head_dims(fp8):
+        raise ValueError(f"the Gluon forward takes head dims {forward_head_dims(fp8)}"
                          f"{' in FP8' if fp8 else ''}, got {head_dim}; the Triton kernels take the others")
     persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
     block_n = BLOCK_N[head_dim] if block_n is None else block_n
@@ -269,7 +280,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         box = [1, 1, rows, cols]
         layout = gl.NVMMASharedLayout.get_default_for(box, elements[x.dtype])
         return TensorDescriptor.from_tensor(x, box, layout)
-    if options.o_by_tma and head_dim not in O_BY_TMA_HEAD_DIMS:
+    if not options_fit(options, head_dim):
         raise ValueError(f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS}, got {head_dim}: O's staging "
                          "tiles would not fit in shared memory beside the rings")
     if fp8 and (descale is None or v.shape[2] != head_dim):

@@ -210,7 +210,7 @@ def _inspect(args: argparse.Namespace) -> int:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
                     continue
                 if args.gluon:  # the head dims each Gluon kernel takes (D = 256: the 16-bit forward only)
-                    if head_dim in (gluon_forward.FP8_HEAD_DIMS if name == "fp8" else gluon_forward.HEAD_DIMS):
+                    if head_dim in gluon_forward.forward_head_dims(name == "fp8"):
                         reports += inspect_gluon(head_dim, dtypes[name], causal)
                     if name != "fp8" and head_dim in gluon_backward.BLOCK_M:  # (FP8: a forward only)
                         reports += inspect_gluon_backward(head_dim, dtypes[name], causal)

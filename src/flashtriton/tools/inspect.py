@@ -382,7 +382,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
                            causal, _gluon_config(warpgroups, head_dim, "overlap-key-counts")))
     # the library's form with each flag alone (and with the library's flags), those the head dim takes
     for options in gluon_forward_options()[1:]:
-        if options.o_by_tma and head_dim not in gluon_forward.O_BY_TMA_HEAD_DIMS:
+        if not gluon_forward.options_fit(options, head_dim):
             continue
         kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
             q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], options=options)
