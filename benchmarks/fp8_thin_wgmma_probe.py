@@ -18,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from flashtriton.kernels.gluon_forward import _issue_pv, _probabilities_operand
+from flashtriton.kernels.gluon_forward import _issue_pv, _ones_tile, _probabilities_operand
 
 M, K = 64, 128
 
@@ -85,7 +85,7 @@ def _idle(P):
 @gluon.jit
 def paired_products_kernel(P, V, ACC, SUMS, HEAD_DIM: gl.constexpr, FP8: gl.constexpr, WS: gl.constexpr):
     """V: the ring's tile as the kernel holds it (FP8: V^T (D, 128) as fp8_values_operand makes it; bf16:
-    (128, D)), put in a one-stage ring of the kernel's shape; the ones tile as the kernel makes it."""
+    (128, D)), put in a one-stage ring of the kernel's shape; the ones tile by the kernel's own _ones_tile."""
     N: gl.constexpr = 128
     R: gl.constexpr = HEAD_DIM if FP8 else N
     C: gl.constexpr = N if FP8 else HEAD_DIM
@@ -97,10 +97,7 @@ def paired_products_kernel(P, V, ACC, SUMS, HEAD_DIM: gl.constexpr, FP8: gl.cons
     ring_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, R, C], dtype)  # as v_desc's
     v_smem = gl.allocate_shared_memory(dtype, [1, 1, 1, R, C], ring_layout)
     v_smem.index(0).reshape([R, C]).store(v)
-    ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, N], dtype)
-    ones_smem = gl.allocate_shared_memory(dtype, [8, N], ones_layout,
-                                          gl.full([8, N], 1.0, gl.float32, layout=fill).to(dtype))
-    fence_async_shared()
+    ones_smem = _ones_tile(dtype, N)  # (the fence covers V's stores too)
     gl.thread_barrier()
     if WS:
         gl.warp_specialize([(_idle, (P, )), (_paired_products, (P, ACC, SUMS, v_smem, ones_smem, HEAD_DIM, FP8))],

@@ -439,6 +439,18 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
 
 
 @gluon.jit
+def _ones_tile(dtype: gl.constexpr, BLOCK_N: gl.constexpr):
+    """An (8, BLOCK_N) tile of ones in shared memory, the B operand of SUMS_BY_MMA's rows' sums (_issue_pv reads
+    it transposed, keys contiguous), written by the calling warps and fenced for the tensor cores' reads."""
+    fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
+    ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout,
+                                          gl.full([8, BLOCK_N], 1.0, gl.float32, layout=fill).to(dtype))
+    fence_async_shared()
+    return ones_smem
+
+
+@gluon.jit
 def _store_rows(o, O, o_base, stride_om, rows0, seqlen_q):
     """O's 64 rows from `rows0` through pointers (O like q, `stride_om` between rows), those outside 0..seqlen_q
     - 1 masked off."""
@@ -564,12 +576,8 @@ def attn_fwd_gluon_kernel(
     o_smem = q_smem  # likewise without o_desc
     if o_desc is not None:  # each softmax warpgroup's O on its way out by TMA
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
-    if SUMS_BY_MMA:  # (8, BLOCK_N) ones, the B operand of the rows' sums (read transposed, keys contiguous)
-        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
-        ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout,
-                                              gl.full([8, BLOCK_N], 1.0, gl.float32, layout=fill).to(dtype))
-        fence_async_shared()  # the ones, written by these threads, read by the tensor cores
+    if SUMS_BY_MMA:
+        ones_smem = _ones_tile(dtype, BLOCK_N)
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_empty, count=WARPGROUPS)  # released once every softmax partition is done with it
     for wg in gl.static_range(WARPGROUPS):
