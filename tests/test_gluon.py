@@ -20,8 +20,22 @@ from flashtriton.testing import bounded, make_qkv
 from flashtriton.tools.inspect import gluon_forward_options
 
 pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(),
-                                reason="the Gluon kernel is written for Triton 3.6's Gluon (launch/gluon_forward.py)")
+                                reason="the Gluon kernels compile under Triton's releases "
+                                       f"{gluon_forward.GLUON_RELEASES} (launch/gluon_forward.py)")
 ON_HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+# The SASS figures below (spilled bytes, counts of instructions) are those of the Triton release the kernels
+# ran on (gluon_forward.GLUON_RELEASES_RUN). Under the other releases they compile they keep the structure
+# checked here, but ptxas allocates registers and lays out code otherwise: up to 176 bytes spilled where 3.6
+# spills none (Triton 3.9, FP8 at D = 64) and other counts (docs/hopper.md, "Which Triton"). There the
+# spills are bounded by SPILLS_ELSEWHERE and the exact counts are left to the release that ran.
+RAN = gluon_forward.gluon_ran()
+SPILLS_ELSEWHERE = 192
+
+
+def spills_within(report: dict, bound: int) -> bool:
+    """Whether a report's spilled bytes (stack and local) are within `bound`, or within SPILLS_ELSEWHERE
+    under a release the kernels have not run on."""
+    return report["stack_bytes"] + report["local_bytes"] <= (bound if RAN else max(bound, SPILLS_ELSEWHERE))
 
 
 def inspect_gluon_reports(head_dims: str, dtypes: str) -> list[dict]:
@@ -63,6 +77,8 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
                                                                *("overlap" + flag.suffix() for flag in flags)}
     assert sum(r["config"].startswith("M64x3-") for r in reports) == 3 + len(flags)
     for r in reports:
+        if not RAN and r["config"].endswith("-sums"):
+            continue  # (a lab flag; under Triton 3.9 its waits are serialised: test_sums_by_mma_trade_...)
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"], r
@@ -72,7 +88,7 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
         # and the key counts', then spill 8-24 bytes to the stack on Triton 3.6. Bounded here, to be
         # weighed on the H200.
         spill_bound = 32 if warpgroups == 3 and (r["causal"] or r["config"].endswith("key-counts")) else 0
-        assert r["stack_bytes"] + r["local_bytes"] <= spill_bound, r
+        assert spills_within(r, spill_bound), r
         assert r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * warpgroups) * 32 <= 65536, r
         assert r["shared_bytes"] <= 227 * 1024, r
@@ -96,12 +112,13 @@ def test_head_dim_256_compiles_every_form_without_spills():
         assert r["kernel"] == "attn_fwd_gluon_kernel" and r["config"].startswith("M64x2-N64-"), r
         assert r["hgmma"] > 0 and r["hmma"] == 0 and not r["wgmma_serialized"], r
         assert r["partial_waits"] == (0 if r["config"].endswith("-in-turn") else 2), r
-        assert r["stack_bytes"] + r["local_bytes"] == 0 and r["register_reallocations"] > 0, r
+        assert spills_within(r, 0) and r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * 2) * 32 <= 65536 and r["shared_bytes"] <= 227 * 1024, r
     for causal in (False, True):
         plain = by_form["overlap", causal]
         assert (by_form["overlap-paired", causal]["loop_arrives"], plain["loop_arrives"]) == (2, 4)
-        assert by_form["overlap-sums", causal]["hgmma"] - plain["hgmma"] == 2 * 2 * 64 // 16
+        thin = by_form["overlap-sums", causal]["hgmma"] - plain["hgmma"]
+        assert thin == 2 * 2 * 64 // 16 if RAN else thin > 0
         assert by_form["overlap-lazy", causal]["skippable_fmul"] == 2 * 256 // 2
 
 
@@ -109,7 +126,10 @@ def test_causal_mask_compares_with_immediates(reports):
     """The causal forward's mask (kernels/gluon_masks.py) compiles to about two instructions per score of
     the blocks that cross the diagonal: with two warpgroups each form's causal SASS is at most 320
     instructions longer than its non-causal one (120-240 on Triton 3.6 with the mask compared against
-    immediates; 400-744 when the column indices were compared in registers, docs/performance.md entry 84)."""
+    immediates; 400-744 when the column indices were compared in registers, docs/performance.md entry 84).
+    Counted under the release the kernels ran on: Triton 3.8 lays the ping-pong form out 384-416 longer."""
+    if not RAN:
+        pytest.skip("instruction counts are checked under the Triton release the Gluon kernels ran on")
     forward = {(r["head_dim"], r["causal"], r["config"]): r["instructions"] for r in reports
                if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"
                and r["config"].startswith("M64x2-") and r["config"].endswith(("-overlap", "-pingpong", "-in-turn"))}
@@ -136,7 +156,7 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
         assert not r["wgmma_serialized"] and r["partial_waits"] >= int(r["config"].split("-")[0][-1]), r
         assert r["register_reallocations"] > 0, r
-        assert r["stack_bytes"] + r["local_bytes"] <= (32 if r["head_dim"] == 64 else 0), r
+        assert spills_within(r, 32 if r["head_dim"] == 64 else 0), r
         assert r["shared_bytes"] <= 227 * 1024, r
         if r["head_dim"] == 128 and not r["causal"]:
             assert r["instructions"] <= 4000, r
@@ -163,7 +183,7 @@ def test_lazy_rescale_branches_over_the_rescale(reports):
     same form's without it, wgmma still asynchronous. bf16 and FP8, D 64 and 128, both masks."""
     for r, warpgroups, twin in option_forms(reports, "-lazy"):
         assert r["skippable_fmul"] == warpgroups * r["head_dim"] // 2, r
-        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
+        assert spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
         assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
     assert not any(r["skippable_fmul"] for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"
                    and not r["config"].endswith("-lazy"))
@@ -176,11 +196,12 @@ def test_o_by_tma_stores_each_tile_in_one_copy(reports):
     16 bytes more on Triton 3.6, bounded at 24), wgmma still asynchronous. bf16 and FP8 (a bf16 O), D 64 and
     128, both masks."""
     for r, warpgroups, twin in option_forms(reports, "-ostore"):
-        assert r["tma_stores"] == warpgroups and twin["tma_stores"] == 0, (r, twin)
+        # (Triton 3.8 and 3.9 share one UTMASTG between the warpgroups' code in some forms)
+        assert (r["tma_stores"] == warpgroups if RAN else r["tma_stores"] >= 1) and twin["tma_stores"] == 0, (r, twin)
         assert r["shared_bytes"] - twin["shared_bytes"] >= warpgroups * 64 * r["head_dim"] * 2, (r, twin)
         assert r["shared_bytes"] <= 227 * 1024, r
         extra = 24 if r["dtype"] == "float8_e4m3fn" and warpgroups == 3 else 0
-        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"] + extra, (r, twin)
+        assert spills_within(r, twin["stack_bytes"] + twin["local_bytes"] + extra), (r, twin)
         assert not r["wgmma_serialized"], r
 
 
@@ -189,7 +210,11 @@ def test_sums_by_mma_trade_adds_for_thin_products(reports):
     warpgroup and P V (two sites: the loop's and the tile's last block) BLOCK_N / 16 more m64n8 products
     (BLOCK_N / 32 in FP8), at least 100 fewer SASS instructions than the same form without it (the adds and
     the sums' quad shuffles; 144-416 on Triton 3.6), no spill beyond that form's, wgmma still
-    asynchronous, 2 KB of ones (1 KB in FP8) in shared memory. bf16 and FP8, D 64 and 128, both masks."""
+    asynchronous, 2 KB of ones (1 KB in FP8) in shared memory. bf16 and FP8, D 64 and 128, both masks.
+    Under the release the kernels ran on: Triton 3.9 compiles the form at D = 64 with three warpgroups with
+    every wait at zero, 104 bytes spilled and more instructions than without it (docs/hopper.md)."""
+    if not RAN:
+        pytest.skip("sums_by_mma's trade is checked under the Triton release the Gluon kernels ran on")
     for r, warpgroups, twin in option_forms(reports, "-sums"):
         fp8, block_n = r["dtype"] == "float8_e4m3fn", gluon_forward.BLOCK_N[r["head_dim"]]
         assert r["hgmma"] - twin["hgmma"] == warpgroups * 2 * (block_n // (32 if fp8 else 16)), (r, twin)
@@ -207,7 +232,7 @@ def test_paired_stages_release_each_block_once(reports):
     for r, warpgroups, twin in option_forms(reports, "-paired"):
         assert (r["loop_arrives"], twin["loop_arrives"]) == (warpgroups, 2 * warpgroups), (r, twin)
         assert r["instructions"] < twin["instructions"], (r, twin)
-        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
+        assert spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
         assert r["shared_bytes"] <= twin["shared_bytes"] and not r["wgmma_serialized"], (r, twin)
 
 
@@ -241,7 +266,7 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
         bound = 128 if atomic else 0
         if r["config"].endswith("-fragments"):  # the library's order (entries 74, 75, 82)
             bound = {(64, False): 0, (64, True): 24, (128, False): 0, (128, True): 8}[r["head_dim"], r["causal"]]
-        assert r["stack_bytes"] + r["local_bytes"] <= bound, r
+        assert spills_within(r, bound), r
         wide = r["shared_stores"].get("16", 0)
         assert wide == (2 * 8 * loops if r["config"].endswith("-fragments") else 0), r
         assert r["register_reallocations"] > 0, r
@@ -381,7 +406,7 @@ def test_auto_backward_takes_gluon_where_measured_faster(monkeypatch):
         q, k, v = make_qkv(1, 2, 2, 64, seqlen_k, head_dim, torch.bfloat16, DEVICE, requires_grad=False)
         return gluon_backward.gluon_backward_selected(q, k, v, q, is_causal, deterministic)
     for (head_dim, is_causal), keys in gluon_backward.AUTO_MIN_KEYS.items():
-        assert selected(head_dim, keys, is_causal)
+        assert selected(head_dim, keys, is_causal) == RAN
         assert not selected(head_dim, keys - 1, is_causal)
         assert not selected(head_dim, keys, is_causal, deterministic=True)
     assert (256, False) not in gluon_backward.AUTO_MIN_KEYS and not selected(256, 8192, False)
@@ -749,6 +774,35 @@ def test_forward_path_variable(monkeypatch):
         gluon_forward.forward_path()
 
 
+def test_triton_releases():
+    """The Gluon kernels compile under the installed Triton's release (or this module would be skipped), the
+    releases they ran on are among those they compile under, and a release is read as major.minor."""
+    assert gluon_forward.triton_release() in gluon_forward.GLUON_RELEASES
+    assert set(gluon_forward.GLUON_RELEASES_RUN) <= set(gluon_forward.GLUON_RELEASES)
+    assert gluon_forward.triton_release("3.9.0") == "3.9"
+    assert gluon_forward.triton_release("3.10.1+git1a2b3c") == "3.10"
+    assert RAN == (gluon_forward.triton_release() in gluon_forward.GLUON_RELEASES_RUN)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+def test_auto_needs_a_release_the_kernels_ran_on(monkeypatch):
+    """Under a Triton release the Gluon kernels compile under but have not run on, auto keeps the Triton
+    kernels (forward, backward and FP8's dequantized fallback) and FLASHTRITON_FORWARD=gluon and
+    FLASHTRITON_BACKWARD=gluon still take the Gluon ones."""
+    q, k, v = make_qkv(4, 4, 4, 2048, 2048, 128, torch.bfloat16, DEVICE, requires_grad=False)  # AUTO_MIN_WORK
+    q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
+    for release, ran in (("3.6", True), ("3.9", False)):
+        monkeypatch.setattr(gluon_forward, "triton_release", lambda version=None, release=release: release)
+        monkeypatch.setattr(gluon_forward, "GLUON_RELEASES_RUN", ("3.6", ))
+        for path in ("auto", "gluon"):
+            monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
+            monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, path)
+            wanted = ran or path == "gluon"
+            assert gluon_forward.gluon_forward_selected(q, k, v, True) == wanted, (release, path)
+            assert gluon_backward.gluon_backward_selected(q, k, v, q, True) == wanted, (release, path)
+            assert gluon_forward.fp8_gluon_selected(q8, k8, v8) == wanted, (release, path)
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 def test_forward_auto_selection_follows_its_table(monkeypatch):
     """FLASHTRITON_FORWARD unset: the Gluon forward from AUTO_MIN_KEYS[head dim, causal] keys, not with one
@@ -760,7 +814,7 @@ def test_forward_auto_selection_follows_its_table(monkeypatch):
         return gluon_forward.gluon_forward_selected(q, k, v, is_causal)
     for (head_dim, is_causal), keys in gluon_forward.AUTO_MIN_KEYS.items():
         seqlen_q = -(-gluon_forward.AUTO_MIN_WORK // (2 * (keys - 1) * head_dim))  # enough work either way
-        assert selected(head_dim, keys, is_causal, seqlen_q), (head_dim, is_causal, keys)
+        assert selected(head_dim, keys, is_causal, seqlen_q) == RAN, (head_dim, is_causal, keys)
         assert not selected(head_dim, keys - 1, is_causal, seqlen_q), (head_dim, is_causal, keys)
     assert (256, False) not in gluon_forward.AUTO_MIN_KEYS and not selected(256, 32768, False, 1024)
 
@@ -795,7 +849,9 @@ def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, g
                                                                     **variant),
                                     q, k, v, is_causal, **variant)
     assert all(c.ok for c in checks), checks
-    assert str(last_choice("forward")).startswith("gluon") == gluon, last_choice("forward")
+    # (auto takes the Gluon kernels only under a release they ran on: gluon_forward.gluon_ran)
+    took_gluon = str(last_choice("forward")).startswith("gluon")
+    assert took_gluon == (gluon and (RAN or path == "gluon")), last_choice("forward")
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

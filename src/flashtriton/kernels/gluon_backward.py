@@ -31,10 +31,8 @@ program loops over the query heads of its group, so dK and dV have one writer ea
 """
 
 import triton
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -46,20 +44,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .dq_fragments import fragment_bits
 from .gluon_barriers import named_barrier_arrive, named_barrier_sync
 from .gluon_masks import columns_at_least
+from .gluon_releases import reinterpret, tma_load, tma_reduce_add
 
 # The named barrier at which both compute warpgroups meet once their dS^T of a block is in shared memory.
 DS_BARRIER = gl.constexpr(15)
 # The ring's stage s is handed back to the loader at named barrier EMPTY_BARRIER - s.
 EMPTY_BARRIER = gl.constexpr(14)
-
-
-@builtin
-def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """Add the shared-memory tile `src` into the global tile of `tensor_desc` at `coord`, asynchronously, by
-    TMA (cp.reduce.async.bulk.tensor .add): Triton 3.6 has the operation, but its Gluon spells out only
-    the plain copies (tma.async_copy_shared_to_global). Completion is awaited as a copy's: tma.store_wait."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -102,8 +92,8 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
     off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, WARPGROUPS * KEYS)
     mbarrier.expect(kv_ready, 2 * WARPGROUPS * k_desc.block_type.nbytes)
     for wg in gl.static_range(WARPGROUPS):
-        tma.async_copy_global_to_shared(k_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, k_smem.index(wg))
-        tma.async_copy_global_to_shared(v_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, v_smem.index(wg))
+        tma_load(k_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, k_smem.index(wg))
+        tma_load(v_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, v_smem.index(wg))
     m_first = _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     count = 0
@@ -114,13 +104,13 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
             if count >= NUM_STAGES:  # the stage's previous block is done in every compute warpgroup
                 named_barrier_sync(EMPTY_BARRIER - stage, (WARPGROUPS + 1) * 128)
             mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
+            tma_load(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
                                             stats_smem.index(2 * stage))
-            tma.async_copy_global_to_shared(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
+            tma_load(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
                                             stats_smem.index(2 * stage + 1))
-            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
+            tma_load(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
                                             q_smem.index(stage))
-            tma.async_copy_global_to_shared(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
+            tma_load(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
                                             do_smem.index(stage))
             count += 1
     # Meet the compute warpgroups' hand-backs of the last blocks, so that each barrier ends balanced.
@@ -180,16 +170,16 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, WG: gl.constexpr,
     staged = dq_smem.index(WG)
     tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
     if DQ_FRAGMENTS:
-        staged._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], dq_fragment_layout(DQ_ROWS, DQ_COLS)).store(dq)
+        reinterpret(staged, gl.float32, [DQ_ROWS, DQ_COLS], dq_fragment_layout(DQ_ROWS, DQ_COLS)).store(dq)
         fence_async_shared()
-        _tma_reduce_add(dq_desc, [chunk, WG, 0, 0], staged)
+        tma_reduce_add(dq_desc, [chunk, WG, 0, 0], staged)
     else:
         staged.reshape([DQ_ROWS, DQ_COLS]).store(dq)
         fence_async_shared()
         if DQ_COLS == HEAD_DIM:  # split by rows
-            _tma_reduce_add(dq_desc, [off_b, head_q, m_row + WG * DQ_ROWS, 0], staged)
+            tma_reduce_add(dq_desc, [off_b, head_q, m_row + WG * DQ_ROWS, 0], staged)
         else:
-            _tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
+            tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
 
 
 @gluon.jit

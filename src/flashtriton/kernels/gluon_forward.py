@@ -55,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .gluon_masks import columns_at_most
+from .gluon_releases import thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -123,9 +124,9 @@ def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED: 
         start = gl.minimum(start, keys - BLOCK_N)
     mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
     if TRANSPOSED:
-        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, 0, start], ready.index(stage), smem.index(stage))
+        tma_load(desc, [off_b, off_hkv, 0, start], ready.index(stage), smem.index(stage))
     else:
-        tma.async_copy_global_to_shared(desc, [off_b, off_hkv, start, 0], ready.index(stage), smem.index(stage))
+        tma_load(desc, [off_b, off_hkv, start, 0], ready.index(stage), smem.index(stage))
 
 
 @gluon.jit
@@ -175,7 +176,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
             mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WARPGROUPS):
-                tma.async_copy_global_to_shared(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready,
+                tma_load(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready,
                                                 q_smem.index(wg))
             for j in range(n_blocks):
                 if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
@@ -477,7 +478,7 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
             tma.store_wait(pendings=0)  # the previous tile's O has left the staging tile
             o_stage.reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_stage.dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [off_b, off_h, rows0, 0], o_stage)
+            tma_store(o_desc, [off_b, off_h, rows0, 0], o_stage)
         else:
             _store_rows(o, O, o_base, stride_om, rows0, seqlen_q)
     else:
@@ -598,7 +599,7 @@ def attn_fwd_gluon_kernel(
               stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
               qk_scale_log2, DESCALE, SEQUSED_K, ones_smem, o_desc, o_smem)
     if SUMS_BY_MMA:
-        gl.thread_barrier()  # every warp's share of the ones written before any partition reads them
+        thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,

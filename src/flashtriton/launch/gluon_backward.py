@@ -22,7 +22,7 @@ import torch
 
 from ..kernels.dq_fragments import dq_from_fragments_kernel
 from .arguments import LOG2E, cdiv
-from .gluon_forward import gluon_forward_supports, path_from_environment
+from .gluon_forward import gluon_forward_supports, gluon_ran, path_from_environment
 from .runner import LaunchSpec
 
 # Query rows per block, by head dim: at D = 64 the products of 64-row blocks are too short to hide the
@@ -61,12 +61,13 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     """Whether a plain backward of these (B, H, N, D) tensors runs on the Gluon kernel: on a CUDA device, at
     D = 64 or 128 (BLOCK_M's), where the Gluon forward's conditions (dtype, TMA-aligned strides, sm_90,
     Triton 3.6) hold for q, k, v and dO: with FLASHTRITON_BACKWARD=gluon always; with "auto" (the default)
-    where it was measured faster than the Triton kernels (AUTO_MIN_KEYS), and only when the backward need
-    not be `deterministic` (its deterministic form, dQ from the Triton kernel, is not faster)."""
+    where it was measured faster than the Triton kernels (AUTO_MIN_KEYS), under a Triton release the kernels
+    ran on (gluon_ran), and only when the backward need not be `deterministic` (its deterministic form, dQ
+    from the Triton kernel, is not faster)."""
     path = backward_path()
     if q.device.type != "cuda" or path == "triton" or q.shape[-1] not in BLOCK_M:  # (D = 256: the forward's only)
         return False
-    if path == "auto" and (deterministic
+    if path == "auto" and (deterministic or not gluon_ran()
                            or k.shape[2] < AUTO_MIN_KEYS.get((q.shape[-1], is_causal), float("inf"))):
         return False
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)

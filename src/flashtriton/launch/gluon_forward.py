@@ -5,7 +5,9 @@ dropout or packed batch) that `gluon_forward_selected` accepts: on an sm_90 GPU,
 the Triton kernel (the H200 A/B of docs/performance.md, "The Gluon forward"). The environment variable
 FLASHTRITON_FORWARD forces a path: "triton" never takes it, "gluon" takes it for every call it supports
 (D = 64 too, any length), "auto" (the default) decides by head dim, length and size. The Triton kernels
-stay the reference: interpreter-tested, portable, and what every variant runs.
+stay the reference: interpreter-tested, portable, and what every variant runs. "auto" takes the Gluon
+kernels only under a Triton release they have run on (GLUON_RELEASES_RUN); "gluon" under any release they
+compile under (GLUON_RELEASES).
 
 Tiles: WARPGROUPS softmax warpgroups (two at D = 128 and 256, three at D = 64, two on a persistent causal
 grid) of BLOCK_M = 64 query rows each (a tile holds 128 or 192), key blocks of BLOCK_N = 128 keys (64 at
@@ -126,17 +128,29 @@ def options_fit(options: ForwardOptions, head_dim: int) -> bool:
     return not options.o_by_tma or head_dim in O_BY_TMA_HEAD_DIMS
 
 
-GLUON_TRITON = "3.6."  # the Triton whose Gluon the kernel is written against (the H200 machine's)
+# The Triton releases whose Gluon the kernels compile under for sm_90, with the SASS facts tests/test_gluon.py
+# checks (kernels/gluon_releases.py names what moved between them), and of those the ones the kernels have
+# run on (the H200 machine's). "auto" takes the Gluon kernels only on a release they have run on; on the
+# others FLASHTRITON_FORWARD=gluon and FLASHTRITON_BACKWARD=gluon take them (docs/hopper.md, "Which
+# Triton"). A newer release is added once its compile has been checked.
+GLUON_RELEASES = ("3.6", "3.7", "3.8", "3.9")
+GLUON_RELEASES_RUN = ("3.6", )
+
+
+def triton_release(version: str | None = None) -> str:
+    """Triton's release, major.minor, of `version` (None: the installed Triton's), e.g. "3.6" of "3.6.0"."""
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    return ".".join(version.split(".")[:2])
 
 
 @functools.cache
 def gluon_available() -> bool:
-    """Whether this Triton has the Gluon the kernel is written for. Gluon is experimental and its API
-    moves between releases (warp_specialize's signature among others), so only Triton 3.6 counts until
-    another is compiled and run."""
-    import triton
-
-    if not triton.__version__.startswith(GLUON_TRITON):
+    """Whether this Triton has a Gluon the kernels compile under (GLUON_RELEASES). Gluon is experimental and
+    its API moves between releases, so a release counts once the kernels' compile under it was checked."""
+    if triton_release() not in GLUON_RELEASES:
         return False
     try:
         from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma  # noqa: F401
@@ -144,6 +158,12 @@ def gluon_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def gluon_ran() -> bool:
+    """Whether the Gluon kernels have run on a GPU under this Triton's release (GLUON_RELEASES_RUN): what
+    "auto" asks before it takes them."""
+    return triton_release() in GLUON_RELEASES_RUN
 
 
 def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple = _DTYPES) -> bool:
@@ -227,7 +247,8 @@ def grid_form(head_dim: int, is_causal: bool, seqlen_k: int, fp8: bool = False, 
 
 def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> bool:
     """Whether a plain forward of these (B, H, N, D) tensors runs the Gluon kernel (see the module
-    docstring). Only on a CUDA device: on CPU the interpreter runs the Triton kernels."""
+    docstring; with "auto", only under a Triton release the kernels ran on: gluon_ran). Only on a CUDA
+    device: on CPU the interpreter runs the Triton kernels."""
     if q.device.type != "cuda":
         return False
     path = forward_path()
@@ -237,7 +258,8 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
     # auto's size bounds first: they cost a few multiplications, and most calls they turn away never pay
     # for the stride checks below (this runs on every forward's host path)
     if path == "auto" and not (k.shape[2] >= AUTO_MIN_KEYS.get((head_dim, is_causal), float("inf"))
-                               and batch * heads * seqlen_q * k.shape[2] * head_dim >= AUTO_MIN_WORK):
+                               and batch * heads * seqlen_q * k.shape[2] * head_dim >= AUTO_MIN_WORK
+                               and gluon_ran()):
         return False
     return gluon_forward_supports(q, k, v)
 
@@ -352,9 +374,11 @@ FP8_VALUES_TILE = (128, 64)  # fp8_values_kernel's (keys, dims) per program
 
 def fp8_gluon_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether flash_attention_fp8 runs this call on the Gluon kernel: on a CUDA device, unless
-    FLASHTRITON_FORWARD=triton, where gluon_forward_supports' conditions hold for float8 e4m3 (V's layout
-    does not matter: it is copied). Else the inputs are dequantized for flash_attention."""
-    if q.device.type != "cuda" or forward_path() == "triton":
+    FLASHTRITON_FORWARD=triton (or it is auto under a Triton release the kernels have not run on:
+    gluon_ran), where gluon_forward_supports' conditions hold for float8 e4m3 (V's layout does not matter:
+    it is copied). Else the inputs are dequantized for flash_attention."""
+    path = forward_path()
+    if q.device.type != "cuda" or path == "triton" or (path == "auto" and not gluon_ran()):
         return False
     return gluon_forward_supports(q, k, k, dtypes=(torch.float8_e4m3fn, ))
 
