@@ -104,14 +104,10 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
             if count >= NUM_STAGES:  # the stage's previous block is done in every compute warpgroup
                 named_barrier_sync(EMPTY_BARRIER - stage, (WARPGROUPS + 1) * 128)
             mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
-            tma_load(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
-                                            stats_smem.index(2 * stage))
-            tma_load(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage),
-                                            stats_smem.index(2 * stage + 1))
-            tma_load(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
-                                            q_smem.index(stage))
-            tma_load(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage),
-                                            do_smem.index(stage))
+            tma_load(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage))
+            tma_load(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage + 1))
+            tma_load(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage), q_smem.index(stage))
+            tma_load(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage), do_smem.index(stage))
             count += 1
     # Meet the compute warpgroups' hand-backs of the last blocks, so that each barrier ends balanced.
     for last in range(gl.maximum(count - NUM_STAGES, 0), count):

@@ -176,8 +176,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
             mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WARPGROUPS):
-                tma_load(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready,
-                                                q_smem.index(wg))
+                tma_load(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready, q_smem.index(wg))
             for j in range(n_blocks):
                 if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
                     stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES)

@@ -59,11 +59,11 @@ def backward_path() -> str:
 def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, is_causal: bool,
                             deterministic: bool = False) -> bool:
     """Whether a plain backward of these (B, H, N, D) tensors runs on the Gluon kernel: on a CUDA device, at
-    D = 64 or 128 (BLOCK_M's), where the Gluon forward's conditions (dtype, TMA-aligned strides, sm_90,
-    Triton 3.6) hold for q, k, v and dO: with FLASHTRITON_BACKWARD=gluon always; with "auto" (the default)
-    where it was measured faster than the Triton kernels (AUTO_MIN_KEYS), under a Triton release the kernels
-    ran on (gluon_ran), and only when the backward need not be `deterministic` (its deterministic form, dQ
-    from the Triton kernel, is not faster)."""
+    D = 64 or 128 (BLOCK_M's), where the Gluon forward's conditions (dtype, TMA-aligned strides, sm_90, a
+    Triton whose Gluon the kernels compile under) hold for q, k, v and dO: with FLASHTRITON_BACKWARD=gluon
+    always; with "auto" (the default) where it was measured faster than the Triton kernels (AUTO_MIN_KEYS),
+    under a Triton release the kernels ran on (gluon_ran), and only when the backward need not be
+    `deterministic` (its deterministic form, dQ from the Triton kernel, is not faster)."""
     path = backward_path()
     if q.device.type != "cuda" or path == "triton" or q.shape[-1] not in BLOCK_M:  # (D = 256: the forward's only)
         return False
