@@ -681,7 +681,8 @@ def test_chunked_prefill_with_lengths_takes_the_gluon_forward(monkeypatch, path)
         v_cache[b, :, length:] = float("nan")
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     o, lse = flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, is_causal=True, return_lse=True)
-    assert str(last_choice("forward")).startswith("gluon") == (path == "auto"), last_choice("forward")
+    took_gluon = str(last_choice("forward")).startswith("gluon")
+    assert took_gluon == (path == "auto" and RAN), last_choice("forward")  # (auto: gluon_forward.gluon_ran)
     for b, length in enumerate(lengths):
         one = slice(b, b + 1)
         assert_matches_reference(q[one], k_cache[one, :, :length], v_cache[one, :, :length], True, 128 ** -0.5,
@@ -893,7 +894,8 @@ def test_a_repeated_call_replays_its_launch(monkeypatch):
     first, second = (make_qkv(2, 4, 2, 97, 333, 128, torch.bfloat16, DEVICE, requires_grad=False) for _ in range(2))
     assert not call(*first, [333, 130]).replayed
     choice = call(*second, [17, 300])
-    assert choice.replayed and str(choice) == f"gluon-{gluon_forward.gluon_tiles(2, 128)}", choice
+    tiles = gluon_forward.gluon_tiles(2, 128) + gluon_forward.DEFAULT_OPTIONS.suffix()  # (the library's options)
+    assert choice.replayed and str(choice) == f"gluon-{tiles}", choice
     bnhd = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in second]
     assert not call(*bnhd, [17, 300]).replayed
     monkeypatch.setattr(CACHE, "replays", False)
