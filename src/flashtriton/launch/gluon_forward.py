@@ -14,9 +14,9 @@ grid) of BLOCK_M = 64 query rows each (a tile holds 128 or 192), key blocks of B
 D = 256), NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB of
 the H200's 227 KB per block; at D = 256, 2 x 64 KB and Q's 64 KB: 192 KB).
 
-D = 256 is compiled and checked offline (no spilled register, 192 KB of shared memory) but has not run on a
-GPU yet: only FLASHTRITON_FORWARD=gluon takes it (AUTO_MIN_KEYS has no entry for it), and neither the FP8
-form nor the Gluon backward does (FP8_HEAD_DIMS, gluon_backward.BLOCK_M).
+D = 256 compiles with no spilled register in 192 KB of shared memory and passes the GPU tests, but has not
+been timed against the Triton kernel: only FLASHTRITON_FORWARD=gluon takes it (AUTO_MIN_KEYS has no entry
+for it), and neither the FP8 form nor the Gluon backward does (FP8_HEAD_DIMS, gluon_backward.BLOCK_M).
 """
 
 from __future__ import annotations
@@ -196,8 +196,8 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # processes), and 1.02-1.12x from 16384, one program per tile (entries 72, 81, 84). And only for
 # calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton
 # path replayed a recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
-# where the two paths now cross for small calls is not re-measured, so the bound stays. D = 256 has not run
-# on a GPU: no entry, so auto leaves it to the Triton kernel.
+# where the two paths now cross for small calls is not re-measured, so the bound stays. D = 256 is correct on
+# the GPU but not timed (entry 95): no entry, so auto leaves it to the Triton kernel.
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 1024}
 AUTO_MIN_WORK = 2 ** 33
 # A causal call's grid is persistent up to this many keys, by head dim: at D = 128 in bf16, 1.02-1.08x one
