@@ -211,8 +211,9 @@ def test_sums_by_mma_trade_adds_for_thin_products(reports):
     (BLOCK_N / 32 in FP8), at least 100 fewer SASS instructions than the same form without it (the adds and
     the sums' quad shuffles; 144-416 on Triton 3.6), no spill beyond that form's, wgmma still
     asynchronous, 2 KB of ones (1 KB in FP8) in shared memory. bf16 and FP8, D 64 and 128, both masks.
-    Under the release the kernels ran on: Triton 3.9 compiles the form at D = 64 with three warpgroups with
-    every wait at zero, 104 bytes spilled and more instructions than without it (docs/hopper.md)."""
+    Checked under the release the kernels ran on only: Triton 3.9 compiles the form at D = 64 with three
+    warpgroups with every wait at zero, 104 bytes spilled and more instructions than without it
+    (docs/hopper.md, "Which Triton")."""
     if not RAN:
         pytest.skip("sums_by_mma's trade is checked under the Triton release the Gluon kernels ran on")
     for r, warpgroups, twin in option_forms(reports, "-sums"):
