@@ -779,11 +779,11 @@ def test_forward_path_variable(monkeypatch):
 def test_triton_releases():
     """The Gluon kernels compile under the installed Triton's release (or this module would be skipped), the
     releases they ran on are among those they compile under, and a release is read as major.minor."""
-    assert gluon_forward.triton_release() in gluon_forward.GLUON_RELEASES
+    assert gluon_forward.installed_release() in gluon_forward.GLUON_RELEASES
     assert set(gluon_forward.GLUON_RELEASES_RUN) <= set(gluon_forward.GLUON_RELEASES)
     assert gluon_forward.triton_release("3.9.0") == "3.9"
     assert gluon_forward.triton_release("3.10.1+git1a2b3c") == "3.10"
-    assert RAN == (gluon_forward.triton_release() in gluon_forward.GLUON_RELEASES_RUN)
+    assert RAN == (gluon_forward.installed_release() in gluon_forward.GLUON_RELEASES_RUN)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -794,7 +794,7 @@ def test_auto_needs_a_release_the_kernels_ran_on(monkeypatch):
     q, k, v = make_qkv(4, 4, 4, 2048, 2048, 128, torch.bfloat16, DEVICE, requires_grad=False)  # AUTO_MIN_WORK
     q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
     for release, ran in (("3.6", True), ("3.9", False)):
-        monkeypatch.setattr(gluon_forward, "triton_release", lambda version=None, release=release: release)
+        monkeypatch.setattr(gluon_forward, "installed_release", lambda release=release: release)
         monkeypatch.setattr(gluon_forward, "GLUON_RELEASES_RUN", ("3.6", ))
         for path in ("auto", "gluon"):
             monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)

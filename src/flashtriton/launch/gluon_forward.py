@@ -137,20 +137,24 @@ GLUON_RELEASES = ("3.6", "3.7", "3.8", "3.9")
 GLUON_RELEASES_RUN = ("3.6", )
 
 
-def triton_release(version: str | None = None) -> str:
-    """Triton's release, major.minor, of `version` (None: the installed Triton's), e.g. "3.6" of "3.6.0"."""
-    if version is None:
-        import triton
-
-        version = triton.__version__
+def triton_release(version: str) -> str:
+    """Triton's release, major.minor, of a version string, e.g. "3.6" of "3.6.0"."""
     return ".".join(version.split(".")[:2])
+
+
+@functools.cache
+def installed_release() -> str:
+    """The installed Triton's release (triton_release), read once: gluon_ran asks it on every call's path."""
+    import triton
+
+    return triton_release(triton.__version__)
 
 
 @functools.cache
 def gluon_available() -> bool:
     """Whether this Triton has a Gluon the kernels compile under (GLUON_RELEASES). Gluon is experimental and
     its API moves between releases, so a release counts once the kernels' compile under it was checked."""
-    if triton_release() not in GLUON_RELEASES:
+    if installed_release() not in GLUON_RELEASES:
         return False
     try:
         from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma  # noqa: F401
@@ -163,7 +167,7 @@ def gluon_available() -> bool:
 def gluon_ran() -> bool:
     """Whether the Gluon kernels have run on a GPU under this Triton's release (GLUON_RELEASES_RUN): what
     "auto" asks before it takes them."""
-    return triton_release() in GLUON_RELEASES_RUN
+    return installed_release() in GLUON_RELEASES_RUN
 
 
 def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple = _DTYPES) -> bool:
