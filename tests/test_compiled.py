@@ -1,24 +1,14 @@
 """The compiled kernels, read offline for sm_90 (no GPU needed): matrix products on wgmma, no spills."""
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import triton
 
+from helpers import inspect_reports
+
 
 def _inspect(*flags: str, head_dim: int = 64) -> list[dict]:
-    # inspect compiles real kernels, so it runs in its own process without TRITON_INTERPRET.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(__file__), "..", "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--head-dims", str(head_dim), "--json",
-                          *flags],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return inspect_reports("--head-dims", str(head_dim), *flags)
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,7 @@ kernels are compiled for sm_90 and their SASS checked; on an sm_90 GPU they run 
 reference."""
 
 import functools
-import json
 import os
-import subprocess
-import sys
 from unittest import mock
 
 import pytest
@@ -18,6 +15,7 @@ from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded, make_qkv
 from flashtriton.tools.inspect import gluon_forward_options
+from helpers import inspect_reports
 
 pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(),
                                 reason="the Gluon kernels compile under Triton's releases "
@@ -39,15 +37,7 @@ def spills_within(report: dict, bound: int) -> bool:
 
 
 def inspect_gluon_reports(head_dims: str, dtypes: str) -> list[dict]:
-    """`inspect --gluon --json`'s reports: it compiles real kernels, so it runs in its own process without
-    TRITON_INTERPRET."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = os.path.join(os.path.dirname(__file__), "..", "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--gluon", "--head-dims", head_dims,
-                          "--dtypes", dtypes, "--json"], capture_output=True, text=True, env=env, timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return inspect_reports("--gluon", "--head-dims", head_dims, "--dtypes", dtypes)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,10 @@ from typing import NamedTuple
 import torch
 
 LOG2E = math.log2(math.e)
+# The compile options every launch names rather than leaving to Triton's defaults: the kernels count on
+# FMA contraction (the softmax's scale folds into exp2's FMA), which Triton 3.9 warns its default turns
+# off in 3.10. Under Triton 3.6-3.9 naming it compiles the same code.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 class Varlen(NamedTuple):

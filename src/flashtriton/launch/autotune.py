@@ -22,7 +22,7 @@ from triton.runtime.jit import KernelInterface
 
 from .. import _interpreter
 from ..cache import CACHE
-from .arguments import next_power_of_2
+from .arguments import COMPILE_OPTIONS, next_power_of_2
 from .tiles import (
     TileConfig,
     backward_configs,
@@ -223,9 +223,9 @@ def run_autotuned(tuner, grid, args: tuple, meta: dict, dtype: torch.dtype, buck
     key = (tuner, *meta.values(), dtype, bucket)
     picked = CACHE.picks.get(key)
     if picked is None:
-        tuner[grid](*args, **meta)
+        tuner[grid](*args, **meta, **COMPILE_OPTIONS)
         CACHE.picks[key] = tuner.best_config, tuner.best_config.all_kwargs()
         return tuner.best_config, None
     config, config_kwargs = picked
-    compiled = tuner.fn[grid](*args, **meta, **config_kwargs)
+    compiled = tuner.fn[grid](*args, **meta, **config_kwargs, **COMPILE_OPTIONS)
     return config, (compiled, config_kwargs)

@@ -17,7 +17,7 @@ from .. import _interpreter
 from ..cache import CACHE
 from ..kernels.decode import attn_decode_combine_kernel, attn_decode_kernel
 from . import replay
-from .arguments import LOG2E, band, cdiv, input_precision, next_power_of_2, score_mods, sm_count
+from .arguments import COMPILE_OPTIONS, LOG2E, band, cdiv, input_precision, next_power_of_2, score_mods, sm_count
 from .descriptors import descriptor, tma_strides
 from .forward import attention_forward, empty_in_order
 from .replay import Recorded
@@ -351,7 +351,8 @@ def prepare_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                 INPUT_PRECISION=input_precision(q.dtype), PAGED=paged, PAGE_SIZE=k_cache.shape[2] if paged else 1,
                 SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None)
     return DecodeCall((batch, heads_q, seqlen_q), splits, bd, grid, scalars, combine_scalars, meta,
-                      dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, maxnreg=tiles.max_registers),
+                      dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, maxnreg=tiles.max_registers,
+                           **COMPILE_OPTIONS),
                       dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_S=block_s), key, return_lse,
                       (*strides, box) if tma else None)
 

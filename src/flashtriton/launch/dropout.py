@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _interpreter
-from .arguments import cdiv
+from .arguments import COMPILE_OPTIONS, cdiv
 from .kernel_set import DEFAULT_KERNELS, Kernels
 
 
@@ -22,5 +22,5 @@ def dropout_mask(seed: torch.Tensor, batch: int, heads: int, seqlen_q: int, seql
     keep = torch.empty((batch, heads, seqlen_q, seqlen_k), device=seed.device, dtype=torch.int8)
     if keep.numel():
         kernels.dropout_mask[(cdiv(seqlen_q, 32), cdiv(seqlen_k, 32), batch * heads)](
-            seed, keep, heads, seqlen_q, seqlen_k, dropout_p, BLOCK_M=32, BLOCK_N=32)
+            seed, keep, heads, seqlen_q, seqlen_k, dropout_p, BLOCK_M=32, BLOCK_N=32, **COMPILE_OPTIONS)
     return keep.bool()

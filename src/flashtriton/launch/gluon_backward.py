@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.dq_fragments import dq_from_fragments_kernel
-from .arguments import LOG2E, cdiv
+from .arguments import COMPILE_OPTIONS, LOG2E, cdiv
 from .gluon_forward import gluon_forward_supports, gluon_ran, path_from_environment
 from .runner import LaunchSpec
 
@@ -192,7 +192,8 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
             dq_fragments, compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
-                                                                                       maxnreg=max_registers)
+                                                                                       maxnreg=max_registers,
+                                                                                       **COMPILE_OPTIONS)
 
 
 def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,

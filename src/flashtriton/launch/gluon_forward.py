@@ -29,7 +29,7 @@ import torch
 
 from ..kernels.fp8_values import fp8_values_kernel
 from . import replay
-from .arguments import LOG2E, cdiv, cuda_properties, sm_count
+from .arguments import COMPILE_OPTIONS, LOG2E, cdiv, cuda_properties, sm_count
 from .runner import LaunchSpec, replay_recorded, run
 
 BLOCK_M = 64
@@ -332,7 +332,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
             options.lazy_rescale, options.sums_by_mma, options.paired_stages)
     grid = (programs, )
-    return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers)
+    return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers, **COMPILE_OPTIONS)
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -399,7 +399,7 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
     if vt.numel():
         grid = (batch * heads_kv, cdiv(padded_k, FP8_VALUES_TILE[0]), cdiv(head_dim, FP8_VALUES_TILE[1]))
         fp8_values_kernel[grid](v.view(torch.uint8), vt, *v.stride(), heads_kv, seqlen_k,
-                                padded_k, head_dim, *FP8_VALUES_TILE)
+                                padded_k, head_dim, *FP8_VALUES_TILE, **COMPILE_OPTIONS)
     return vt.view(v.dtype)
 
 

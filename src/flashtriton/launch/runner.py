@@ -19,6 +19,7 @@ from typing import NamedTuple
 import triton
 
 from ..cache import CACHE
+from .arguments import COMPILE_OPTIONS
 from .autotune import run_autotuned, tile_config_of
 from .replay import Plan, RecordedLaunch
 
@@ -81,7 +82,7 @@ def run(entry: str, key, specs: list[LaunchSpec], picks: tuple[str, ...]) -> Non
     for spec in specs:
         args = (*spec.tensors, *spec.descriptors, *spec.scalars)
         if spec.autotuner is None:
-            kwargs = {**spec.meta, **spec.config} if spec.config else spec.meta
+            kwargs = {**spec.meta, **(spec.config or {}), **COMPILE_OPTIONS}
             dims = spec.grid(kwargs)
             compiled = spec.kernel[dims](*args, **kwargs)
             chosen[spec.name] = spec.tiles

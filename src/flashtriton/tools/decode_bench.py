@@ -28,6 +28,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..launch.arguments import COMPILE_OPTIONS
+
 ROUNDS = 3
 MAX_KV_BYTES = 16 * 2**30  # skip shapes whose K + V would take more than this
 PREFILL = dict(batch=4, heads_q=32, heads_kv=8, seqlen_q=512, seqlen_k=16384, head_dim=128)
@@ -96,7 +98,8 @@ def _reduction_tb_s(elements: int) -> float:
     partial = torch.empty(programs, device="cuda", dtype=torch.float32)
 
     def triton_sum():
-        _sum_kernel[(programs,)](buffer, partial, buffer.numel() // programs, BLOCK=4096, num_warps=8)
+        _sum_kernel[(programs,)](buffer, partial, buffer.numel() // programs, BLOCK=4096, num_warps=8,
+                                 **COMPILE_OPTIONS)
     times = [triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
              for _ in range(3) for fn in (lambda: buffer.sum(dtype=torch.float32), triton_sum)]
     return elements * 2 / min(times) / 1e9
