@@ -19,6 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from flashtriton.kernels.gluon_forward import _issue_pv, _ones_tile, _probabilities_operand
+from flashtriton.kernels.gluon_releases import thread_barrier
 
 M, K = 64, 128
 
@@ -39,7 +40,7 @@ def thin_product_kernel(A, B, C, N: gl.constexpr, K: gl.constexpr, K_WIDTH: gl.c
     b_smem = gl.allocate_shared_memory(B.dtype.element_ty, [N, K],
                                        gl.NVMMASharedLayout.get_default_for([N, K], B.dtype.element_ty), b)
     fence_async_shared()
-    gl.thread_barrier()
+    thread_barrier()
     acc = gl.zeros([M, N], gl.float32, layout=acc_layout)
     acc = warpgroup_mma(a, b_smem.permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -98,7 +99,7 @@ def paired_products_kernel(P, V, ACC, SUMS, HEAD_DIM: gl.constexpr, FP8: gl.cons
     v_smem = gl.allocate_shared_memory(dtype, [1, 1, 1, R, C], ring_layout)
     v_smem.index(0).reshape([R, C]).store(v)
     ones_smem = _ones_tile(dtype, N)  # (the fence covers V's stores too)
-    gl.thread_barrier()
+    thread_barrier()
     if WS:
         gl.warp_specialize([(_idle, (P, )), (_paired_products, (P, ACC, SUMS, v_smem, ones_smem, HEAD_DIM, FP8))],
                            [4], [240])
