@@ -134,7 +134,7 @@ def paired_case(dtype: torch.dtype, head_dim: int, ws: bool, device: str) -> str
     rounded = p.to(dtype).float()
     acc_error = (acc - rounded @ v.float()).abs().max().item()
     sums_error = (sums - rounded.sum(1, keepdim=True)).abs().max().item()
-    ok = acc_error <= 1e-2 and sums_error <= 1e-2
+    ok = acc_error <= 1e-2 and sums_error <= 1e-3 * rounded.sum(1).max().item()
     return f"{name}: P V max error {acc_error:.3g}, sums max error {sums_error:.3g} (sums up to " \
            f"{rounded.sum(1).max().item():.3g}; first row {sums[0].tolist()}) -> {'OK' if ok else 'WRONG'}"
 

@@ -70,15 +70,16 @@ def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
     return tuple(named[name] for name in base.arg_names)
 
 
-def flags_turned_over(default: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS
+def flags_turned_over(default: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS, fp8: bool = False
                       ) -> dict[str, gluon_forward.ForwardOptions]:
     """`default` (the library's options) with one flag turned over, by its FLAG_NAMES name (a flag on by
-    default as "no_<name>"), and all four flags on: what each flag changes beside what the library runs."""
+    default as "no_<name>"), and every flag the precision takes on (all_flags): what each flag changes beside
+    what the library runs."""
     options = {}
     for name, field in zip(gluon_forward.FLAG_NAMES, gluon_forward.ForwardOptions._fields, strict=True):
         on = getattr(default, field)
         options[("no_" if on else "") + name] = default._replace(**{field: not on})
-    return options | {"all": gluon_forward.ALL_FLAGS}
+    return options | {"all": gluon_forward.all_flags(fp8)}
 
 
 # The Gluon forward's flags (launch/gluon_forward.py), each turned over from the library's setting and all

@@ -483,7 +483,8 @@ def test_supports():
 
 def test_launch_refuses_what_it_cannot_hold():
     """gluon_forward_launch, called directly (A/B scripts, inspect), names the head dims it takes, and refuses
-    O by TMA at D = 256, where O's staging tiles would not fit beside the rings in shared memory."""
+    O by TMA at D = 256, where O's staging tiles would not fit beside the rings in shared memory, and in FP8
+    sums_by_mma with lazy_rescale (FP8_ALL_FLAGS says why)."""
     def launch(head_dim, dtype=torch.bfloat16, **kwargs):
         q = torch.randn(1, 2, 64, head_dim).to(dtype)
         v = torch.randn(1, 2, head_dim, 64).to(dtype) if dtype == torch.float8_e4m3fn else q  # (FP8: V^T)
@@ -496,6 +497,13 @@ def test_launch_refuses_what_it_cannot_hold():
         launch(256, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2))
     with pytest.raises(ValueError, match=r"o_by_tma=True needs a head dim in \(64, 128\), got 256"):
         launch(256, options=gluon_forward.ForwardOptions(o_by_tma=True))
+    for head_dim in (64, 128):
+        with pytest.raises(ValueError, match=r"sums_by_mma=True with lazy_rescale=True is refused in FP8"):
+            launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
+                   options=gluon_forward.ForwardOptions(lazy_rescale=True, sums_by_mma=True))
+        assert launch(head_dim, options=gluon_forward.ALL_FLAGS)[1] == (2, )  # (bf16 takes both)
+        assert launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
+                      options=gluon_forward.FP8_ALL_FLAGS)[1] == (2, )
 
 
 def assert_matches_reference(q, k, v, is_causal, scale, o, lse):

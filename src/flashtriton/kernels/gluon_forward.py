@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .gluon_masks import columns_at_most
-from .gluon_releases import thread_barrier, tma_load, tma_store
+from .gluon_releases import reinterpret, thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -441,11 +441,19 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
 @gluon.jit
 def _ones_tile(dtype: gl.constexpr, BLOCK_N: gl.constexpr):
     """An (8, BLOCK_N) tile of ones in shared memory, the B operand of SUMS_BY_MMA's rows' sums (_issue_pv reads
-    it transposed, keys contiguous), written by the calling warps and fenced for the tensor cores' reads."""
+    it transposed, keys contiguous), written by the calling warps and fenced for the tensor cores' reads.
+    In FP8 the tile is written as bytes, 0x38 (e4m3's 1.0), and read as e4m3: Triton 3.6's ptxas (12.8)
+    packed the rounded 1.0 into each 32-bit word beside the upper half of the stack pointer's register, so
+    half the ones were garbage (docs/performance.md, entry 97)."""
     fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
-    ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout,
-                                          gl.full([8, BLOCK_N], 1.0, gl.float32, layout=fill).to(dtype))
+    if dtype == gl.float8e4nv:
+        e4m3_ones = gl.full([8, BLOCK_N], 0x38, gl.int8, layout=fill)
+        ones_smem = reinterpret(gl.allocate_shared_memory(gl.int8, [8, BLOCK_N], ones_layout, e4m3_ones), dtype,
+                                [8, BLOCK_N], ones_layout)
+    else:
+        ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout,
+                                              gl.full([8, BLOCK_N], 1.0, gl.float32, layout=fill).to(dtype))
     fence_async_shared()
     return ones_smem
 
