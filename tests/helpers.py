@@ -12,22 +12,26 @@ from flashtriton import attention_ref, launch
 from flashtriton.testing import backward_rounding_slack, bounded, compare_with_reference, make_qkv, max_err
 
 __all__ = ["BackwardTiles", "with_backward_tiles", "check_against_reference", "make_qkv", "max_err", "packed_qkv",
-           "reference_per_sequence", "failed_checks", "inspect_reports"]
+           "reference_per_sequence", "failed_checks", "inspect_reports", "compiling"]
 
 
-def inspect_reports(*flags: str) -> list[dict]:
-    """`python -m flashtriton inspect --json *flags`'s reports. inspect compiles real kernels, so it runs in
-    its own process, without TRITON_INTERPRET, and without TRITON_DEFAULT_FP_FUSION: Triton 3.9 warns when
-    a launch leaves FP fusion to its default, which no launch may (launch/arguments.py, COMPILE_OPTIONS)."""
+def compiling(*command: str) -> str:
+    """The stdout of `python *command` run to compile real kernels: in its own process, without
+    TRITON_INTERPRET, and without TRITON_DEFAULT_FP_FUSION: Triton 3.9 warns when a launch leaves FP fusion
+    to its default, which no launch may (launch/arguments.py, COMPILE_OPTIONS)."""
     drop = ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     src = os.path.join(os.path.dirname(__file__), "..", "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-m", "flashtriton", "inspect", "--json", *flags], capture_output=True,
-                         text=True, env=env, timeout=900)
+    out = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "TRITON_DEFAULT_FP_FUSION" not in out.stderr, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return out.stdout
+
+
+def inspect_reports(*flags: str) -> list[dict]:
+    """`python -m flashtriton inspect --json *flags`'s reports (compiling's process)."""
+    return json.loads(compiling("-m", "flashtriton", "inspect", "--json", *flags))
 
 
 def check_against_reference(fn, q, k, v, is_causal, scale=None, factor=2.0, window_size=(-1, -1), softcap=0.0,

@@ -15,7 +15,7 @@ from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import bounded, make_qkv
 from flashtriton.tools.inspect import gluon_forward_options
-from helpers import inspect_reports
+from helpers import compiling, inspect_reports
 
 pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(),
                                 reason="the Gluon kernels compile under Triton's releases "
@@ -213,6 +213,43 @@ def test_sums_by_mma_trade_adds_for_thin_products(reports):
         assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
         assert not r["wgmma_serialized"], r
         assert r["shared_bytes"] - twin["shared_bytes"] >= 8 * block_n * (1 if fp8 else 2), (r, twin)
+
+
+ONES_TILE_SCRIPT = """
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from flashtriton.kernels.gluon_forward import _ones_tile
+from flashtriton.kernels.gluon_releases import thread_barrier
+from flashtriton.launch.arguments import COMPILE_OPTIONS
+from flashtriton.tools import inspect
+
+
+@gluon.jit
+def ones_kernel(OUT, BLOCK_N: gl.constexpr):
+    ones = _ones_tile(OUT.dtype.element_ty, BLOCK_N)
+    thread_barrier()
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    gl.store(OUT + rows[:, None] * BLOCK_N + cols[None, :], ones.load(layout))
+
+
+out = torch.empty(8, 128, dtype=torch.float8_e4m3fn)
+print(inspect.offline_sass(ones_kernel, (1, ), (out, 128), dict(num_warps=4, **COMPILE_OPTIONS)))
+"""
+
+
+def test_fp8_ones_tile_is_written_as_bytes(tmp_path):
+    """sums_by_mma's FP8 tile of ones (_ones_tile) is stored as the bytes of e4m3's 1.0, no conversion in
+    the SASS: Triton 3.6's ptxas packed a converted 1.0 beside the upper half of the stack pointer's register,
+    and half the ones were garbage (docs/performance.md, entry 97)."""
+    script = tmp_path / "ones_tile.py"
+    script.write_text(ONES_TILE_SCRIPT)
+    sass = compiling(str(script))
+    assert "0x38383838" in sass and "STS" in sass, sass
+    assert "F2FP" not in sass, sass
 
 
 def test_paired_stages_release_each_block_once(reports):
