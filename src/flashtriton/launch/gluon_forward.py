@@ -96,7 +96,7 @@ def single_flags() -> dict[str, ForwardOptions]:
 ALL_FLAGS = ForwardOptions(*(True, ) * len(ForwardOptions._fields))  # every flag on (the tests', the A/B runs')
 # In FP8 sums_by_mma and lazy_rescale exclude each other: the sums are of the e4m3 P, and with a kept max a
 # row's largest P is any value up to 2^8, rounded by up to 2^-4 of itself, not exactly 1: L took that
-# rounding, 1.6-2.1x its bound on the GPU (docs/performance.md, entry 97). The FP8 "all" leaves lazy out.
+# rounding, 1.2-2.1x its bound on the GPU (docs/performance.md, entry 97). The FP8 "all" leaves lazy out.
 FP8_ALL_FLAGS = ALL_FLAGS._replace(lazy_rescale=False)
 
 
