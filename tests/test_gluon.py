@@ -243,8 +243,8 @@ print(inspect.offline_sass(ones_kernel, (1, ), (out, 128), dict(num_warps=4, **C
 
 def test_fp8_ones_tile_is_written_as_bytes(tmp_path):
     """sums_by_mma's FP8 tile of ones (_ones_tile) is stored as the bytes of e4m3's 1.0, no conversion in
-    the SASS: Triton 3.6's ptxas packed a converted 1.0 beside the upper half of the stack pointer's register,
-    and half the ones were garbage (docs/performance.md, entry 97)."""
+    the SASS: Triton 3.6's ptxas packed a converted 1.0 pair beside the upper half of an unrelated register,
+    and half the ones were not 1 (docs/performance.md, entry 97)."""
     script = tmp_path / "ones_tile.py"
     script.write_text(ONES_TILE_SCRIPT)
     sass = compiling(str(script))
