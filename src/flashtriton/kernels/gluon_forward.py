@@ -443,8 +443,8 @@ def _ones_tile(dtype: gl.constexpr, BLOCK_N: gl.constexpr):
     """An (8, BLOCK_N) tile of ones in shared memory, the B operand of SUMS_BY_MMA's rows' sums (_issue_pv reads
     it transposed, keys contiguous), written by the calling warps and fenced for the tensor cores' reads.
     In FP8 the tile is written as bytes, 0x38 (e4m3's 1.0), and read as e4m3: Triton 3.6's ptxas (12.8)
-    packed the rounded 1.0 pair into each 32-bit word beside the upper half of an unrelated register (the
-    thread's index in this kernel), not beside itself, so half the ones were not 1 (docs/performance.md, entry 97)."""
+    packed the rounded 1.0 pair into each 32-bit word beside the upper half of an unrelated register (R0 in
+    this kernel's SASS), not beside itself, so half the ones were not 1 (docs/performance.md, entry 97)."""
     fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
     if dtype == gl.float8e4nv:
