@@ -32,4 +32,3 @@ cd - > /dev/null
 mkdir -p "$dir"
 tar cf - -C "$work/site" . | xz -T0 -9 > "$dir/triton-$version.tar.xz"
 ls -l "$dir/triton-$version.tar.xz"
-grep -h "arch" "$work/site/$nvidia/compiler.py" | grep -m 2 "ptxas" || true

@@ -131,12 +131,22 @@ def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
     return options if overlap else options._replace(**dict.fromkeys(OVERLAP_ONLY, False))
 
 
+def why_options_refused(options: ForwardOptions, head_dim: int, fp8: bool = False) -> str | None:
+    """Why the kernel at this head dim and precision does not take what `options` ask for, or None: O by TMA
+    past O_BY_TMA_HEAD_DIMS (shared memory), and in FP8 sums_by_mma with lazy_rescale (L's accuracy,
+    FP8_ALL_FLAGS). gluon_forward_launch raises it; inspect and the A/B runs leave such options out."""
+    if options.o_by_tma and head_dim not in O_BY_TMA_HEAD_DIMS:
+        return (f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS}, got {head_dim}: O's staging tiles "
+                "would not fit in shared memory beside the rings")
+    if fp8 and options.sums_by_mma and options.lazy_rescale:
+        return ("sums_by_mma=True with lazy_rescale=True is refused in FP8: the sums of the e4m3 P would carry "
+                "the rounding of each row's largest P into L; turn one of them off")
+    return None
+
+
 def options_fit(options: ForwardOptions, head_dim: int, fp8: bool = False) -> bool:
-    """Whether the kernel at this head dim and precision takes what `options` ask for: all but O by TMA past
-    O_BY_TMA_HEAD_DIMS (shared memory), and in FP8 all but sums_by_mma with lazy_rescale (L's accuracy,
-    FP8_ALL_FLAGS). gluon_forward_launch refuses the rest; inspect and the A/B runs leave them out."""
-    return ((not options.o_by_tma or head_dim in O_BY_TMA_HEAD_DIMS)
-            and not (fp8 and options.sums_by_mma and options.lazy_rescale))
+    """Whether the kernel takes `options` at this head dim and precision (why_options_refused)."""
+    return why_options_refused(options, head_dim, fp8) is None
 
 
 # The Triton releases whose Gluon the kernels compile under for sm_90, with the SASS facts tests/test_gluon.py
@@ -317,12 +327,9 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         box = [1, 1, rows, cols]
         layout = gl.NVMMASharedLayout.get_default_for(box, elements[x.dtype])
         return TensorDescriptor.from_tensor(x, box, layout)
-    if not options_fit(options, head_dim):
-        raise ValueError(f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS}, got {head_dim}: O's staging "
-                         "tiles would not fit in shared memory beside the rings")
-    if not options_fit(options, head_dim, fp8):
-        raise ValueError("sums_by_mma=True with lazy_rescale=True is refused in FP8: the sums of the e4m3 P "
-                         "would carry the rounding of each row's largest P into L; turn one of them off")
+    refused = why_options_refused(options, head_dim, fp8)
+    if refused is not None:
+        raise ValueError(refused)
     if fp8 and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
                          "(fp8_forward_gluon prepares both)")
