@@ -3,9 +3,12 @@ runs): plain attention of e4m3-quantized inputs (per tensor, max |x| / 448), P r
 before P V, O rounded to bf16, RMSE against the float64 attention of the same dequantized inputs. Two
 questions of docs/performance.md entry 87: does normalising by the sum of the rounded P (sums_by_mma)
 rather than of the fp32 P change the error, and does scaling P by 2^offset before rounding (FlashAttention-4's
-"low precision scaling", which keeps small probabilities out of e4m3's subnormals) help.
+"low precision scaling", which keeps small probabilities out of e4m3's subnormals) help. And what the
+rounded sums do to L (entry 98): `l_shift_mean` and `l_shift_worst`, log(sum of the rounded P / sum of P)
+over the rows, which is how far sums_by_mma moves L. `--k-scale` widens the scores: the GPU tests draw K
+twice as large as Q (scores of standard deviation 2), where the rounding's bias shows.
 
-    python benchmarks/fp8_rounding_cpu.py [--seqlen 2048] [--head-dim 128]
+    python benchmarks/fp8_rounding_cpu.py [--seqlen 2048] [--head-dim 128] [--k-scale 2]
 """
 
 import argparse
@@ -20,9 +23,9 @@ def _rmse(o: torch.Tensor, reference: torch.Tensor) -> float:
     return float(f"{(o.to(torch.bfloat16).double() - reference).pow(2).mean().sqrt().item():.3e}")
 
 
-def emulate(seqlen: int, head_dim: int, heads: int = 4, seed: int = 0) -> list[dict]:
+def emulate(seqlen: int, head_dim: int, heads: int = 4, seed: int = 0, k_scale: float = 1.0) -> list[dict]:
     torch.manual_seed(seed)
-    exact = [torch.randn(1, heads, seqlen, head_dim) for _ in range(3)]
+    exact = [torch.randn(1, heads, seqlen, head_dim) * (k_scale if i == 1 else 1.0) for i in range(3)]
     descales = [x.abs().amax() / 448 for x in exact]
     q, k, v = ((x / d).to(E4M3).double() * d for x, d in zip(exact, descales, strict=True))
     rows = []
@@ -36,9 +39,12 @@ def emulate(seqlen: int, head_dim: int, heads: int = 4, seed: int = 0) -> list[d
             for offset in ((0, 4, 8) if rounded_dtype == E4M3 else (0, )):
                 scaled = p * 2.0 ** offset
                 rounded = scaled.float().to(rounded_dtype).double()
+                l_shift = (rounded.sum(-1) / scaled.sum(-1)).log()
                 rows.append(dict(causal=causal, p_dtype=str(rounded_dtype).removeprefix("torch."), offset=offset,
                                  rmse_sum_fp32_p=_rmse(rounded @ v / scaled.sum(-1, keepdim=True), reference),
-                                 rmse_sum_rounded_p=_rmse(rounded @ v / rounded.sum(-1, keepdim=True), reference)))
+                                 rmse_sum_rounded_p=_rmse(rounded @ v / rounded.sum(-1, keepdim=True), reference),
+                                 l_shift_mean=float(f"{l_shift.mean().item():.2e}"),
+                                 l_shift_worst=float(f"{l_shift.abs().max().item():.2e}")))
     return rows
 
 
@@ -46,6 +52,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seqlen", type=int, default=2048)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--k-scale", type=float, default=1.0, help="K's standard deviation (Q's and V's: 1)")
     cli = parser.parse_args()
-    for row in emulate(cli.seqlen, cli.head_dim):
+    for row in emulate(cli.seqlen, cli.head_dim, k_scale=cli.k_scale):
         print(row)

@@ -21,19 +21,22 @@ pytestmark = pytest.mark.skipif(not gluon_forward.gluon_available(),
                                 reason="the Gluon kernels compile under Triton's releases "
                                        f"{gluon_forward.GLUON_RELEASES} (launch/gluon_forward.py)")
 ON_HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
-# The SASS figures below (spilled bytes, counts of instructions) are those of the Triton release the kernels
-# ran on (gluon_forward.GLUON_RELEASES_RUN). Under the other releases they compile they keep the structure
-# checked here, but ptxas allocates registers and lays out code otherwise: up to 176 bytes spilled where 3.6
-# spills none (Triton 3.9, FP8 at D = 64) and other counts (docs/hopper.md, "Which Triton"). There the
-# spills are bounded by SPILLS_ELSEWHERE and the exact counts are left to the release that ran.
+# Whether "auto" takes the Gluon kernels under the installed release (gluon_forward.GLUON_RELEASES_RUN).
 RAN = gluon_forward.gluon_ran()
+# The SASS figures below (spilled bytes, counts of instructions) are those of Triton 3.6, the H200 machine's
+# release, where the kernels were tuned and raced. Under the other releases they compile they keep the
+# structure checked here, but ptxas allocates registers and lays out code otherwise: up to 176 bytes spilled
+# where 3.6 spills none (Triton 3.9, FP8 at D = 64) and other counts (docs/hopper.md, "Which Triton").
+# There the spills are bounded by SPILLS_ELSEWHERE and the exact counts are left to 3.6.
+FIGURES_RELEASE = "3.6"
+EXACT = gluon_forward.installed_release() == FIGURES_RELEASE
 SPILLS_ELSEWHERE = 192
 
 
 def spills_within(report: dict, bound: int) -> bool:
     """Whether a report's spilled bytes (stack and local) are within `bound`, or within SPILLS_ELSEWHERE
-    under a release the kernels have not run on."""
-    return report["stack_bytes"] + report["local_bytes"] <= (bound if RAN else max(bound, SPILLS_ELSEWHERE))
+    under a release other than FIGURES_RELEASE."""
+    return report["stack_bytes"] + report["local_bytes"] <= (bound if EXACT else max(bound, SPILLS_ELSEWHERE))
 
 
 def inspect_gluon_reports(head_dims: str, dtypes: str) -> list[dict]:
@@ -67,7 +70,7 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
                                                                *("overlap" + flag.suffix() for flag in flags)}
     assert sum(r["config"].startswith("M64x3-") for r in reports) == 3 + len(flags)
     for r in reports:
-        if not RAN and r["config"].endswith("-sums"):
+        if not EXACT and r["config"].endswith("-sums"):
             continue  # (a lab flag; under Triton 3.9 its waits are serialised: test_sums_by_mma_trade_...)
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
@@ -108,7 +111,7 @@ def test_head_dim_256_compiles_every_form_without_spills():
         plain = by_form["overlap", causal]
         assert (by_form["overlap-paired", causal]["loop_arrives"], plain["loop_arrives"]) == (2, 4)
         thin = by_form["overlap-sums", causal]["hgmma"] - plain["hgmma"]
-        assert thin == 2 * 2 * 64 // 16 if RAN else thin > 0
+        assert thin == 2 * 2 * 64 // 16 if EXACT else thin > 0
         assert by_form["overlap-lazy", causal]["skippable_fmul"] == 2 * 256 // 2
 
 
@@ -117,9 +120,9 @@ def test_causal_mask_compares_with_immediates(reports):
     the blocks that cross the diagonal: with two warpgroups each form's causal SASS is at most 320
     instructions longer than its non-causal one (120-240 on Triton 3.6 with the mask compared against
     immediates; 400-744 when the column indices were compared in registers, docs/performance.md entry 84).
-    Counted under the release the kernels ran on: Triton 3.8 lays the ping-pong form out 384-416 longer."""
-    if not RAN:
-        pytest.skip("instruction counts are checked under the Triton release the Gluon kernels ran on")
+    Counted under FIGURES_RELEASE (3.6): Triton 3.8 lays the ping-pong form out 384-416 longer."""
+    if not EXACT:
+        pytest.skip("instruction counts are checked under FIGURES_RELEASE, Triton 3.6")
     forward = {(r["head_dim"], r["causal"], r["config"]): r["instructions"] for r in reports
                if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "bfloat16"
                and r["config"].startswith("M64x2-") and r["config"].endswith(("-overlap", "-pingpong", "-in-turn"))}
@@ -187,7 +190,7 @@ def test_o_by_tma_stores_each_tile_in_one_copy(reports):
     128, both masks."""
     for r, warpgroups, twin in option_forms(reports, "-ostore"):
         # (Triton 3.8 and 3.9 share one UTMASTG between the warpgroups' code in some forms)
-        assert (r["tma_stores"] == warpgroups if RAN else r["tma_stores"] >= 1) and twin["tma_stores"] == 0, (r, twin)
+        assert (r["tma_stores"] == warpgroups if EXACT else r["tma_stores"] >= 1) and twin["tma_stores"] == 0, (r, twin)
         assert r["shared_bytes"] - twin["shared_bytes"] >= warpgroups * 64 * r["head_dim"] * 2, (r, twin)
         assert r["shared_bytes"] <= 227 * 1024, r
         extra = 24 if r["dtype"] == "float8_e4m3fn" and warpgroups == 3 else 0
@@ -199,18 +202,19 @@ def test_sums_by_mma_trade_adds_for_thin_products(reports):
     """With sums_by_mma, each softmax warpgroup takes its rows' sums of P as P times ones beside P V: per
     warpgroup and P V (two sites: the loop's and the tile's last block) BLOCK_N / 16 more m64n8 products
     (BLOCK_N / 32 in FP8), at least 100 fewer SASS instructions than the same form without it (the adds and
-    the sums' quad shuffles; 144-416 on Triton 3.6), no spill beyond that form's, wgmma still
+    the sums' quad shuffles; 144-416 on Triton 3.6), at most 8 bytes spilled beyond that form's (each block's
+    sums held apart from the row's total until the wait: FP8 at D = 64 causal, 40 bytes against 32), wgmma still
     asynchronous, 2 KB of ones (1 KB in FP8) in shared memory. bf16 and FP8, D 64 and 128, both masks.
-    Checked under the release the kernels ran on only: Triton 3.9 compiles the form at D = 64 with three
+    Checked under FIGURES_RELEASE (3.6) only: Triton 3.9 compiles the form at D = 64 with three
     warpgroups with every wait at zero, 104 bytes spilled and more instructions than without it
     (docs/hopper.md, "Which Triton")."""
-    if not RAN:
-        pytest.skip("sums_by_mma's trade is checked under the Triton release the Gluon kernels ran on")
+    if not EXACT:
+        pytest.skip("sums_by_mma's trade is checked under FIGURES_RELEASE, Triton 3.6")
     for r, warpgroups, twin in option_forms(reports, "-sums"):
         fp8, block_n = r["dtype"] == "float8_e4m3fn", gluon_forward.BLOCK_N[r["head_dim"]]
         assert r["hgmma"] - twin["hgmma"] == warpgroups * 2 * (block_n // (32 if fp8 else 16)), (r, twin)
         assert r["instructions"] <= twin["instructions"] - 100, (r, twin)
-        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"], (r, twin)
+        assert r["stack_bytes"] + r["local_bytes"] <= twin["stack_bytes"] + twin["local_bytes"] + 8, (r, twin)
         assert not r["wgmma_serialized"], r
         assert r["shared_bytes"] - twin["shared_bytes"] >= 8 * block_n * (1 if fp8 else 2), (r, twin)
 
@@ -658,7 +662,8 @@ def test_default_options_fit_each_form(form):
 def test_fp8_default_options_store_o_by_tma():
     """An FP8 launch without options takes FP8_DEFAULT_OPTIONS: the library's flags and O by TMA stores (O's
     descriptor among the arguments): with paired stages, 3-7% over neither flag in FP8 on the H200
-    (docs/performance.md, entry 92)."""
+    (docs/performance.md, entry 92). Not sums_by_mma: faster in FP8, but its sums of the e4m3 P put L up to
+    0.023 low on broad scores (entry 98)."""
     q = torch.randn(1, 2, 256, 128).to(torch.float8_e4m3fn)
     vt = torch.randn(1, 2, 128, 256).to(torch.float8_e4m3fn)
     o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, 256)
@@ -843,7 +848,7 @@ def test_auto_needs_a_release_the_kernels_ran_on(monkeypatch):
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 def test_forward_auto_selection_follows_its_table(monkeypatch):
     """FLASHTRITON_FORWARD unset: the Gluon forward from AUTO_MIN_KEYS[head dim, causal] keys, not with one
-    fewer, for calls of at least AUTO_MIN_WORK; none at a (head dim, mask) the table leaves out."""
+    fewer, for calls of at least AUTO_MIN_WORK; the table has every head dim the kernel takes, both masks."""
     monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)
 
     def selected(head_dim, seqlen_k, is_causal, seqlen_q):
@@ -853,7 +858,7 @@ def test_forward_auto_selection_follows_its_table(monkeypatch):
         seqlen_q = -(-gluon_forward.AUTO_MIN_WORK // (2 * (keys - 1) * head_dim))  # enough work either way
         assert selected(head_dim, keys, is_causal, seqlen_q) == RAN, (head_dim, is_causal, keys)
         assert not selected(head_dim, keys - 1, is_causal, seqlen_q), (head_dim, is_causal, keys)
-    assert (256, False) not in gluon_forward.AUTO_MIN_KEYS and not selected(256, 32768, False, 1024)
+    assert set(gluon_forward.AUTO_MIN_KEYS) == {(d, c) for d in gluon_forward.HEAD_DIMS for c in (False, True)}
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -863,12 +868,14 @@ def test_forward_auto_selection_follows_its_table(monkeypatch):
     ("auto", 8, 64, 4113, {}, True), ("auto", 64, 64, 1000, {}, False),
     ("auto", 8, 64, 4113, {"is_causal": False}, True),
     ("auto", 8, 64, 2065, {"is_causal": False}, True), ("auto", 16, 64, 2040, {"is_causal": False}, False),
-    ("gluon", 1, 64, 300, {}, True),
+    ("auto", 32, 256, 529, {"is_causal": False}, True), ("auto", 8, 256, 1041, {}, True),
+    ("auto", 16, 256, 1000, {}, False), ("gluon", 1, 64, 300, {}, True),
     ("triton", 8, 128, 2065, {}, False), ("auto", 16, 128, 1041, {"window_size": (64, 0)}, False),
     ("gluon", 1, 128, 1041, {"softcap": 20.0}, False)])
 def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, gluon):
     """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
-    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 from 1024, 2048 without a mask; and
+    (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 from 1024, 2048 without a mask,
+    D = 256 from 1024, 512 without a mask; and
     B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 and 64 x 4 x 512 x 529 x 128 are over it,
     1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
     Triton backward on the Gluon forward's O and L) match the float64 reference. Causal unless the variant

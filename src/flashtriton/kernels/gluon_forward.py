@@ -276,17 +276,21 @@ def _values(v_smem, stage, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _issue_pv(p_op, v_smem, stage, acc, sums, ones, FP8: gl.constexpr, SUMS_BY_MMA: gl.constexpr):
-    """O += P V, asynchronously, P in registers; with SUMS_BY_MMA also each row's sum of P, as P times a
-    (BLOCK_N, 8) tile of ones: a thin product beside P V instead of 64 dependent adds and a quad shuffle per
-    row and block in the softmax (the sums are then of the rounded P that P V multiplies)."""
+def _issue_pv(p_op, v_smem, stage, acc, block_sums, ones, FP8: gl.constexpr, SUMS_BY_MMA: gl.constexpr):
+    """O += P V, asynchronously, P in registers; with SUMS_BY_MMA also each row's sum of this block's P, as P
+    times a (BLOCK_N, 8) tile of ones: a thin product beside P V instead of 64 dependent adds and a quad
+    shuffle per row and block in the softmax (the sums are then of the rounded P that P V multiplies). The
+    block's sums start from zero (`block_sums`' values are not read) and the caller adds them to the row's
+    total in fp32: e4m3 products accumulate in the tensor cores with about 14 bits kept, so a running total
+    carried through them lost the low bits of every later block (docs/performance.md, entry 98)."""
     p_op = _pv_operand(p_op, FP8)
     acc = warpgroup_mma(p_op, _values(v_smem, stage, FP8), acc, is_async=True)
     if SUMS_BY_MMA:
-        sum_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=sums.type.layout,
+        sum_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=block_sums.type.layout,
                                                          k_width=4 if FP8 else 2)
-        sums = warpgroup_mma(gl.convert_layout(p_op, sum_operand), ones, sums, is_async=True)
-    return acc, sums
+        block_sums = warpgroup_mma(gl.convert_layout(p_op, sum_operand), ones, block_sums, use_acc=False,
+                                   is_async=True)
+    return acc, block_sums
 
 
 @gluon.jit
@@ -345,6 +349,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 8, INSTR_K])
     sums = gl.zeros([BLOCK_M, 8], gl.float32, layout=l_layout)
+    block_sums = sums  # the previous block's sums, by the tensor cores
     ones = ones_smem.permute((1, 0)) if SUMS else None
     PAIRED: gl.constexpr = PAIRED_STAGES and OVERLAP
     V_SHIFT: gl.constexpr = 1 if PAIRED else 0  # block i's V is in stage fills + i + V_SHIFT
@@ -373,7 +378,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                     mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
-                acc, sums = _issue_pv(p_op, v_smem, prev, acc, sums, ones, FP8, SUMS)
+                acc, block_sums = _issue_pv(p_op, v_smem, prev, acc, block_sums, ones, FP8, SUMS)
                 if PINGPONG:
                     mbarrier.arrive(turns.index(NEXT), count=1)
                 # this block's scores; P V (and the sums) may run on
@@ -382,24 +387,25 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                     mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                      qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS)
-                acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sums))
+                acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
                 mbarrier.arrive(v_free.index(prev), count=1)
                 if LAZY_RESCALE:
                     acc = rescale_where_needed(acc, gl.convert_layout(alpha, o_rows))
                 else:
                     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 if SUMS:
-                    sums = sums * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
+                    sums = (sums + block_sums) * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
                 p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
             last = (fills + n_blocks - 1 + V_SHIFT) % NUM_STAGES
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1 + V_SHIFT) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
-            acc, sums = _issue_pv(p_op, v_smem, last, acc, sums, ones, FP8, SUMS)
+            acc, block_sums = _issue_pv(p_op, v_smem, last, acc, block_sums, ones, FP8, SUMS)
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
-            acc, sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, sums))
+            acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
+            sums = sums + block_sums
             mbarrier.arrive(v_free.index(last), count=1)
             turn += n_blocks + 1
             used = n_blocks + V_SHIFT

@@ -14,9 +14,9 @@ grid) of BLOCK_M = 64 query rows each (a tile holds 128 or 192), key blocks of B
 D = 256), NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at D = 128, with Q's 32 KB: 160 KB of
 the H200's 227 KB per block; at D = 256, 2 x 64 KB and Q's 64 KB: 192 KB).
 
-D = 256 compiles with no spilled register in 192 KB of shared memory and passes the GPU tests, but has not
-been timed against the Triton kernel: only FLASHTRITON_FORWARD=gluon takes it (AUTO_MIN_KEYS has no entry
-for it), and neither the FP8 form nor the Gluon backward does (FP8_HEAD_DIMS, gluon_backward.BLOCK_M).
+D = 256 compiles with no spilled register in 192 KB of shared memory, passes the GPU tests and ran
+1.33-1.64x the Triton kernel (AUTO_MIN_KEYS); neither the FP8 form nor the Gluon backward takes it
+(FP8_HEAD_DIMS, gluon_backward.BLOCK_M).
 """
 
 from __future__ import annotations
@@ -113,8 +113,11 @@ def flag_sets(fp8: bool = False) -> dict[str, ForwardOptions]:
 # What the library runs: the flags measured correct and faster on the H200 (docs/performance.md, entries 91
 # and 92): paired_stages, 5-9% in FP8 and 0-1.6% in bf16 (against a provider that its place in the round may
 # have slowed, entry 92); in FP8 also o_by_tma: the two together 3-7% over neither on six shapes. In bf16
-# o_by_tma ran -5% (cs336's shape) to +3%, so it stays off there; lazy_rescale ran 2-5% slower in bf16;
-# sums_by_mma, wrong in FP8 under Triton 3.6 until entry 97, is not yet raced in FP8.
+# o_by_tma ran -5% (cs336's shape) to +3% and sums_by_mma -6% to -0.5%, so they stay off there;
+# lazy_rescale ran 2-5% slower in bf16. In FP8 sums_by_mma ran 1.02-1.11x with O's errors unchanged, but
+# its sums are of P rounded to e4m3, whose grid below 2^-6 loses most of a broad row's small probabilities:
+# L came out up to 0.023 low in the GPU tests, 8x plain FP8 attention's (exact sums; on an H100, entry 98),
+# so it stays off there too.
 DEFAULT_OPTIONS = ForwardOptions(paired_stages=True)
 FP8_DEFAULT_OPTIONS = DEFAULT_OPTIONS._replace(o_by_tma=True)
 
@@ -151,11 +154,14 @@ def options_fit(options: ForwardOptions, head_dim: int, fp8: bool = False) -> bo
 
 # The Triton releases whose Gluon the kernels compile under for sm_90, with the SASS facts tests/test_gluon.py
 # checks (kernels/gluon_releases.py names what moved between them), and of those the ones the kernels have
-# run on (the H200 machine's). "auto" takes the Gluon kernels only on a release they have run on; on the
-# others FLASHTRITON_FORWARD=gluon and FLASHTRITON_BACKWARD=gluon take them (docs/hopper.md, "Which
-# Triton"). A newer release is added once its compile has been checked.
+# run on: 3.6 (the H200 machine's) and 3.9 (on an H100: the GPU suite, and the Gluon forward 1.06-1.31x and
+# backward 1.09-1.37x the Triton kernels in the same process, docs/performance.md, entry 98). "auto" takes
+# the Gluon kernels only on a release they have run on; on the others FLASHTRITON_FORWARD=gluon and
+# FLASHTRITON_BACKWARD=gluon take them (docs/hopper.md, "Which Triton"). A newer release is added to
+# GLUON_RELEASES once its compile has been checked, to GLUON_RELEASES_RUN once the GPU suite and the races
+# have run under it.
 GLUON_RELEASES = ("3.6", "3.7", "3.8", "3.9")
-GLUON_RELEASES_RUN = ("3.6", )
+GLUON_RELEASES_RUN = ("3.6", "3.9")
 
 
 def triton_release(version: str) -> str:
@@ -221,9 +227,11 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # processes), and 1.02-1.12x from 16384, one program per tile (entries 72, 81, 84). And only for
 # calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton
 # path replayed a recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
-# where the two paths now cross for small calls is not re-measured, so the bound stays. D = 256 is correct on
-# the GPU but not timed (entry 95): no entry, so auto leaves it to the Triton kernel.
-AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 1024}
+# where the two paths now cross for small calls is not re-measured, so the bound stays. D = 256 (on an H100
+# through the API, entry 98): 1.33x at 512 keys without a mask, 1.40x at 1024 with one, the shortest raced,
+# and 1.49-1.64x from there to 16384.
+AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 1024, (256, False): 512,
+                 (256, True): 1024}
 AUTO_MIN_WORK = 2 ** 33
 # A causal call's grid is persistent up to this many keys, by head dim: at D = 128 in bf16, 1.02-1.08x one
 # program per tile from 1024 to 8192 keys and 0.69x at 16384 (entry 55); in FP8, 1.01x at 8192 and 0.66x at
