@@ -45,3 +45,35 @@ def test_reference_handles_rows_without_keys():
     s = (q[..., 4:, :] @ k.transpose(-1, -2)) / 8**0.5
     s[..., 0, 1] = float("-inf")
     torch.testing.assert_close(o[..., 4:, :], torch.softmax(s, -1) @ v)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_references_taken_a_few_batches_at_a_time_check_the_same(monkeypatch, is_causal):
+    """testing.compare_with_reference takes its float64 and low-precision references a few batch elements at
+    a time (REFERENCE_SCORES), so that a long GPU test's float64 graph fits: one element at a time it reports
+    the same errors as with the whole batch at once and the same bounds to 1e-4 (the bf16 attention that
+    sets them rounds a batch's products apart in another order), alibi slopes per batch included, and a
+    bf16 function that is off by more than its bound still fails."""
+    from flashtriton import testing
+
+    q = torch.randn(3, 2, 17, 16, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(3, 2, 30, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    slopes = torch.rand(3, 2)
+
+    def plain(q, k, v):
+        return attention_ref(q, k, v, is_causal=is_causal, upcast=False, alibi_slopes=slopes)
+
+    def run(fn):
+        torch.manual_seed(0)
+        return testing.compare_with_reference(fn, q, k, v, is_causal, alibi_slopes=slopes)
+    whole = run(plain)
+    monkeypatch.setattr(testing, "REFERENCE_SCORES", 1)
+    chunked = run(plain)
+    assert [c.name for c in chunked] == [c.name for c in whole] and all(c.ok for c in chunked), chunked
+    for a, b in zip(chunked, whole, strict=True):
+        assert a.err == pytest.approx(b.err, rel=1e-6, abs=1e-12) and a.allowed == pytest.approx(b.allowed, rel=1e-4)
+
+    def off(q, k, v):  # the last batch element's O off by 10%: past twice bf16 attention's error
+        o, lse = plain(q, k, v)
+        return torch.cat([o[:-1], o[-1:] * 1.1]), lse
+    assert not next(c for c in run(off) if c.name == "O").ok

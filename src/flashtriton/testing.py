@@ -107,18 +107,20 @@ def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: to
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: torch.Tensor | None = None) -> list[Check]:
     """Run `fn(q, k, v) -> (o, lse)` forward and backward and bound O, L, dQ, dK, dV, each by `factor`
-    times the error of the plain low-precision attention (plus one rounding)."""
+    times the error of the plain low-precision attention (plus one rounding). The two references run a few
+    batch elements at a time (_references), REFERENCE_SCORES scores at most: the batches are independent,
+    and a whole batch's float64 graph (several B·H·Nq·Nk tensors of scores) took 17-33 GB per test on the
+    GPU suite's long rows."""
     o, lse = fn(q, k, v)
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
-
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     mods = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    o64, lse64 = attention_ref(q64, k64, v64, is_causal=is_causal, scale=scale, **mods)
-    ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double(), retain_graph=True)
-    slack = backward_rounding_slack(o, do, o64, lse64, (q64, k64, v64))
-    low_o, low_lse = attention_ref(q, k, v, is_causal=is_causal, scale=scale, upcast=False, **mods)
-    low_grads = torch.autograd.grad(low_o, (q, k, v), do)
+    step = max(1, REFERENCE_SCORES // max(q.shape[1] * q.shape[2] * k.shape[2], 1))
+    parts = [_references(q, k, v, o, do, slice(b, b + step), is_causal, scale, mods)
+             for b in range(0, max(q.shape[0], 1), step)]
+    o64, lse64, low_o, low_lse = (torch.cat([part[i] for part in parts]) for i in range(4))
+    ref_grads, low_grads = ([torch.cat([part[i][j] for part in parts]) for j in range(3)] for i in (4, 5))
+    slack = [max(part[6][j] for part in parts) for j in range(3)]
 
     finite = torch.isfinite(lse64)
     checks = [bounded("O", o, o64, low_o, q.dtype, factor),
@@ -129,6 +131,26 @@ def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: to
     for name, g, ref, low, extra in zip(("dQ", "dK", "dV"), grads, ref_grads, low_grads, slack, strict=True):
         checks.append(bounded(name, g, ref, low, q.dtype, factor, extra))
     return checks
+
+
+# The most scores (B·Hq·Nq·Nk) compare_with_reference's references take at once: 512 MB of float64 each.
+REFERENCE_SCORES = 2 ** 26
+
+
+def _references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                one: slice, is_causal: bool, scale: float | None, mods: dict) -> tuple:
+    """The float64 and plain low-precision attention of the batch elements `one`: (O64, L64, O, L, the
+    float64 gradients, the low-precision gradients, backward_rounding_slack)."""
+    slopes = mods["alibi_slopes"]
+    mods = dict(mods, alibi_slopes=slopes[one] if slopes is not None and slopes.dim() == 2 else slopes)
+    leaves64 = tuple(x[one].detach().double().requires_grad_() for x in (q, k, v))
+    o64, lse64 = attention_ref(*leaves64, is_causal=is_causal, scale=scale, **mods)
+    grads64 = torch.autograd.grad(o64, leaves64, do[one].double(), retain_graph=True)
+    slack = backward_rounding_slack(o[one], do[one], o64, lse64, leaves64)
+    leaves = tuple(x[one].detach().requires_grad_() for x in (q, k, v))
+    low_o, low_lse = attention_ref(*leaves, is_causal=is_causal, scale=scale, upcast=False, **mods)
+    low_grads = torch.autograd.grad(low_o, leaves, do[one])
+    return o64.detach(), lse64.detach(), low_o.detach(), low_lse.detach(), grads64, low_grads, slack
 
 
 def check_shard(attend: Callable, attend_whole: Callable, shard: Callable, whole: tuple[torch.Tensor, ...],
