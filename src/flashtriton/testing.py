@@ -138,18 +138,18 @@ REFERENCE_SCORES = 2 ** 26
 
 
 def _references(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
-                one: slice, is_causal: bool, scale: float | None, mods: dict) -> tuple:
-    """The float64 and plain low-precision attention of the batch elements `one`: (O64, L64, O, L, the
+                batches: slice, is_causal: bool, scale: float | None, mods: dict) -> tuple:
+    """The float64 and plain low-precision attention of the batch elements `batches`: (O64, L64, O, L, the
     float64 gradients, the low-precision gradients, backward_rounding_slack)."""
     slopes = mods["alibi_slopes"]
-    mods = dict(mods, alibi_slopes=slopes[one] if slopes is not None and slopes.dim() == 2 else slopes)
-    leaves64 = tuple(x[one].detach().double().requires_grad_() for x in (q, k, v))
+    mods = dict(mods, alibi_slopes=slopes[batches] if slopes is not None and slopes.dim() == 2 else slopes)
+    leaves64 = tuple(x[batches].detach().double().requires_grad_() for x in (q, k, v))
     o64, lse64 = attention_ref(*leaves64, is_causal=is_causal, scale=scale, **mods)
-    grads64 = torch.autograd.grad(o64, leaves64, do[one].double(), retain_graph=True)
-    slack = backward_rounding_slack(o[one], do[one], o64, lse64, leaves64)
-    leaves = tuple(x[one].detach().requires_grad_() for x in (q, k, v))
+    grads64 = torch.autograd.grad(o64, leaves64, do[batches].double(), retain_graph=True)
+    slack = backward_rounding_slack(o[batches], do[batches], o64, lse64, leaves64)
+    leaves = tuple(x[batches].detach().requires_grad_() for x in (q, k, v))
     low_o, low_lse = attention_ref(*leaves, is_causal=is_causal, scale=scale, upcast=False, **mods)
-    low_grads = torch.autograd.grad(low_o, leaves, do[one])
+    low_grads = torch.autograd.grad(low_o, leaves, do[batches])
     return o64.detach(), lse64.detach(), low_o.detach(), low_lse.detach(), grads64, low_grads, slack
 
 
