@@ -8,7 +8,7 @@ shape. docs/performance.md, entry 59.
 
 The kernel alone also runs, `fp8_kernel` (the library's flags; V^T and the descale table made once,
 outside the timing), and with each flag turned over from the library's FP8 setting
-(gluon_kernel_ab.flags_turned_over, less a set FP8 refuses): O's rescale skipped where the maxima held,
+(gluon_kernel_ab.flags_turned_over: the sets FP8 takes): O's rescale skipped where the maxima held,
 `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the tensor cores,
 `fp8_kernel_sums` (sums_by_mma), O through pointers instead of TMA stores, `fp8_kernel_no_ostore` (o_by_tma
 off), K and V not paired in one stage, `fp8_kernel_no_paired` (paired_stages off), and every flag FP8 takes
@@ -80,9 +80,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
     }
     from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
     providers["fp8_kernel"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales)
-    for name, options in flags_turned_over(gluon_forward.FP8_DEFAULT_OPTIONS, fp8=True).items():
-        if not gluon_forward.options_fit(options, head_dim, fp8=True):  # (lazy_rescale beside sums_by_mma)
-            continue
+    for name, options in flags_turned_over(gluon_forward.FP8_DEFAULT_OPTIONS, head_dim, fp8=True).items():
         providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
                                                         options=options)
     if base is not None:

@@ -14,12 +14,13 @@ with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
-the current one (`current`: the library's DEFAULT_OPTIONS) also with each of FORWARD_OPTIONS
-(launch/gluon_forward.ForwardOptions), each flag turned over from the library's setting: O's rescale skipped
-where the maxima held (`current_lazy`: lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the
-tensor cores (`current_sums`: sums_by_mma), O by TMA stores (`current_ostore`: o_by_tma), each added to the
-defaults, K and V paired in one stage taken from them (`current_no_paired`: paired_stages off), and all four
-flags; the Triton forward and cuDNN's; the current one again, last (`current_again`: its gap to `current`
+the current one (`current`: the library's DEFAULT_OPTIONS) also with each of flags_turned_over's sets
+(launch/gluon_forward.ForwardOptions, those the head dim takes), each flag turned over from the library's
+setting: O's rescale skipped where the maxima held (`current_lazy`: lazy_rescale,
+kernels/gluon_rescale.py), the rows' sums by the tensor cores (`current_sums`: sums_by_mma), O by TMA stores
+(`current_ostore`: o_by_tma), each added to the defaults, K and V paired in one stage taken from them
+(`current_no_paired`: paired_stages off), and all four flags; the Triton forward and cuDNN's; the current
+one again, last (`current_again`: its gap to `current`
 is what a provider's place in the round is worth);
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
 per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
@@ -70,21 +71,19 @@ def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
     return tuple(named[name] for name in base.arg_names)
 
 
-def flags_turned_over(default: gluon_forward.ForwardOptions = gluon_forward.DEFAULT_OPTIONS, fp8: bool = False
+def flags_turned_over(default: gluon_forward.ForwardOptions, head_dim: int, fp8: bool = False
                       ) -> dict[str, gluon_forward.ForwardOptions]:
     """`default` (the library's options) with one flag turned over, by its FLAG_NAMES name (a flag on by
     default as "no_<name>"), and every flag the precision takes on (all_flags): what each flag changes beside
-    what the library runs."""
+    what the library runs (docs/performance.md, entries 86-92). Only the sets the kernel takes at this head
+    dim and precision (gluon_forward.options_fit): O by TMA not at D = 256, in FP8 not lazy_rescale beside
+    sums_by_mma."""
     options = {}
     for name, field in zip(gluon_forward.FLAG_NAMES, gluon_forward.ForwardOptions._fields, strict=True):
         on = getattr(default, field)
         options[("no_" if on else "") + name] = default._replace(**{field: not on})
-    return options | {"all": gluon_forward.all_flags(fp8)}
-
-
-# The Gluon forward's flags (launch/gluon_forward.py), each turned over from the library's setting and all
-# together (docs/performance.md, entries 86-92).
-FORWARD_OPTIONS = flags_turned_over()
+    options["all"] = gluon_forward.all_flags(fp8)
+    return {name: o for name, o in options.items() if gluon_forward.options_fit(o, head_dim, fp8)}
 
 
 def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim: int, causal: bool,
@@ -105,11 +104,12 @@ def race_forward(base, pingpong: bool, batch: int, heads: int, n: int, head_dim:
             return o, lse
         return run
     providers = {"base": base_form(False), "current": form(False)}
-    providers.update({f"current_{name}": form(False, options) for name, options in FORWARD_OPTIONS.items()
-                      if gluon_forward.options_fit(options, head_dim)})
+    flag_sets = flags_turned_over(gluon_forward.DEFAULT_OPTIONS, head_dim)
+    providers.update({f"current_{name}": form(False, options) for name, options in flag_sets.items()})
     if pingpong:
-        providers.update(base_pingpong=base_form(True), current_pingpong=form(True),
-                         current_pingpong_all=form(True, FORWARD_OPTIONS["all"]))
+        providers.update(base_pingpong=base_form(True), current_pingpong=form(True))
+        if "all" in flag_sets:  # (not at D = 256, which O by TMA does not fit)
+            providers.update(current_pingpong_all=form(True, flag_sets["all"]))
     providers.update(triton=ab_runs.on_path(gluon_forward.FORWARD_PATH_VARIABLE, "triton",
                                             lambda: attention_forward(q, k, v, causal, scale)))
     providers = {name: fn for name, fn in providers.items() if name not in skip}

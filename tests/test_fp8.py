@@ -220,7 +220,9 @@ def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, o
     test_gluon_fp8_matches_float64_reference. sums_by_mma's e4m3 sums were wrong under Triton 3.6 until its
     ones tile was written as bytes (docs/performance.md, entry 97: ptxas 12.8 packed half of each word from
     an unrelated register); "all" is FP8_ALL_FLAGS, without lazy_rescale, which FP8 refuses beside
-    sums_by_mma. o_by_tma, on by default in FP8, once faulted at D = 64 causal (a TMA store at a
+    sums_by_mma. On these peaked scores sums_by_mma meets L's bound; on broad ones (those of the test
+    above) its sums of the rounded P do not, so FP8's default leaves it off (entry 98).
+    o_by_tma, on by default in FP8, once faulted at D = 64 causal (a TMA store at a
     negative row, entry 92): shape (2, 4, 2, 130, 700) has such a tile."""
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
     batch, heads_kv = shape[0], shape[2]

@@ -405,7 +405,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
-            sums = sums + block_sums
+            if SUMS:
+                sums = sums + block_sums
             mbarrier.arrive(v_free.index(last), count=1)
             turn += n_blocks + 1
             used = n_blocks + V_SHIFT
