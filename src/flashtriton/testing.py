@@ -106,11 +106,11 @@ def compare_with_reference(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: to
                            scale: float | None = None, factor: float = 2.0,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: torch.Tensor | None = None) -> list[Check]:
-    """Run `fn(q, k, v) -> (o, lse)` forward and backward and bound O, L, dQ, dK, dV, each by `factor`
-    times the error of the plain low-precision attention (plus one rounding). The two references run a few
-    batch elements at a time (_references), REFERENCE_SCORES scores at most: the batches are independent,
-    and a whole batch's float64 graph (several B·H·Nq·Nk tensors of scores) took 17-33 GB per test on the
-    GPU suite's long rows."""
+    """Run `fn(q, k, v) -> (o, lse)` on (B, H, N, D) tensors forward and backward and bound O, L, dQ, dK, dV,
+    each by `factor` times the error of the plain low-precision attention (plus one rounding). The two
+    references run a few batch elements at a time (_references), REFERENCE_SCORES scores at most: the
+    batches are independent, and a whole batch's float64 graph (several B·H·Nq·Nk tensors of scores) took
+    17-33 GB per test on the GPU suite's long rows."""
     o, lse = fn(q, k, v)
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
