@@ -5,8 +5,10 @@ questions of docs/performance.md entry 87: does normalising by the sum of the ro
 rather than of the fp32 P change the error, and does scaling P by 2^offset before rounding (FlashAttention-4's
 "low precision scaling", which keeps small probabilities out of e4m3's subnormals) help. And what the
 rounded sums do to L (entry 98): `l_shift_mean` and `l_shift_worst`, log(sum of the rounded P / sum of P)
-over the rows, which is how far sums_by_mma moves L. `--k-scale` widens the scores: the GPU tests draw K
-twice as large as Q (scores of standard deviation 2), where the rounding's bias shows.
+over the rows, which is how far sums_by_mma moves L; and those of sums of P rounded to bf16 and fp16
+instead (entry 99: whether the tensor cores' sums of a 16-bit P would meet L's bound). `--k-scale` widens
+the scores: the GPU tests draw K twice as large as Q (scores of standard deviation 2), where the rounding's
+bias shows.
 
     python benchmarks/fp8_rounding_cpu.py [--seqlen 2048] [--head-dim 128] [--k-scale 2]
 """
@@ -35,7 +37,7 @@ def emulate(seqlen: int, head_dim: int, heads: int = 4, seed: int = 0, k_scale: 
             s = s.masked_fill(torch.ones(seqlen, seqlen, dtype=torch.bool).tril().logical_not(), float("-inf"))
         reference = torch.softmax(s, -1) @ v
         p = torch.exp(s - s.amax(-1, keepdim=True))
-        for rounded_dtype in (E4M3, torch.bfloat16):
+        for rounded_dtype in (E4M3, torch.bfloat16, torch.float16):
             for offset in ((0, 4, 8) if rounded_dtype == E4M3 else (0, )):
                 scaled = p * 2.0 ** offset
                 rounded = scaled.float().to(rounded_dtype).double()

@@ -169,6 +169,26 @@ def option_forms(reports, suffix):
             for r in forms]
 
 
+def test_scaled_p_costs_a_subtraction_per_row(reports):
+    """With scaled_p (FP8 only: launch/gluon_forward.py's FP8_ONLY) P is rounded to e4m3 as 2^8 P: one
+    subtraction per row a thread holds and key block, and L's once per tile, so the form's SASS is within
+    8 instructions per softmax warpgroup of the same form's without it (0-8 in all on Triton 3.6), with the
+    same products and registers, no spill beyond its, wgmma still asynchronous. D 64 and 128, both masks."""
+    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
+    forms = [r for r in forward if r["config"].endswith("-scaled")]
+    assert sorted((r["dtype"], r["head_dim"], r["causal"]) for r in forms) == sorted(
+        ("float8_e4m3fn", head_dim, causal) for head_dim in (64, 128) for causal in (False, True))
+    for r in forms:
+        twin = next(t for t in forward if t["config"] == r["config"].removesuffix("-scaled")
+                    and (t["dtype"], t["head_dim"], t["causal"]) == (r["dtype"], r["head_dim"], r["causal"]))
+        warpgroups = int(r["config"].split("-")[0].split("x")[1])
+        if EXACT:
+            assert 0 <= r["instructions"] - twin["instructions"] <= 8 * warpgroups, (r, twin)
+            assert r["registers"] == twin["registers"], (r, twin)
+        assert spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
+        assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
+
+
 def test_lazy_rescale_branches_over_the_rescale(reports):
     """With lazy_rescale (kernels/gluon_rescale.py), each softmax warpgroup's overlapped loop multiplies O by
     its rows' factors behind a branch, D / 2 FMULs per thread (a warpgroup's code is its own, so the kernel
@@ -524,8 +544,8 @@ def test_supports():
 
 def test_launch_refuses_what_it_cannot_hold():
     """gluon_forward_launch, called directly (A/B scripts, inspect), names the head dims it takes, and refuses
-    O by TMA at D = 256, where O's staging tiles would not fit beside the rings in shared memory, and in FP8
-    sums_by_mma with lazy_rescale (FP8_ALL_FLAGS says why)."""
+    O by TMA at D = 256, where O's staging tiles would not fit beside the rings in shared memory, scaled_p
+    outside FP8, and in FP8 lazy_rescale with sums_by_mma or with scaled_p (FP8_ALL_FLAGS says why)."""
     def launch(head_dim, dtype=torch.bfloat16, **kwargs):
         q = torch.randn(1, 2, 64, head_dim).to(dtype)
         v = torch.randn(1, 2, head_dim, 64).to(dtype) if dtype == torch.float8_e4m3fn else q  # (FP8: V^T)
@@ -542,6 +562,11 @@ def test_launch_refuses_what_it_cannot_hold():
         with pytest.raises(ValueError, match=r"sums_by_mma=True with lazy_rescale=True is refused in FP8"):
             launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
                    options=gluon_forward.ForwardOptions(lazy_rescale=True, sums_by_mma=True))
+        with pytest.raises(ValueError, match=r"scaled_p=True with lazy_rescale=True is refused: .* turn one"):
+            launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
+                   options=gluon_forward.ForwardOptions(lazy_rescale=True, scaled_p=True))
+        with pytest.raises(ValueError, match=r"scaled_p=True is for FP8 calls only: it keeps small probabilities"):
+            launch(head_dim, options=gluon_forward.ForwardOptions(scaled_p=True))
         assert launch(head_dim, options=gluon_forward.ALL_FLAGS)[1] == (2, )  # (bf16 takes both)
         assert launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
                       options=gluon_forward.FP8_ALL_FLAGS)[1] == (2, )
@@ -646,15 +671,15 @@ def test_options_that_need_overlap(option):
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
 def test_default_options_fit_each_form(form):
     """A launch without options takes the library's (DEFAULT_OPTIONS), less those that need the overlapped
-    loop in the in-turn form, which would refuse them: the kernel's last three flags are lazy_rescale,
-    sums_by_mma and paired_stages."""
+    loop in the in-turn form, which would refuse them: the kernel's last four flags are lazy_rescale,
+    sums_by_mma, paired_stages and scaled_p."""
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
     args = gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, *gluon_forward.FORMS[form])[2]
     expected = gluon_forward.DEFAULT_OPTIONS
     if form == "in-turn":
         expected = expected._replace(sums_by_mma=False, paired_stages=False)
-    assert args[-3:] == (expected.lazy_rescale, expected.sums_by_mma, expected.paired_stages)
+    assert args[-4:] == (expected.lazy_rescale, expected.sums_by_mma, expected.paired_stages, expected.scaled_p)
     assert gluon_forward.default_options(form != "in-turn") == expected
     assert args[7] is None  # bf16 leaves o_by_tma off: O's descriptor is None
 
@@ -671,8 +696,8 @@ def test_fp8_default_options_store_o_by_tma():
                                               descale=torch.ones(3, 1, 2))[2]
     expected = gluon_forward.FP8_DEFAULT_OPTIONS
     assert expected.o_by_tma and expected._replace(o_by_tma=False) == gluon_forward.DEFAULT_OPTIONS
-    assert args[7] is not None and args[-3:] == (expected.lazy_rescale, expected.sums_by_mma,
-                                                 expected.paired_stages)
+    assert args[7] is not None and args[-4:] == (expected.lazy_rescale, expected.sums_by_mma,
+                                                 expected.paired_stages, expected.scaled_p)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -35,13 +35,14 @@ keys are masked, and no row past the count is ever read.
 Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
 whose last dim is contiguous works, (B, N, H, D) included.
 
-Four changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
-FP8_DEFAULT_OPTIONS name those the library runs, raced on the H200; docs/performance.md, entries 86, 87 and
-89-92): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's
+Five changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
+FP8_DEFAULT_OPTIONS name those the library runs, raced on the H200; docs/performance.md, entries 86, 87,
+89-92 and 99): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's
 rescale (gluon_rescale.py); SUMS_BY_MMA, each row's sum of P by the tensor cores beside P V (_issue_pv); an
 o_desc, O written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default
 in FP8); and PAIRED_STAGES (on by default), K of block j + 1 and V of block j in one stage of the rings,
-released together (_load_partition).
+released together (_load_partition); in FP8, SCALED_P, P made 2^8 times larger before its rounding to
+e4m3 (_online_softmax).
 """
 
 from triton.experimental import gluon
@@ -59,6 +60,8 @@ from .gluon_releases import reinterpret, thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
 
 LN2 = gl.constexpr(0.6931471805599453)
+# SCALED_P's factor on P, in log2 units: P <= 2^8 = 256, within e4m3's largest finite value (448)
+P_LOG2_SCALE = gl.constexpr(8.0)
 
 
 @gluon.jit
@@ -200,14 +203,15 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
 @gluon.jit
 def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
                     IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-                    SUMS_BY_MMA: gl.constexpr = False):
+                    SUMS_BY_MMA: gl.constexpr = False, SCALED_P: gl.constexpr = False):
     """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
     running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
     masked: the others skip the comparisons in the softmax's critical path. SHIFTED: the block that
     crosses Nk was loaded ending at it (_block_start), and its keys before j * BLOCK_N, the previous
     block's, are masked too. LAZY_RESCALE: a row keeps its max while the block's is not far above it
     (gluon_rescale.py); its factor is then exactly 1. SUMS_BY_MMA: the sum is not taken here but by the
-    tensor cores (_attend), and l_i comes back as it went in."""
+    tensor cores (_attend), and l_i comes back as it went in. SCALED_P: P and its sum come out 2^P_LOG2_SCALE
+    times the probabilities (the running max stays unscaled; _attend takes the scale out of L)."""
     BLOCK_N: gl.constexpr = qk.type.shape[1]
     block_end = (j + 1) * BLOCK_N
     partial = block_end > seqlen_k
@@ -230,8 +234,10 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     if LAZY_RESCALE:
         m_new = keep_max(m_i, m_new)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
-    p = gl.exp2(qk * qk_scale_log2 - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
+    if SCALED_P:  # (one subtraction per row, not per score)
+        m_safe = m_safe - P_LOG2_SCALE
+    p = gl.exp2(qk * qk_scale_log2 - m_safe[:, None])
     if SUMS_BY_MMA:
         return p, alpha, m_new, l_i
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
@@ -298,7 +304,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
             IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
             SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
-            PAIRED_STAGES: gl.constexpr):
+            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
     saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
@@ -315,7 +321,10 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     kept theirs skips O's rescale. SUMS_BY_MMA (OVERLAP only; ignored without): the rows' sums of P by the
     tensor cores (_issue_pv), against `ones_smem`, a (8, BLOCK_N) tile of ones. PAIRED_STAGES (OVERLAP
     only): block j's K and block j-1's V share a stage (_load_partition), released by one arrive on k_empty
-    once both products have run; a tile takes n_blocks + 1 stages."""
+    once both products have run; a tile takes n_blocks + 1 stages. SCALED_P (FP8 without LAZY_RESCALE): P
+    rounded to e4m3 as 2^8 P, in [0, 256], so that a broad row's small probabilities, below e4m3's smallest
+    normal (2^-6), keep their three bits instead of falling on the subnormals' 2^-9 grid; O is a ratio of
+    sums of P and does not change, and L takes the 8 back out."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -367,7 +376,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)  # (with PAIRED, the stage holds no V)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
@@ -386,7 +395,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                 if not PAIRED:
                     mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS)
+                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P)
                 acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
                 mbarrier.arrive(v_free.index(prev), count=1)
                 if LAZY_RESCALE:
@@ -422,7 +431,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE,
+                                                 SCALED_P=SCALED_P)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
@@ -441,6 +451,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
         o = acc * (v_descale / gl.convert_layout(l_safe, o_rows))[:, None]
     else:
         o = acc * (1.0 / gl.convert_layout(l_safe, o_rows))[:, None]
+    if SCALED_P:
+        m_i = m_i - P_LOG2_SCALE
     lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * LN2)
     return o, lse, fills + used, turn
 
@@ -504,7 +516,7 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
 @gluon.jit
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-                       SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr):
+                       SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
@@ -537,7 +549,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
                                           turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
                                           WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
-                                          SUMS_BY_MMA, PAIRED_STAGES)
+                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)
             _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
                         off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
@@ -558,7 +570,7 @@ def attn_fwd_gluon_kernel(
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr,
+    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -569,7 +581,8 @@ def attn_fwd_gluon_kernel(
     on a padded K and V (see the module docstring). LAZY_RESCALE: O rescaled only where a row's max grew by
     more than gluon_rescale.RESCALE_THRESHOLD. SUMS_BY_MMA (with OVERLAP): each row's sum of P by the tensor
     cores, P times ones (_issue_pv). PAIRED_STAGES (with OVERLAP): K of block j + 1 and V of block j share a
-    stage and its release (_load_partition)."""
+    stage and its release (_load_partition). SCALED_P (FP8 without LAZY_RESCALE): P rounded to e4m3 as 2^8 P
+    (_attend)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -617,18 +630,18 @@ def attn_fwd_gluon_kernel(
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

@@ -78,26 +78,39 @@ class ForwardOptions(NamedTuple):
     # PAIRED_STAGES; overlapped loop only): one mbarrier arrive, and the warpgroup barrier Triton puts before
     # it, per key block instead of two, for K held until P V has run (entry 90)
     paired_stages: bool = False
+    # FP8 only, not with lazy_rescale: P rounded to e4m3 as 2^8 P (the kernel's SCALED_P), so that a broad
+    # row's small probabilities keep their bits rather than fall on e4m3's subnormal grid; L takes the 8 back
+    # out. Results move slightly (O's error -16% on broad scores, CPU emulation); instructions +2 per key
+    # block and warp (entry 99)
+    scaled_p: bool = False
 
     def suffix(self) -> str:
         """For logs: e.g. "-lazy-ostore", "" when all are off."""
         return "".join(f"-{name}" for name, on in zip(FLAG_NAMES, self, strict=True) if on)
 
 
-FLAG_NAMES = ("lazy", "sums", "ostore", "paired")  # ForwardOptions' fields as logs and A/B runs name them
+FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled")  # ForwardOptions' fields as logs and A/B runs name them
 
 
-def single_flags() -> dict[str, ForwardOptions]:
-    """Each of ForwardOptions' flags on alone, by its FLAG_NAMES name (the A/B runs', inspect's, the tests')."""
+# The flags that only an FP8 call takes, and why (why_options_refused).
+FP8_ONLY = {"scaled_p": "it keeps small probabilities out of e4m3's subnormals; bf16 and fp16 round P "
+                        "relative to its size at every magnitude it takes"}
+
+
+def single_flags(fp8: bool = False) -> dict[str, ForwardOptions]:
+    """Each of ForwardOptions' flags that the precision takes, on alone, by its FLAG_NAMES name (the A/B
+    runs', inspect's, the tests')."""
     return {name: ForwardOptions(**{field: True})
-            for name, field in zip(FLAG_NAMES, ForwardOptions._fields, strict=True)}
+            for name, field in zip(FLAG_NAMES, ForwardOptions._fields, strict=True) if fp8 or field not in FP8_ONLY}
 
 
-ALL_FLAGS = ForwardOptions(*(True, ) * len(ForwardOptions._fields))  # every flag on (the tests', the A/B runs')
+# every flag bf16 and fp16 take on (the tests', the A/B runs')
+ALL_FLAGS = ForwardOptions(*(True, ) * len(ForwardOptions._fields))._replace(**dict.fromkeys(FP8_ONLY, False))
 # In FP8 sums_by_mma and lazy_rescale exclude each other: the sums are of the e4m3 P, and with a kept max a
 # row's largest P is any value up to 2^8, rounded by up to 2^-4 of itself, not exactly 1: L took that
-# rounding, 1.2-2.1x its bound on the GPU (docs/performance.md, entry 97). The FP8 "all" leaves lazy out.
-FP8_ALL_FLAGS = ALL_FLAGS._replace(lazy_rescale=False)
+# rounding, 1.2-2.1x its bound on the GPU (docs/performance.md, entry 97); and scaled_p would take that P to
+# 2^16, past e4m3's range. The FP8 "all" leaves lazy out.
+FP8_ALL_FLAGS = ALL_FLAGS._replace(lazy_rescale=False, scaled_p=True)
 
 
 def all_flags(fp8: bool = False) -> ForwardOptions:
@@ -107,7 +120,7 @@ def all_flags(fp8: bool = False) -> ForwardOptions:
 
 def flag_sets(fp8: bool = False) -> dict[str, ForwardOptions]:
     """single_flags() and all_flags(fp8) as "all": the sets the GPU tests run the kernel with."""
-    return single_flags() | {"all": all_flags(fp8)}
+    return single_flags(fp8) | {"all": all_flags(fp8)}
 
 
 # What the library runs: the flags measured correct and faster on the H200 (docs/performance.md, entries 91
@@ -136,11 +149,18 @@ def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
 
 def why_options_refused(options: ForwardOptions, head_dim: int, fp8: bool = False) -> str | None:
     """Why the kernel at this head dim and precision does not take what `options` ask for, or None: O by TMA
-    past O_BY_TMA_HEAD_DIMS (shared memory), and in FP8 sums_by_mma with lazy_rescale (L's accuracy,
-    FP8_ALL_FLAGS). gluon_forward_launch raises it; inspect and the A/B runs leave such options out."""
+    past O_BY_TMA_HEAD_DIMS (shared memory), FP8_ONLY's flags in bf16 and fp16, and in FP8 lazy_rescale with
+    sums_by_mma (L's accuracy) or scaled_p (e4m3's range) (FP8_ALL_FLAGS). gluon_forward_launch raises it;
+    inspect and the A/B runs leave such options out."""
     if options.o_by_tma and head_dim not in O_BY_TMA_HEAD_DIMS:
         return (f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS}, got {head_dim}: O's staging tiles "
                 "would not fit in shared memory beside the rings")
+    for name, why in FP8_ONLY.items():
+        if getattr(options, name) and not fp8:
+            return f"{name}=True is for FP8 calls only: {why}"
+    if fp8 and options.scaled_p and options.lazy_rescale:
+        return ("scaled_p=True with lazy_rescale=True is refused: a row's kept max already lets P reach 2^8, "
+                "and scaled by 2^8 more it would pass e4m3's largest value (448); turn one of them off")
     if fp8 and options.sums_by_mma and options.lazy_rescale:
         return ("sums_by_mma=True with lazy_rescale=True is refused in FP8: the sums of the e4m3 P would carry "
                 "the rounding of each row's largest P into L; turn one of them off")
@@ -359,7 +379,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
-            options.lazy_rescale, options.sums_by_mma, options.paired_stages)
+            options.lazy_rescale, options.sums_by_mma, options.paired_stages, options.scaled_p)
     grid = (programs, )
     return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers, **COMPILE_OPTIONS)
 

@@ -392,13 +392,13 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
 
 
 def gluon_forward_options(fp8: bool = False) -> list:
-    """The Gluon forward's flags as inspect_gluon compiles them: none, each alone (O's rescale skipped where
-    the maxima held, the rows' sums by the tensor cores, O by TMA, K and V paired in one stage), and the
-    library's set (default_options, bf16's or FP8's) where it is more than one flag; named in the reports by
-    ForwardOptions.suffix."""
+    """The Gluon forward's flags as inspect_gluon compiles them: none, each alone that the precision takes (O's
+    rescale skipped where the maxima held, the rows' sums by the tensor cores, O by TMA, K and V paired in one
+    stage, and in FP8 P scaled before its rounding), and the library's set (default_options, bf16's or FP8's)
+    where it is more than one flag; named in the reports by ForwardOptions.suffix."""
     from ..launch.gluon_forward import ForwardOptions, default_options, single_flags
 
-    sets = [ForwardOptions(), *single_flags().values()]
+    sets = [ForwardOptions(), *single_flags(fp8).values()]
     library = default_options(True, fp8)
     return sets + ([library] if library not in sets else [])
 
