@@ -221,9 +221,9 @@ def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, o
     ones tile was written as bytes (docs/performance.md, entry 97: ptxas 12.8 packed half of each word from
     an unrelated register); "all" is FP8_ALL_FLAGS, without lazy_rescale, which FP8 refuses beside
     sums_by_mma. On these peaked scores sums_by_mma meets L's bound; on broad ones (those of the test
-    above) its sums of the rounded P do not, so FP8's default leaves it off (entry 98).
-    o_by_tma, on by default in FP8, once faulted at D = 64 causal (a TMA store at a
-    negative row, entry 92): shape (2, 4, 2, 130, 700) has such a tile."""
+    above) its sums of the rounded P do not, so FP8's default leaves it off (entry 98). scaled_p rounds P as
+    2^8 P, which L undoes (entry 99). o_by_tma, on by default in FP8, once faulted at D = 64 causal (a TMA
+    store at a negative row, entry 92): shape (2, 4, 2, 130, 700) has such a tile."""
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
     batch, heads_kv = shape[0], shape[2]
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)
@@ -233,6 +233,38 @@ def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, o
     low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
     checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gluon_fp8_scaled_p_on_broad_scores(head_dim, is_causal):
+    """scaled_p (P rounded to e4m3 as 2^8 P) on the broad scores of test_gluon_fp8_matches_float64_reference
+    (K twice Q), where without it a row's small probabilities fall on e4m3's subnormal grid: O and L within
+    twice plain FP8 attention's errors, and O's RMSE at most 1.02x that of the library's FP8 form without
+    it (8-16% smaller in the CPU emulation, docs/performance.md entry 99). With sums_by_mma as well
+    (FP8_ALL_FLAGS, the candidate for calls that do not ask for L, whose sums of the e4m3 P miss L's bound
+    here), O within its bound and its RMSE likewise."""
+    quantized, descales, exact = _quantized(1, 8, 2, 1000, 1100, head_dim, per_head=False, seed=head_dim)
+    descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, 1, 2).contiguous()
+    scale = head_dim ** -0.5
+    low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
+    o64 = attention_ref(*exact, is_causal=is_causal, scale=scale)[0]
+
+    def run(options):
+        return gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale, torch.bfloat16, options)
+
+    def rmse(o):
+        return (o.double() - o64).pow(2).mean().sqrt().item()
+    library = rmse(run(gluon_forward.FP8_DEFAULT_OPTIONS)[0])
+    o, lse = run(gluon_forward.FP8_DEFAULT_OPTIONS._replace(scaled_p=True))
+    checks = _checks(o, lse, exact, is_causal, scale, low)
+    assert all(c.ok for c in checks), checks
+    assert rmse(o) <= 1.02 * library, (rmse(o), library)
+    o_all = run(gluon_forward.FP8_ALL_FLAGS)[0]
+    check = bounded("O", o_all, o64, low[0], torch.bfloat16)
+    assert check.ok, check
+    assert rmse(o_all) <= 1.02 * library, (rmse(o_all), library)
 
 
 @pytest.mark.parametrize("path", ["auto", "gluon", "triton"])
