@@ -174,14 +174,15 @@ def test_values_operand_relabels_keys(monkeypatch, seqlen_k, head_dim, transpose
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (1, 8, 2, 1000, 1100)])
 def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, per_head, shape):
     """On sm_90 the Gluon kernel's FP8 form runs (checked); O and L within twice plain FP8 attention's errors
     (its scores accumulated by the tensor cores and its probabilities rounded to e4m3 for P V, as the
-    kernel's are), the rows without keys as above."""
+    kernel's are), the rows without keys as above. D = 256, which auto does not take yet
+    (FP8_AUTO_HEAD_DIMS), with FLASHTRITON_FORWARD=gluon."""
     from flashtriton import api
     calls = []
 
@@ -190,7 +191,7 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
         return gluon_forward.fp8_forward_gluon(*args)
     monkeypatch.setattr(api, "fp8_forward_gluon", counted)
     # auto, which takes the kernel under a Triton release it ran on; under another it must be asked for
-    if gluon_forward.gluon_ran():
+    if gluon_forward.gluon_ran() and head_dim in gluon_forward.FP8_AUTO_HEAD_DIMS:
         monkeypatch.delenv(gluon_forward.FORWARD_PATH_VARIABLE, raising=False)
     else:
         monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "gluon")
@@ -208,7 +209,7 @@ FP8_OPTIONS = gluon_forward.flag_sets(fp8=True)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 130, 700), (1, 8, 2, 640, 640)])
 @pytest.mark.parametrize("options", list(FP8_OPTIONS.values()), ids=list(FP8_OPTIONS))
@@ -267,11 +268,13 @@ def test_gluon_fp8_scaled_p_on_broad_scores(head_dim, is_causal):
     assert rmse(o_all) <= 1.02 * library, (rmse(o_all), library)
 
 
+@pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("path", ["auto", "gluon", "triton"])
-def test_forward_path_picks_the_fp8_form(monkeypatch, path):
+def test_forward_path_picks_the_fp8_form(monkeypatch, path, head_dim):
     """The Gluon FP8 form on sm_90 unless FLASHTRITON_FORWARD=triton (auto: under a Triton release the kernels
-    ran on); elsewhere (CPU too) never."""
+    ran on, at a head dim the form ran at, FP8_AUTO_HEAD_DIMS: not yet D = 256); elsewhere (CPU too) never."""
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
-    (q8, k8, v8), _, _ = _quantized(1, 2, 2, 256, 256, 128, per_head=False)
-    wanted = path == "gluon" or (path == "auto" and gluon_forward.gluon_ran())
+    (q8, k8, v8), _, _ = _quantized(1, 2, 2, 256, 256, head_dim, per_head=False)
+    wanted = path == "gluon" or (path == "auto" and gluon_forward.gluon_ran()
+                                 and head_dim in gluon_forward.FP8_AUTO_HEAD_DIMS)
     assert gluon_forward.fp8_gluon_selected(q8, k8, v8) == (ON_HOPPER and wanted)

@@ -115,6 +115,30 @@ def test_head_dim_256_compiles_every_form_without_spills():
         assert by_form["overlap-lazy", causal]["skippable_fmul"] == 2 * 256 // 2
 
 
+def test_fp8_head_dim_256_compiles_every_flag_without_spills():
+    """The FP8 form at D = 256 (FLASHTRITON_FORWARD=gluon; auto does not take it until it has run on a GPU,
+    FP8_AUTO_HEAD_DIMS): 64-key blocks, without flags, with each FP8 flag alone and with the library's FP8
+    flags (O by TMA among them: FP8's tiles leave it room), both masks: e4m3 wgmma (QGMMA) asynchronous, the
+    overlapped loop waiting with P V in flight, no spilled register, the partitions trading registers, within
+    227 KB of shared memory; BLOCK_N / 32 thin products per P V with sums_by_mma, one arrive per block with
+    paired stages."""
+    reports = inspect_gluon_reports("256", "fp8")
+    flags = gluon_forward_options(fp8=True)
+    by_form = {(r["config"].partition("-overlap-fp8")[2], r["causal"]): r for r in reports}
+    assert sorted(by_form) == sorted((f.suffix(), causal) for f in flags for causal in (False, True))
+    for r in reports:
+        assert r["kernel"] == "attn_fwd_gluon_kernel" and r["config"].startswith("M64x2-N64-"), r
+        assert r["hgmma"] > 0 and r["hmma"] == 0 and not r["wgmma_serialized"], r
+        assert r["partial_waits"] == 2 and spills_within(r, 0) and r["register_reallocations"] > 0, r
+        assert r["registers"] * (4 + 4 * 2) * 32 <= 65536 and r["shared_bytes"] <= 227 * 1024, r
+    for causal in (False, True):
+        plain = by_form["", causal]
+        assert (by_form["-paired", causal]["loop_arrives"], plain["loop_arrives"]) == (2, 4)
+        thin = by_form["-sums", causal]["hgmma"] - plain["hgmma"]
+        assert thin == 2 * 2 * 64 // 32 if EXACT else thin > 0
+        assert by_form["-ostore", causal]["tma_stores"] > plain["tma_stores"]
+
+
 def test_causal_mask_compares_with_immediates(reports):
     """The causal forward's mask (kernels/gluon_masks.py) compiles to about two instructions per score of
     the blocks that cross the diagonal: with two warpgroups each form's causal SASS is at most 320
@@ -533,18 +557,20 @@ def test_supports():
     assert not gluon_forward.gluon_forward_supports(q, k[:, :, :0], v[:, :, :0])  # no key: TMA needs one
     odd = torch.randn(1, 4, 40, 65, dtype=torch.bfloat16)[..., :64]  # rows 130 bytes apart: not TMA-aligned
     assert not gluon_forward.gluon_forward_supports(odd, k, v)
-    # D = 256 in 16-bit (64-key blocks), not in FP8
+    # D = 256 (64-key blocks), in 16-bit and in FP8 (which auto does not take there yet: fp8_gluon_selected)
     q256, k256, v256 = make_qkv(1, 4, 2, 40, 50, 256, torch.bfloat16, "cpu", requires_grad=False)
     assert gluon_forward.gluon_forward_supports(q256, k256, v256)
     fp8 = (torch.float8_e4m3fn, )
-    assert gluon_forward.gluon_forward_supports(*(x.to(torch.float8_e4m3fn) for x in (q, k, v)), dtypes=fp8)
-    assert not gluon_forward.gluon_forward_supports(*(x.to(torch.float8_e4m3fn) for x in (q256, k256, v256)),
+    for x in ((q, k, v), (q256, k256, v256)):
+        assert gluon_forward.gluon_forward_supports(*(t.to(torch.float8_e4m3fn) for t in x), dtypes=fp8)
+    assert not gluon_forward.gluon_forward_supports(*(x.to(torch.float8_e4m3fn) for x in (q96, k96, v96)),
                                                     dtypes=fp8)
 
 
 def test_launch_refuses_what_it_cannot_hold():
     """gluon_forward_launch, called directly (A/B scripts, inspect), names the head dims it takes, and refuses
-    O by TMA at D = 256, where O's staging tiles would not fit beside the rings in shared memory, scaled_p
+    O by TMA at D = 256 in 16-bit, where O's staging tiles would not fit beside the rings in shared memory
+    (FP8's do), scaled_p
     outside FP8, and in FP8 lazy_rescale with sums_by_mma or with scaled_p (FP8_ALL_FLAGS says why)."""
     def launch(head_dim, dtype=torch.bfloat16, **kwargs):
         q = torch.randn(1, 2, 64, head_dim).to(dtype)
@@ -554,10 +580,13 @@ def test_launch_refuses_what_it_cannot_hold():
     assert launch(256)[1] == (2, )  # 2 x 2 heads' 64 rows: one tile each
     with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\), got 96; the Triton kernels"):
         launch(96)
-    with pytest.raises(ValueError, match=r"head dims \(64, 128\) in FP8, got 256"):
-        launch(256, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2))
-    with pytest.raises(ValueError, match=r"o_by_tma=True needs a head dim in \(64, 128\), got 256"):
+    with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\) in FP8, got 96"):
+        launch(96, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2))
+    with pytest.raises(ValueError, match=r"o_by_tma=True needs a head dim in \(64, 128\) in 16-bit, got 256"):
         launch(256, options=gluon_forward.ForwardOptions(o_by_tma=True))
+    # FP8's rings are half the bytes: at D = 256 O's staging tiles fit beside them (the FP8 default takes them)
+    assert launch(256, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
+                  options=gluon_forward.FP8_ALL_FLAGS)[1] == (2, )
     for head_dim in (64, 128):
         with pytest.raises(ValueError, match=r"sums_by_mma=True with lazy_rescale=True is refused in FP8"):
             launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),

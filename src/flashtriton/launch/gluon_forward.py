@@ -15,8 +15,9 @@ D = 256), NUM_STAGES = 2 shared-memory stages of K and V (2 x 64 KB at D = 128, 
 the H200's 227 KB per block; at D = 256, 2 x 64 KB and Q's 64 KB: 192 KB).
 
 D = 256 compiles with no spilled register in 192 KB of shared memory, passes the GPU tests and ran
-1.33-1.64x the Triton kernel (AUTO_MIN_KEYS); neither the FP8 form nor the Gluon backward takes it
-(FP8_HEAD_DIMS, gluon_backward.BLOCK_M).
+1.33-1.64x the Triton kernel (AUTO_MIN_KEYS). The FP8 form compiles at D = 256 too (164 KB with O by TMA,
+no spill), but has not run on a GPU: FLASHTRITON_FORWARD=gluon takes it, auto does not yet
+(FP8_AUTO_HEAD_DIMS). The Gluon backward does not take D = 256 (gluon_backward.BLOCK_M).
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ BLOCK_M = 64
 BLOCK_N = {64: 128, 128: 128, 256: 64}
 NUM_STAGES = 2
 HEAD_DIMS = tuple(BLOCK_N)
-FP8_HEAD_DIMS = (64, 128)  # the FP8 form's (D = 256 not compiled in FP8)
-# O by TMA stages each warpgroup's 64 x D output in shared memory: another 64 KB at D = 256, past the 227 KB.
+FP8_HEAD_DIMS = (64, 128, 256)  # the FP8 form's
+# ... and those "auto" takes it at: D = 256 in FP8 is compiled (no spill) but has not run on a GPU
+# (docs/performance.md, entry 100), so auto dequantizes there and FLASHTRITON_FORWARD=gluon takes it.
+FP8_AUTO_HEAD_DIMS = (64, 128)
+# O by TMA stages each warpgroup's 64 x D output in shared memory: in 16-bit another 64 KB at D = 256,
+# past the 227 KB beside 192 KB of Q, K and V. FP8's tiles are half the bytes: at D = 256, 164 KB in all.
 O_BY_TMA_HEAD_DIMS = (64, 128)
 
 
@@ -149,12 +154,12 @@ def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
 
 def why_options_refused(options: ForwardOptions, head_dim: int, fp8: bool = False) -> str | None:
     """Why the kernel at this head dim and precision does not take what `options` ask for, or None: O by TMA
-    past O_BY_TMA_HEAD_DIMS (shared memory), FP8_ONLY's flags in bf16 and fp16, and in FP8 lazy_rescale with
+    past O_BY_TMA_HEAD_DIMS in 16-bit (shared memory), FP8_ONLY's flags in bf16 and fp16, and in FP8 lazy_rescale with
     sums_by_mma (L's accuracy) or scaled_p (e4m3's range) (FP8_ALL_FLAGS). gluon_forward_launch raises it;
     inspect and the A/B runs leave such options out."""
-    if options.o_by_tma and head_dim not in O_BY_TMA_HEAD_DIMS:
-        return (f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS}, got {head_dim}: O's staging tiles "
-                "would not fit in shared memory beside the rings")
+    if options.o_by_tma and not fp8 and head_dim not in O_BY_TMA_HEAD_DIMS:
+        return (f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS} in 16-bit, got {head_dim}: O's staging "
+                "tiles would not fit in shared memory beside the rings (FP8's fit at every head dim)")
     for name, why in FP8_ONLY.items():
         if getattr(options, name) and not fp8:
             return f"{name}=True is for FP8 calls only: {why}"
@@ -427,11 +432,14 @@ FP8_VALUES_TILE = (128, 64)  # fp8_values_kernel's (keys, dims) per program
 
 def fp8_gluon_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether flash_attention_fp8 runs this call on the Gluon kernel: on a CUDA device, unless
-    FLASHTRITON_FORWARD=triton (or it is auto under a Triton release the kernels have not run on:
-    gluon_ran), where gluon_forward_supports' conditions hold for float8 e4m3 (V's layout does not matter:
-    it is copied). Else the inputs are dequantized for flash_attention."""
+    FLASHTRITON_FORWARD=triton (or it is auto under a Triton release the kernels have not run on, gluon_ran,
+    or at a head dim the FP8 form has not run at, FP8_AUTO_HEAD_DIMS), where gluon_forward_supports'
+    conditions hold for float8 e4m3 (V's layout does not matter: it is copied). Else the inputs are
+    dequantized for flash_attention."""
     path = forward_path()
-    if q.device.type != "cuda" or path == "triton" or (path == "auto" and not gluon_ran()):
+    if q.device.type != "cuda" or path == "triton":
+        return False
+    if path == "auto" and not (gluon_ran() and q.shape[-1] in FP8_AUTO_HEAD_DIMS):
         return False
     return gluon_forward_supports(q, k, k, dtypes=(torch.float8_e4m3fn, ))
 

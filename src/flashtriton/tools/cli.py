@@ -209,7 +209,7 @@ def _inspect(args: argparse.Namespace) -> int:
                 if args.variants:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
                     continue
-                if args.gluon:  # the head dims each Gluon kernel takes (D = 256: the 16-bit forward only)
+                if args.gluon:  # the head dims each Gluon kernel takes (D = 256: the forward only)
                     if head_dim in gluon_forward.forward_head_dims(name == "fp8"):
                         reports += inspect_gluon(head_dim, dtypes[name], causal)
                     if name != "fp8" and head_dim in gluon_backward.BLOCK_M:  # (FP8: a forward only)
