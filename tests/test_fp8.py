@@ -144,7 +144,7 @@ def test_errors(kwargs, error, match):
 
 
 @pytest.mark.parametrize("seqlen_k", [1, 17, 63, 97, 130])
-@pytest.mark.parametrize("head_dim", [16, 64])
+@pytest.mark.parametrize("head_dim", [16, 64, 256])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_values_operand_relabels_keys(monkeypatch, seqlen_k, head_dim, transposed):
     """fp8_values_operand (its Triton kernel, interpreted on CPU): V^T padded with zeros to 32 keys, column
