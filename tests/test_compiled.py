@@ -113,3 +113,29 @@ def test_decode_kernel_compiles_without_spills_or_slow_conversions(head_dim):
         assert r["hmma"] > 0 and r["stack_bytes"] + r["local_bytes"] == 0, r
         if r["dtype"] == "float8_e4m3fn":
             assert r["f2f"] == 0 and r["config"].endswith("3 stages"), r
+
+
+def test_d256_backward_candidates_beside_the_static_tiles_do_not_spill():
+    """At D = 256 the backward's static tiles (never swept) spill; the autotuner's other candidates there, the
+    tiles the resource model passes, compile without a spilled byte: dK/dV on 32 resident keys (mma.sync),
+    dQ on 128 query rows (wgmma, two warpgroups) or on 32 (docs/performance.md, entry 101). Both masks."""
+    import torch
+
+    from flashtriton.launch import autotune, tiles
+
+    static = tiles.backward_configs(256, torch.bfloat16, torch.device("cuda"))
+    width = autotune.width_class(256, torch.bfloat16)
+    others = {kernel: autotune.BACKWARD_CANDIDATES[kernel][width][1:] for kernel in ("dkdv", "dq")}
+    assert all(autotune.BACKWARD_CANDIDATES[kernel][width][0] == cfg
+               for kernel, cfg in zip(others, static, strict=True))
+    for kernel, cfgs in others.items():
+        assert cfgs and all(tiles.why_pruned_backward(kernel, c, 256, torch.bfloat16, tiles.HOPPER_SHARED_MEMORY)
+                            is None for c in cfgs)
+    reports = _inspect("--every-backward-candidate", head_dim=256)
+    names = {kernel: {c.name for c in cfgs} for kernel, cfgs in others.items()}
+    checked = [r for r in reports if r["config"] in names[r["kernel"].split("_")[2]]]
+    assert {(r["kernel"], r["config"], r["causal"]) for r in checked} == {
+        (f"attn_bwd_{kernel}_kernel", name, causal) for kernel in names for name in names[kernel]
+        for causal in (False, True)}
+    for r in checked:
+        assert r["stack_bytes"] + r["local_bytes"] == 0 and r["hgmma"] + r["hmma"] > 0, r

@@ -212,7 +212,9 @@ BWD_CONFIGS = [(TileConfig(16, 32, use_tma=True, max_registers=168), TileConfig(
                (TileConfig(16, 32, use_tma=True), TileConfig(32, 16), 128),
                (TileConfig(16, 32), TileConfig(32, 16), 96),
                (TileConfig(16, 128, use_tma=True), TileConfig(32, 16), 32),  # 128 keys per dK/dV tile
-               (TileConfig(16, 128), TileConfig(32, 16), 32)]
+               (TileConfig(16, 128), TileConfig(32, 16), 32),
+               # D = 256's autotuner candidates beside its static tiles (128 query rows per dQ tile)
+               (TileConfig(16, 32, 4, 1), TileConfig(128, 16, 8, 1), 256)]
 if ON_GPU:
     BWD_CONFIGS = [(TileConfig(32, 128, 4, 3, use_tma=True), TileConfig(128, 32, 4, 3, use_tma=True), 64),
                    (TileConfig(64, 128, 8, 2, use_tma=True), TileConfig(128, 64, 8, 2), 64),
@@ -223,7 +225,10 @@ if ON_GPU:
                    # D=128's autotuner candidates
                    (TileConfig(64, 64, 4, 2, use_tma=True), TileConfig(128, 64, 8, 3, use_tma=True), 128),
                    (TileConfig(64, 128, 8, 3), TileConfig(128, 64, 8, 3, use_tma=True), 128),
-                   (TileConfig(64, 64, 4, 2), TileConfig(128, 64, 8, 3), 96)]
+                   (TileConfig(64, 64, 4, 2), TileConfig(128, 64, 8, 3), 96),
+                   # D = 256's, beside its static tiles
+                   (TileConfig(16, 32, 4, 1), TileConfig(128, 16, 8, 1), 256),
+                   (TileConfig(16, 32, 4, 1), TileConfig(32, 32, 4, 1), 256)]
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])

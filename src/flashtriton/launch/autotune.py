@@ -55,18 +55,22 @@ FORWARD_CANDIDATES: dict[int, list[TileConfig]] = {
 # an SM, is 12-14% ahead on the causal rows; the uncapped one stays for the variants that the cap would
 # spill (softcap, ALiBi, dropout: 376-568 bytes). At D=128 causal, dK/dV's 64 x 64 tile with two stages on
 # TMA wins since it runs one loop (7-13% ahead of 64 x 128 with 8 warps). dQ tiles of 128 keys lost.
-# D=256 keeps its one static config.
+# D=256 was not swept. Its static tiles spill (dK/dV 272-688 bytes, dQ 192-232, compiled offline), so beside
+# them sit the tiles the resource model passes that ptxas compiles without a spill (docs/performance.md,
+# entry 101): dK/dV on 32 resident keys and 16 query rows (mma.sync: wgmma wants 64 rows per warpgroup;
+# 32 query rows spill 16 bytes causal), dQ on 128 query rows with two warpgroups (wgmma) or on 32; the
+# autotuner times them on the GPU it runs on.
 BACKWARD_CANDIDATES: dict[str, dict[int, list[TileConfig]]] = {
     "dkdv": {128: [TileConfig(64, 64, 4, 3, True, max_registers=168), TileConfig(64, 64, 4, 3, True),
                    TileConfig(32, 64, 4, 3), TileConfig(64, 64, 4, 3)],
              256: [TileConfig(64, 64, 4, 2, True), TileConfig(64, 64, 4, 3, True),
                    TileConfig(64, 64, 4, 2), TileConfig(64, 128, 8, 3), TileConfig(64, 128, 8, 2)],
-             512: [TileConfig(16, 64, 8, 1)]},
+             512: [TileConfig(16, 64, 8, 1), TileConfig(16, 32, 4, 1)]},
     "dq": {128: [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 4, 3, True),
                  TileConfig(128, 64, 4, 3), TileConfig(64, 64, 4, 3)],
            256: [TileConfig(128, 64, 8, 3, True), TileConfig(128, 64, 8, 2, True),
                  TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2)],
-           512: [TileConfig(64, 16, 8, 1)]},
+           512: [TileConfig(64, 16, 8, 1), TileConfig(128, 16, 8, 1), TileConfig(32, 32, 4, 1)]},
 }
 
 # Below this much work (B * Hq * Nq * Nk * D) a forward takes tens of microseconds, the static table is

@@ -128,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="the backward's static tiles on TMA (the autotuner's data path)")
     inspect.add_argument("--backward-candidates", action="store_true",
                          help="the backward on each kernel's first autotuner candidate instead of its static tiles")
+    inspect.add_argument("--every-backward-candidate", action="store_true",
+                         help="the backward kernels alone, on each of their autotuner candidates (the i-th dK/dV "
+                              "one beside the i-th dQ one)")
     inspect.add_argument("--variants", action="store_true",
                          help="compile each variant (window + softcap + ALiBi, dropout, varlen) instead")
     inspect.add_argument("--gluon", action="store_true",
@@ -187,6 +190,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     from ..launch import gluon_backward, gluon_forward
     from .inspect import (
+        inspect_backward_candidates,
         inspect_decode,
         inspect_defaults,
         inspect_gluon,
@@ -208,6 +212,9 @@ def _inspect(args: argparse.Namespace) -> int:
                     continue
                 if args.variants:
                     reports += inspect_variants(head_dim, dtypes[name], causal)
+                    continue
+                if args.every_backward_candidate:
+                    reports += inspect_backward_candidates(head_dim, dtypes[name], causal)
                     continue
                 if args.gluon:  # the head dims each Gluon kernel takes (D = 256: the forward only)
                     if head_dim in gluon_forward.forward_head_dims(name == "fp8"):

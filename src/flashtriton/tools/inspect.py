@@ -264,6 +264,25 @@ def inspect_defaults(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
     return reports
 
 
+def inspect_backward_candidates(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
+                                target: GPUTarget = HOPPER) -> list[KernelReport]:
+    """The backward kernels compiled on each of their autotuner candidates for this head dim's width class
+    (BACKWARD_CANDIDATES): the i-th dK/dV candidate beside the i-th dQ one, the shorter list's last standing
+    in for the rest; each report named by its tiles."""
+    width = width_class(head_dim, dtype)
+    dkdv, dq = (BACKWARD_CANDIDATES[kernel][width] for kernel in ("dkdv", "dq"))
+    q = torch.randn(1, 2, seqlen, head_dim, dtype=dtype)
+    reports = []
+    for i in range(max(len(dkdv), len(dq))):
+        pair = (dkdv[min(i, len(dkdv) - 1)], dq[min(i, len(dq) - 1)])
+        with _offline(target) as (compiled, kernels):
+            attention_backward(q, q, q, q, q, torch.zeros(1, 2, seqlen), causal, head_dim ** -0.5, pair,
+                               kernels=kernels)
+        for name, cfg in zip(("attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel"), pair, strict=True):
+            reports.append(_report(name, compiled[name], head_dim, dtype, causal, cfg.name))
+    return reports
+
+
 def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int = 4096,
                      target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the forward and backward kernels with each variant's flags on the static tiles: a sliding
