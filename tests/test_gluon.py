@@ -88,55 +88,52 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
 
 
 def test_head_dim_256_compiles_every_form_without_spills():
-    """D = 256, the 16-bit forward only (FLASHTRITON_FORWARD=gluon; no Gluon backward or FP8 form there): two
-    softmax warpgroups over 64-key blocks, each form and each flag the head dim takes (O by TMA does not fit),
-    both masks: wgmma asynchronous (the overlapped forms' loops waiting with P V in flight), no spilled
-    register (O's 64 x 256 fp32 is 128 of a softmax thread's 240), the partitions trading registers, within
-    227 KB of shared memory (192 KB of Q, K and V); and the flags' own facts, as at D = 64 and 128 (one
-    arrive per block with paired stages, BLOCK_N / 16 thin products per P V with sums_by_mma, a skippable
-    rescale of D / 2 FMULs per warpgroup with lazy_rescale)."""
+    """D = 256 in 16-bit (no Gluon backward there; the FP8 form in the next test): each form and each flag the
+    head dim takes (O by TMA does not fit), both masks, as check_head_dim_256 says (O's 64 x 256 fp32 is 128
+    of a softmax thread's 240 registers; Q, K and V take 192 KB); and with lazy_rescale a skippable rescale
+    of D / 2 FMULs per warpgroup."""
     reports = inspect_gluon_reports("256", "bf16")
     flags = [f for f in gluon_forward_options()[1:] if gluon_forward.options_fit(f, 256)]
     forms = {*gluon_forward.FORMS, "overlap-key-counts", *("overlap" + flag.suffix() for flag in flags)}
     assert sorted((r["config"].split("-", 4)[4], r["causal"]) for r in reports) == sorted(
         (form, causal) for form in forms for causal in (False, True))
     by_form = {(r["config"].split("-", 4)[4], r["causal"]): r for r in reports}
-    for r in reports:
+    check_head_dim_256(by_form, "overlap", instruction_k=16)
+    for causal in (False, True):
+        assert by_form["overlap-lazy", causal]["skippable_fmul"] == 2 * 256 // 2
+
+
+def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
+    """What every Gluon forward form compiled at D = 256 shows (`by_form`: its reports by (form, causal);
+    `overlap`: the overlapped form's name, its flags' forms that name and a suffix): two softmax warpgroups
+    over 64-key blocks, wgmma asynchronous (the overlapped forms' loops waiting with P V in flight), no
+    spilled register, the partitions trading registers, within the SM's registers and 227 KB of shared
+    memory; with paired stages one arrive per block, and with sums_by_mma BLOCK_N / instruction_k thin
+    products per P V."""
+    for (form, _), r in by_form.items():
         assert r["kernel"] == "attn_fwd_gluon_kernel" and r["config"].startswith("M64x2-N64-"), r
         assert r["hgmma"] > 0 and r["hmma"] == 0 and not r["wgmma_serialized"], r
-        assert r["partial_waits"] == (0 if r["config"].endswith("-in-turn") else 2), r
+        assert r["partial_waits"] == (0 if form == "in-turn" else 2), r
         assert spills_within(r, 0) and r["register_reallocations"] > 0, r
         assert r["registers"] * (4 + 4 * 2) * 32 <= 65536 and r["shared_bytes"] <= 227 * 1024, r
     for causal in (False, True):
-        plain = by_form["overlap", causal]
-        assert (by_form["overlap-paired", causal]["loop_arrives"], plain["loop_arrives"]) == (2, 4)
-        thin = by_form["overlap-sums", causal]["hgmma"] - plain["hgmma"]
-        assert thin == 2 * 2 * 64 // 16 if EXACT else thin > 0
-        assert by_form["overlap-lazy", causal]["skippable_fmul"] == 2 * 256 // 2
+        plain = by_form[overlap, causal]
+        assert (by_form[overlap + "-paired", causal]["loop_arrives"], plain["loop_arrives"]) == (2, 4)
+        thin = by_form[overlap + "-sums", causal]["hgmma"] - plain["hgmma"]
+        assert thin == 2 * 2 * 64 // instruction_k if EXACT else thin > 0
 
 
 def test_fp8_head_dim_256_compiles_every_flag_without_spills():
     """The FP8 form at D = 256 (FLASHTRITON_FORWARD=gluon; auto does not take it until it has run on a GPU,
-    FP8_AUTO_HEAD_DIMS): 64-key blocks, without flags, with each FP8 flag alone and with the library's FP8
-    flags (O by TMA among them: FP8's tiles leave it room), both masks: e4m3 wgmma (QGMMA) asynchronous, the
-    overlapped loop waiting with P V in flight, no spilled register, the partitions trading registers, within
-    227 KB of shared memory; BLOCK_N / 32 thin products per P V with sums_by_mma, one arrive per block with
-    paired stages."""
+    FP8_AUTO_HEAD_DIMS): without flags, with each FP8 flag alone and with the library's FP8 flags, both
+    masks, as check_head_dim_256 says (e4m3 wgmma, k = 32); and O by TMA, which fits beside FP8's tiles."""
     reports = inspect_gluon_reports("256", "fp8")
     flags = gluon_forward_options(fp8=True)
-    by_form = {(r["config"].partition("-overlap-fp8")[2], r["causal"]): r for r in reports}
-    assert sorted(by_form) == sorted((f.suffix(), causal) for f in flags for causal in (False, True))
-    for r in reports:
-        assert r["kernel"] == "attn_fwd_gluon_kernel" and r["config"].startswith("M64x2-N64-"), r
-        assert r["hgmma"] > 0 and r["hmma"] == 0 and not r["wgmma_serialized"], r
-        assert r["partial_waits"] == 2 and spills_within(r, 0) and r["register_reallocations"] > 0, r
-        assert r["registers"] * (4 + 4 * 2) * 32 <= 65536 and r["shared_bytes"] <= 227 * 1024, r
+    by_form = {(r["config"].split("-", 4)[4], r["causal"]): r for r in reports}
+    assert sorted(by_form) == sorted(("overlap-fp8" + f.suffix(), causal) for f in flags for causal in (False, True))
+    check_head_dim_256(by_form, "overlap-fp8", instruction_k=32)
     for causal in (False, True):
-        plain = by_form["", causal]
-        assert (by_form["-paired", causal]["loop_arrives"], plain["loop_arrives"]) == (2, 4)
-        thin = by_form["-sums", causal]["hgmma"] - plain["hgmma"]
-        assert thin == 2 * 2 * 64 // 32 if EXACT else thin > 0
-        assert by_form["-ostore", causal]["tma_stores"] > plain["tma_stores"]
+        assert by_form["overlap-fp8-ostore", causal]["tma_stores"] > by_form["overlap-fp8", causal]["tma_stores"]
 
 
 def test_causal_mask_compares_with_immediates(reports):
