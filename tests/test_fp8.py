@@ -125,6 +125,42 @@ def test_descales_scale_what_is_computed():
                                rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("compiling", [False, True])
+def test_without_its_kernel_bf16_where_the_descales_fold(monkeypatch, per_head, compiling):
+    """Off the FP8 kernel, flash_attention runs: with one q and one k factor on the e4m3 values in bf16 as
+    they are (exact), q's and k's factors folded into the scale and v's multiplying O; with factors per
+    (batch, KV head), or while torch.compile traces (no host read there), on float32 dequantized inputs.
+    Either within the float64 reference's bounds, as above."""
+    from flashtriton import api
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")  # (the kernel's path on sm_90)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    seen = []
+    attention = api.flash_attention
+
+    def recorded(q, k, v, **kwargs):
+        seen.append((q.dtype, kwargs["scale"]))
+        return attention(q, k, v, **kwargs)
+    monkeypatch.setattr(api, "flash_attention", recorded)
+    quantized, (qd, kd, vd), exact = _quantized(2, 4, 2, 17, 63, 16, per_head)
+    o, lse = flashtriton.flash_attention_fp8(*quantized, is_causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                             return_lse=True)
+    folded = not per_head and not compiling
+    assert [dtype for dtype, _ in seen] == [torch.bfloat16 if folded else torch.float32]
+    assert seen[0][1] == pytest.approx(16 ** -0.5 * ((qd * kd).item() if folded else 1.0), rel=1e-6)
+    checks = _checks(o, lse, exact, True, 16 ** -0.5, _plain_fp8_attention(exact, True, 16 ** -0.5))
+    assert all(c.ok for c in checks), checks
+
+
+def test_without_its_kernel_a_zero_factor_is_taken_as_given(monkeypatch):
+    """A zero q descale does not fold into a zero scale (which flash_attention refuses): the float32 path
+    takes it, and every score is 0, so O is the mean of V's rows."""
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")  # (the kernel's path on sm_90)
+    (q8, k8, v8), _, _ = _quantized(1, 2, 2, 9, 9, 16, per_head=False)
+    o = flashtriton.flash_attention_fp8(q8, k8, v8, q_descale=torch.zeros(1, device=DEVICE))
+    torch.testing.assert_close(o.float(), v8.float().mean(2, keepdim=True).expand_as(o), rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(q=torch.randn(1, 2, 5, 16)), TypeError, "float8_e4m3fn"),
     (dict(q_descale=torch.ones(1, dtype=torch.float64)), TypeError, "q_descale must be a float32"),

@@ -12,6 +12,8 @@ Everything here runs inside torch.compile's trace too: the checks read shapes, d
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import ops
@@ -186,8 +188,11 @@ def flash_attention_fp8(
     TMA-aligned strides (launch/gluon_forward.py: fp8_gluon_selected; FLASHTRITON_FORWARD=triton turns it
     off), the Gluon kernel runs with its products in FP8 (wgmma's e4m3 form; the probabilities rounded to
     e4m3 for P V, as FlashAttention-3 does).
-    Otherwise the inputs are dequantized to float32 and `flash_attention` runs: the same result up to that
-    rounding of P, at float32 speed. No backward: the outputs carry no gradient.
+    Otherwise `flash_attention` runs: in bf16 on the e4m3 values as they are (exact in bf16), the descales
+    folded into the scale and O, when q's and k's descales are one element each (their product is read on
+    the host); else (per-head factors, a CUDA graph being captured, torch.compile tracing) in float32 on
+    the dequantized inputs, at float32 speed. Either is the same attention, P rounded to bf16 or float32
+    rather than e4m3. No backward: the outputs carry no gradient.
     """
     check_inputs(q, k, v, is_causal=is_causal, fp8=True)
     check_flags(return_lse=return_lse)
@@ -204,12 +209,39 @@ def flash_attention_fp8(
     if fp8_gluon_selected(q, k, v):
         o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype)
     else:
-        q_factors = descale[0].repeat_interleave(q.shape[1] // heads_kv, dim=1)  # (B, Hq): each head's KV head's
-        q32, k32, v32 = (x.float() * d[:, :, None, None]
-                         for x, d in zip((q, k, v), (q_factors, descale[1], descale[2]), strict=True))
-        o, lse = flash_attention(q32, k32, v32, is_causal=is_causal, scale=scale, return_lse=True)
-        o = o.to(out_dtype)
+        o, lse = _fp8_without_its_kernel(q, k, v, is_causal, scale, (q_descale, k_descale), descale, out_dtype)
     return (o, lse) if return_lse else o
+
+
+def _fp8_without_its_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+                            qk_factors: tuple, descale: torch.Tensor, out_dtype: torch.dtype
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_attention_fp8 where the FP8 kernel does not run, through flash_attention: (o, lse). Every e4m3
+    value is exact in bf16 (3 mantissa bits, exponents within bf16's), so when Q's and K's descales
+    (`qk_factors`) are one number each they fold into the softmax scale, V's (`descale[2]`, per (batch, KV
+    head)) multiplies O, and the inputs go to bf16 as they are: a bf16 attention on the tensor cores whose
+    scores are the FP8 values' exact products. Folding takes that number to the host, a synchronisation
+    that a CUDA graph being captured and torch.compile's tracing cannot take; there, and for factors per
+    (batch, KV head), which one scale cannot carry, each input is multiplied by its factors in float32 and
+    the attention runs in float32."""
+    heads_kv = k.shape[1]
+    group = q.shape[1] // heads_kv
+    scalars = all(d is None or d.numel() == 1 for d in qk_factors)
+    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    folded = 0.0
+    if scalars and not capturing and not torch.compiler.is_compiling():
+        folded = scale * (descale[0, 0, 0] * descale[1, 0, 0]).item()
+    if math.isfinite(folded) and folded > 0:  # (a zero, negative or infinite factor: float32, as given)
+        bf16 = torch.bfloat16
+        o, lse = flash_attention(q.to(bf16), k.to(bf16), v.to(bf16), is_causal=is_causal, scale=folded,
+                                 return_lse=True)
+        v_factors = descale[2].repeat_interleave(group, dim=1)[:, :, None, None]  # (B, Hq): each head's KV head's
+        return (o.float() * v_factors).to(out_dtype), lse
+    q_factors = descale[0].repeat_interleave(group, dim=1)
+    q32, k32, v32 = (x.float() * d[:, :, None, None]
+                     for x, d in zip((q, k, v), (q_factors, descale[1], descale[2]), strict=True))
+    o, lse = flash_attention(q32, k32, v32, is_causal=is_causal, scale=scale, return_lse=True)
+    return o.to(out_dtype), lse
 
 
 def descale_table(factors: tuple, batch: int, heads_kv: int, device) -> torch.Tensor:
