@@ -41,7 +41,8 @@ NUM_STAGES = 2
 HEAD_DIMS = tuple(BLOCK_N)
 FP8_HEAD_DIMS = (64, 128, 256)  # the FP8 form's
 # ... and those "auto" takes it at: D = 256 in FP8 is compiled (no spill) but has not run on a GPU
-# (docs/performance.md, entry 100), so auto dequantizes there and FLASHTRITON_FORWARD=gluon takes it.
+# (docs/performance.md, entry 100), so auto leaves it to flash_attention there (api.py) and
+# FLASHTRITON_FORWARD=gluon takes it.
 FP8_AUTO_HEAD_DIMS = (64, 128)
 # O by TMA stages each warpgroup's 64 x D output in shared memory: in 16-bit another 64 KB at D = 256,
 # past the 227 KB beside 192 KB of Q, K and V. FP8's tiles are half the bytes: at D = 256, 164 KB in all.
@@ -434,8 +435,8 @@ def fp8_gluon_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> boo
     """Whether flash_attention_fp8 runs this call on the Gluon kernel: on a CUDA device, unless
     FLASHTRITON_FORWARD=triton (or it is auto under a Triton release the kernels have not run on, gluon_ran,
     or at a head dim the FP8 form has not run at, FP8_AUTO_HEAD_DIMS), where gluon_forward_supports'
-    conditions hold for float8 e4m3 (V's layout does not matter: it is copied). Else the inputs are
-    dequantized for flash_attention."""
+    conditions hold for float8 e4m3 (V's layout does not matter: it is copied). Else flash_attention runs
+    (api.py, _fp8_without_its_kernel)."""
     path = forward_path()
     if q.device.type != "cuda" or path == "triton":
         return False
