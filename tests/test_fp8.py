@@ -7,6 +7,7 @@ import torch
 
 import flashtriton
 from conftest import DEVICE, ON_GPU
+from flashtriton.api import descale_table
 from flashtriton.launch import gluon_forward
 from flashtriton.reference import attention_ref
 from flashtriton.testing import Check, bounded
@@ -263,10 +264,9 @@ def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, o
     store at a negative row, entry 92): shape (2, 4, 2, 130, 700) has such a tile."""
     quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=True)
     batch, heads_kv = shape[0], shape[2]
-    descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv)
+    descale = descale_table(tuple(descales), batch, heads_kv, DEVICE)
     scale = head_dim ** -0.5
-    o, lse = gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale.contiguous(), torch.bfloat16,
-                                             options)
+    o, lse = gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale, torch.bfloat16, options)
     low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
     checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks
@@ -283,7 +283,7 @@ def test_gluon_fp8_scaled_p_on_broad_scores(head_dim, is_causal):
     (FP8_ALL_FLAGS, the candidate for calls that do not ask for L, whose sums of the e4m3 P miss L's bound
     here), O within its bound and its RMSE likewise."""
     quantized, descales, exact = _quantized(1, 8, 2, 1000, 1100, head_dim, per_head=False, seed=head_dim)
-    descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, 1, 2).contiguous()
+    descale = descale_table(tuple(descales), 1, 2, DEVICE)
     scale = head_dim ** -0.5
     low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
     o64 = attention_ref(*exact, is_causal=is_causal, scale=scale)[0]

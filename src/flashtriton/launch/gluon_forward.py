@@ -116,7 +116,7 @@ ALL_FLAGS = ForwardOptions(*(True, ) * len(ForwardOptions._fields))._replace(**d
 # row's largest P is any value up to 2^8, rounded by up to 2^-4 of itself, not exactly 1: L took that
 # rounding, 1.2-2.1x its bound on the GPU (docs/performance.md, entry 97); and scaled_p would take that P to
 # 2^16, past e4m3's range. The FP8 "all" leaves lazy out.
-FP8_ALL_FLAGS = ALL_FLAGS._replace(lazy_rescale=False, scaled_p=True)
+FP8_ALL_FLAGS = ALL_FLAGS._replace(lazy_rescale=False, **dict.fromkeys(FP8_ONLY, True))
 
 
 def all_flags(fp8: bool = False) -> ForwardOptions:
