@@ -6,8 +6,9 @@ shape. docs/performance.md, entry 59.
 
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE]
 
-The kernel alone also runs, `fp8_kernel` (the library's flags; V^T and the descale table made once,
-outside the timing), and with each flag turned over from the library's FP8 setting
+`fp8` is flash_attention_fp8 without L, which takes FP8_WITHOUT_LSE_OPTIONS (sums_by_mma too, entry 103).
+The kernel alone also runs, `fp8_kernel` (the library's flags for calls that return L; V^T and the descale
+table made once, outside the timing), and with each flag turned over from the library's FP8 setting
 (gluon_kernel_ab.flags_turned_over: the sets FP8 takes): O's rescale skipped where the maxima held,
 `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the tensor cores,
 `fp8_kernel_sums` (sums_by_mma), O through pointers instead of TMA stores, `fp8_kernel_no_ostore` (o_by_tma

@@ -218,13 +218,14 @@ def test_values_operand_relabels_keys(monkeypatch, seqlen_k, head_dim, transpose
 def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, per_head, shape):
     """On sm_90 the Gluon kernel's FP8 form runs (checked); O and L within twice plain FP8 attention's errors
     (its scores accumulated by the tensor cores and its probabilities rounded to e4m3 for P V, as the
-    kernel's are), the rows without keys as above. D = 256, which auto does not take yet
+    kernel's are), the rows without keys as above; called without L (its sums by the tensor cores,
+    FP8_WITHOUT_LSE_OPTIONS), O within the same bound. D = 256, which auto does not take yet
     (FP8_AUTO_HEAD_DIMS), with FLASHTRITON_FORWARD=gluon."""
     from flashtriton import api
     calls = []
 
     def counted(*args):
-        calls.append(args[0].dtype)
+        calls.append((args[0].dtype, args[-1]))
         return gluon_forward.fp8_forward_gluon(*args)
     monkeypatch.setattr(api, "fp8_forward_gluon", counted)
     # auto, which takes the kernel under a Triton release it ran on; under another it must be asked for
@@ -239,7 +240,12 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     low = _plain_fp8_attention(exact, is_causal, scale, (quantized, (qd, kd, vd)))
     checks = _checks(o, lse, exact, is_causal, scale, low)
     assert all(c.ok for c in checks), checks
-    assert calls == [E4M3]
+    o_alone = flashtriton.flash_attention_fp8(*quantized, is_causal=is_causal, q_descale=qd, k_descale=kd,
+                                              v_descale=vd)
+    check = bounded("O without L", o_alone, attention_ref(*exact, is_causal=is_causal, scale=scale)[0], low[0],
+                    torch.bfloat16)
+    assert check.ok, check
+    assert calls == [(E4M3, gluon_forward.FP8_DEFAULT_OPTIONS), (E4M3, gluon_forward.FP8_WITHOUT_LSE_OPTIONS)]
 
 
 FP8_OPTIONS = gluon_forward.flag_sets(fp8=True)
@@ -302,6 +308,30 @@ def test_gluon_fp8_scaled_p_on_broad_scores(head_dim, is_causal):
     check = bounded("O", o_all, o64, low[0], torch.bfloat16)
     assert check.ok, check
     assert rmse(o_all) <= 1.02 * library, (rmse(o_all), library)
+
+
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_sums_by_the_tensor_cores_only_where_l_is_not_returned(monkeypatch, return_lse):
+    """Where the FP8 kernel runs, a call that returns L takes FP8_DEFAULT_OPTIONS (exact sums of P), one that
+    does not FP8_WITHOUT_LSE_OPTIONS (the sums of the e4m3 P by the tensor cores, which cost L its accuracy:
+    docs/performance.md, entry 98); what the kernel returns is what the call returns."""
+    from flashtriton import api
+    (q8, k8, v8), (qd, kd, vd), _ = _quantized(1, 4, 2, 9, 11, 16, per_head=False)
+    seen = []
+    outputs = torch.randn(q8.shape, device=DEVICE), torch.randn(q8.shape[:3], device=DEVICE)
+
+    def kernel(q, k, v, is_causal, scale, descale, out_dtype, options):
+        seen.append(options)
+        return outputs
+    monkeypatch.setattr(api, "fp8_gluon_selected", lambda *args: True)
+    monkeypatch.setattr(api, "fp8_forward_gluon", kernel)
+    out = flashtriton.flash_attention_fp8(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=return_lse)
+    assert seen == [gluon_forward.FP8_DEFAULT_OPTIONS if return_lse else gluon_forward.FP8_WITHOUT_LSE_OPTIONS]
+    assert gluon_forward.FP8_WITHOUT_LSE_OPTIONS == gluon_forward.FP8_DEFAULT_OPTIONS._replace(sums_by_mma=True)
+    if return_lse:
+        assert out[0] is outputs[0] and out[1] is outputs[1]
+    else:
+        assert out is outputs[0]
 
 
 @pytest.mark.parametrize("head_dim", [128, 256])

@@ -18,7 +18,12 @@ import torch
 
 from . import ops
 from .launch import new_dropout_seed
-from .launch.gluon_forward import fp8_forward_gluon, fp8_gluon_selected
+from .launch.gluon_forward import (
+    FP8_DEFAULT_OPTIONS,
+    FP8_WITHOUT_LSE_OPTIONS,
+    fp8_forward_gluon,
+    fp8_gluon_selected,
+)
 from .validation import (
     FP8_OUT_DTYPES,
     check_alibi_slopes,
@@ -187,12 +192,13 @@ def flash_attention_fp8(
     On an sm_90 GPU with D = 64 or 128 (D = 256 with FLASHTRITON_FORWARD=gluon, not yet run on a GPU) and
     TMA-aligned strides (launch/gluon_forward.py: fp8_gluon_selected; FLASHTRITON_FORWARD=triton turns it
     off), the Gluon kernel runs with its products in FP8 (wgmma's e4m3 form; the probabilities rounded to
-    e4m3 for P V, as FlashAttention-3 does).
-    Otherwise `flash_attention` runs: in bf16 on the e4m3 values as they are (exact in bf16), the descales
-    folded into the scale and O, when q's and k's descales are one element each (their product is read on
-    the host); else (per-head factors, a CUDA graph being captured, torch.compile tracing) in float32 on
-    the dequantized inputs, at float32 speed. Either is the same attention, P rounded to bf16 or float32
-    rather than e4m3. No backward: the outputs carry no gradient.
+    e4m3 for P V, as FlashAttention-3 does). Without `return_lse` the rows' sums come from the tensor cores
+    too (FP8_WITHOUT_LSE_OPTIONS: O as accurate, the kernel faster; L, not returned, less accurate).
+    Where that kernel does not run, `flash_attention` does: in bf16 on the e4m3 values as they are (exact in
+    bf16), the descales folded into the scale and O, when q's and k's descales are one element each (their
+    product is read on the host); else (per-head factors, a CUDA graph being captured, torch.compile
+    tracing) in float32 on the dequantized inputs, at float32 speed. Either is the same attention, P
+    rounded to bf16 or float32 rather than e4m3. No backward: the outputs carry no gradient.
     """
     check_inputs(q, k, v, is_causal=is_causal, fp8=True)
     check_flags(return_lse=return_lse)
@@ -207,7 +213,8 @@ def flash_attention_fp8(
     scale = check_scale(scale, q.shape[-1])
     descale = descale_table((q_descale, k_descale, v_descale), batch, heads_kv, q.device)
     if fp8_gluon_selected(q, k, v):
-        o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype)
+        options = FP8_DEFAULT_OPTIONS if return_lse else FP8_WITHOUT_LSE_OPTIONS
+        o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype, options)
     else:
         o, lse = _fp8_without_its_kernel(q, k, v, is_causal, scale, (q_descale, k_descale), descale, out_dtype)
     return (o, lse) if return_lse else o
