@@ -1,0 +1,56 @@
+"""The D = 256 backward (the Triton kernels': the Gluon backward does not take D = 256) on its autotuner's
+candidates against its static tiles (FLASHTRITON_AUTOTUNE=0), with cuDNN's backward: the backward alone,
+do_bench medians of interleaved rounds, and each one's largest gradient difference from cuDNN's
+(docs/performance.md, entries 101 and 104).
+
+    PYTHONPATH=src python benchmarks/backward_d256.py [--shapes 0,1]
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import ab_runs
+from flashtriton import flash_attention
+from flashtriton.tools.bench import environment_variable
+
+ROUNDS = 5
+SHAPES = [(4, 16, 2048, 256, True), (2, 16, 4096, 256, True), (4, 16, 2048, 256, False)]
+
+
+def _backward(q, k, v, do, forward) -> callable:
+    """A provider that runs the backward of one forward (made once) again, gradients cleared first."""
+    o = forward()
+
+    def run():
+        q.grad = k.grad = v.grad = None
+        o.backward(do, retain_graph=True)
+    return run
+
+
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn_like(q)
+    providers = {}
+    for name, autotune in (("static", "0"), ("tuned", "1")):  # the variable is read at each call
+        with environment_variable("FLASHTRITON_AUTOTUNE", autotune):
+            backward = _backward(q, k, v, do, lambda: flash_attention(q, k, v, is_causal=causal))
+        providers[name] = ab_runs.inside(lambda a=autotune: environment_variable("FLASHTRITON_AUTOTUNE", a), backward)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        providers["cudnn"] = _backward(q, k, v, do, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    grads = {}
+    for name, fn in providers.items():
+        fn()
+        grads[name] = [x.grad.float() for x in (q, k, v)]
+    differences = {name: max((a - b).abs().max().item() for a, b in zip(grads[name], grads["cudnn"], strict=True))
+                   for name in ("static", "tuned")}
+    providers["static_again"] = providers["static"]  # last in each round: what the first place is worth
+    ms = ab_runs.timed_rounds(providers, ROUNDS)
+    flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ms, max_grad_diff_vs_cudnn=differences)
+
+
+if __name__ == "__main__":
+    ab_runs.main(race, SHAPES, __doc__.split("\n\n")[0])
