@@ -1,0 +1,85 @@
+"""The FP8 Gluon forward at small shapes, launched many times into NaN-filled outputs, two input sets in
+turn (so that shared memory left by one launch holds the other set's values, which a kernel reading a
+stage before its copy landed would then take): per shape, mask and flag set, how many launches left O or
+L wrong. With --kernel, a variant kernel file (made as gluon_kernel_ab.py's docstring says) beside this
+tree's kernel, on the same arguments. docs/performance.md, entry 104: O wrong at Nq = Nk = 1 in 3 of 24
+test cases on an H100, not yet found.
+
+    cd benchmarks && PYTHONPATH=../src python fp8_small_shapes.py [--iters 40] [--head-dim 128] [--kernel FILE]
+        [--shapes 0,3] [--options default,none]
+"""
+
+import argparse
+
+import torch
+
+from flashtriton.api import descale_table
+from flashtriton.launch import gluon_forward
+from gluon_kernel_ab import base_arguments, load_kernel
+
+SHAPES = [(1, 1), (1, 17), (17, 1), (17, 63), (130, 97)]  # (Nq, Nk), batch 2, 4 query heads, 2 KV heads
+OPTIONS = {"none": gluon_forward.ForwardOptions(), "paired": gluon_forward.ForwardOptions(paired_stages=True),
+           "ostore": gluon_forward.ForwardOptions(o_by_tma=True), "default": gluon_forward.FP8_DEFAULT_OPTIONS,
+           "without_lse": gluon_forward.FP8_WITHOUT_LSE_OPTIONS}
+
+
+def _quantized(shape: tuple, spread: float) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(shape, device="cuda") * spread
+    descale = x.abs().amax().reshape(1) / 448
+    return (x / descale).to(torch.float8_e4m3fn), descale
+
+
+def inputs(seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool, seed: int) -> tuple:
+    """q8, k8, v8, the (3, B, Hkv) descale table, and the float32 attention of what they stand for: (O, L)."""
+    torch.manual_seed(seed)
+    (q8, qd), (k8, kd), (v8, vd) = (_quantized((2, heads, n, head_dim), spread)
+                                    for heads, n, spread in ((4, seqlen_q, 1), (2, seqlen_k, 2), (2, seqlen_k, 3)))
+    q, k, v = (x.float() * d for x, d in ((q8, qd), (k8, kd), (v8, vd)))
+    k, v = (x.repeat_interleave(2, 1) for x in (k, v))
+    s = q @ k.transpose(-1, -2) * head_dim ** -0.5
+    if causal:
+        hidden = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device="cuda").tril(seqlen_k - seqlen_q).logical_not()
+        s = s.masked_fill(hidden, float("-inf"))
+    o = torch.softmax(s, -1).nan_to_num(0.0) @ v
+    return q8, k8, v8, descale_table((qd, kd, vd), 2, 2, "cuda"), o, s.logsumexp(-1)
+
+
+def wrong_launches(kernel_fn, case_pair: list, causal: bool, options, iters: int) -> tuple[int, int]:
+    """How many of `iters` launches (the two cases in turn) left O (off by more than 0.3 or NaN) or L (by
+    more than 0.1, where a row sees a key) wrong."""
+    wrong_o = wrong_l = 0
+    for i in range(iters):
+        q8, k8, v8, descale, o_ref, lse_ref = case_pair[i % 2]
+        vt = gluon_forward.fp8_values_operand(v8)
+        o = torch.full(q8.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        lse = torch.full(q8.shape[:3], float("nan"), device="cuda")
+        kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
+            q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5, overlap=True, descale=descale, options=options)
+        kernel_fn[grid](*base_arguments(kernel_fn, kernel, args), **kwargs)
+        wrong_o += (o.float() - o_ref).abs().nan_to_num(1e9).max().item() > 0.3
+        seen = torch.isfinite(lse_ref)
+        wrong_l += bool(seen.any()) and (lse[seen] - lse_ref[seen]).abs().nan_to_num(1e9).max().item() > 0.1
+    return wrong_o, wrong_l
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--kernel", default=None, help="a variant kernels/gluon_forward.py to run beside this tree's")
+    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
+    parser.add_argument("--options", default=",".join(OPTIONS), help="OPTIONS' names")
+    cli = parser.parse_args()
+    from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
+    kernels = {"": attn_fwd_gluon_kernel}
+    if cli.kernel is not None:
+        kernels["variant "] = load_kernel(cli.kernel, "attn_fwd_gluon_kernel")
+    picked = {name: OPTIONS[name] for name in cli.options.split(",")}
+    for seqlen_q, seqlen_k in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
+        for causal in (False, True):
+            pair = [inputs(seqlen_q, seqlen_k, cli.head_dim, causal, seed) for seed in (1, 2)]
+            counts = [f"{label}{name} O {o} L {lse}" for name, options in picked.items()
+                      for label, kernel_fn in kernels.items()
+                      for o, lse in [wrong_launches(kernel_fn, pair, causal, options, cli.iters)]]
+            print(f"D{cli.head_dim} Nq {seqlen_q} Nk {seqlen_k} {'causal' if causal else 'full'}, of {cli.iters}: "
+                  + "; ".join(counts), flush=True)
