@@ -16,8 +16,8 @@ the H200's 227 KB per block; at D = 256, 2 x 64 KB and Q's 64 KB: 192 KB).
 
 D = 256 compiles with no spilled register in 192 KB of shared memory, passes the GPU tests and ran
 1.33-1.64x the Triton kernel (AUTO_MIN_KEYS). The FP8 form compiles at D = 256 too (164 KB with O by TMA,
-no spill), but has not run on a GPU: FLASHTRITON_FORWARD=gluon takes it, auto does not yet
-(FP8_AUTO_HEAD_DIMS). The Gluon backward does not take D = 256 (gluon_backward.BLOCK_M).
+no spill) and has run on an H100, forced (entry 104): FLASHTRITON_FORWARD=gluon takes it, auto does not
+yet (FP8_AUTO_HEAD_DIMS). The Gluon backward does not take D = 256 (gluon_backward.BLOCK_M).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ BLOCK_N = {64: 128, 128: 128, 256: 64}
 NUM_STAGES = 2
 HEAD_DIMS = tuple(BLOCK_N)
 FP8_HEAD_DIMS = (64, 128, 256)  # the FP8 form's
-# ... and those "auto" takes it at: D = 256 in FP8 is compiled (no spill) but has not run on a GPU
-# (docs/performance.md, entry 100), so auto leaves it to flash_attention there (api.py) and
-# FLASHTRITON_FORWARD=gluon takes it.
+# ... and those "auto" takes it at: D = 256 in FP8 has run on an H100 only, forced (1.56x bf16 at one shape,
+# its GPU tests passing but for the Nq = Nk = 1 failure D = 128 shares: docs/performance.md, entry 104), so
+# auto leaves it to flash_attention there (api.py) and FLASHTRITON_FORWARD=gluon takes it.
 FP8_AUTO_HEAD_DIMS = (64, 128)
 # O by TMA stages each warpgroup's 64 x D output in shared memory: in 16-bit another 64 KB at D = 256,
 # past the 227 KB beside 192 KB of Q, K and V. FP8's tiles are half the bytes: at D = 256, 164 KB in all.
