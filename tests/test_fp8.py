@@ -286,7 +286,7 @@ def test_gluon_fp8_scaled_p_on_broad_scores(head_dim, is_causal):
     (K twice Q), where without it a row's small probabilities fall on e4m3's subnormal grid: O and L within
     twice plain FP8 attention's errors, and O's RMSE at most 1.02x that of the library's FP8 form without
     it (8-16% smaller in the CPU emulation, docs/performance.md entry 99). With sums_by_mma as well
-    (FP8_ALL_FLAGS, the candidate for calls that do not ask for L, whose sums of the e4m3 P miss L's bound
+    (FP8_ALL_FLAGS, the next candidate for calls that do not ask for L, whose sums of the e4m3 P miss L's bound
     here), O within its bound and its RMSE likewise."""
     quantized, descales, exact = _quantized(1, 8, 2, 1000, 1100, head_dim, per_head=False, seed=head_dim)
     descale = descale_table(tuple(descales), 1, 2, DEVICE)

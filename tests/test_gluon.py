@@ -124,8 +124,8 @@ def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
 
 
 def test_fp8_head_dim_256_compiles_every_flag_without_spills():
-    """The FP8 form at D = 256 (FLASHTRITON_FORWARD=gluon; auto does not take it until it has run on a GPU,
-    FP8_AUTO_HEAD_DIMS): without flags, with each FP8 flag alone and with the library's FP8 flags, both
+    """The FP8 form at D = 256 (FLASHTRITON_FORWARD=gluon; auto does not take it yet, FP8_AUTO_HEAD_DIMS:
+    docs/performance.md, entry 104): without flags, with each FP8 flag alone and with the library's FP8 flags, both
     masks, as check_head_dim_256 says (e4m3 wgmma, k = 32); and O by TMA, which fits beside FP8's tiles."""
     reports = inspect_gluon_reports("256", "fp8")
     flags = gluon_forward_options(fp8=True)
