@@ -4,7 +4,7 @@ float64 attention of the same (dequantized) inputs. Inputs: standard normal, qua
 e4m3 (scale = max |x| / 448); bf16 and cuDNN take those dequantized values in bf16. One JSON line per
 shape. docs/performance.md, entry 59.
 
-    PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE]
+    PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE [--base-options default]]
 
 `fp8` is flash_attention_fp8 without L, which takes FP8_WITHOUT_LSE_OPTIONS (sums_by_mma too, entry 103).
 The kernel alone also runs, `fp8_kernel` (the library's flags for calls that return L; V^T and the descale
@@ -18,7 +18,8 @@ launch/gluon_forward.py's FP8_ALL_FLAGS), `fp8_kernel_all`;
 last in each round `fp8_kernel` again, `fp8_kernel_again`, whose gap to the first says what a provider's
 place in the round is worth (entry 92).
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
-earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments; and at D = 64 this
+earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments (without flags, or
+with --base-options default the library's FP8 ones, as `fp8_kernel` runs); and at D = 64 this
 tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.
 """
 
@@ -70,7 +71,8 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     return run
 
 
-def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None, skip: tuple = ()) -> dict:
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None, skip: tuple = (),
+         base_options: gluon_forward.ForwardOptions | None = None) -> dict:
     torch.manual_seed(0)
     exact = [torch.randn(batch, heads, n, head_dim, device="cuda") for _ in range(3)]
     descales = [x.abs().amax().reshape(1) / 448 for x in exact]
@@ -90,7 +92,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
                                                         options=options)
     if base is not None:
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales,
-                                                     options=gluon_forward.ForwardOptions())
+                                                     options=base_options or gluon_forward.ForwardOptions())
         if head_dim == 64:  # two softmax warpgroups: 240 registers each, where three spill P (entry 85)
             providers["fp8_kernel_2wg"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales, 2)
     providers = {name: fn for name, fn in providers.items() if name not in skip}
@@ -115,7 +117,11 @@ if __name__ == "__main__":
     parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
     parser.add_argument("--base", default=None, help="an earlier commit's kernels/gluon_forward.py")
     parser.add_argument("--skip", default="", help="providers to leave out, e.g. fp8_kernel_ostore,fp8_kernel_all")
+    parser.add_argument("--base-options", choices=("none", "default"), default="none",
+                        help="the earlier kernel's flags: none, or the library's FP8 defaults")
     cli = parser.parse_args()
+    base_options = gluon_forward.FP8_DEFAULT_OPTIONS if cli.base_options == "default" else None
     earlier = None if cli.base is None else load_kernel(cli.base, "attn_fwd_gluon_kernel")
     for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
-        print(json.dumps(race(*shape, base=earlier, skip=tuple(cli.skip.split(",")))), flush=True)
+        print(json.dumps(race(*shape, base=earlier, skip=tuple(cli.skip.split(",")), base_options=base_options)),
+              flush=True)

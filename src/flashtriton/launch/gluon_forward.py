@@ -347,7 +347,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from ..kernels.gluon_forward import attn_fwd_gluon_kernel
+    from ..kernels.gluon_forward import attn_fwd_gluon_kernel, attn_fwd_gluon_kernel_any_keys
 
     batch, heads, seqlen_q, head_dim = q.shape
     seqlen_k = k.shape[2]
@@ -390,7 +390,9 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
             options.lazy_rescale, options.sums_by_mma, options.paired_stages, options.scaled_p)
     grid = (programs, )
-    return attn_fwd_gluon_kernel, grid, args, dict(num_warps=4, maxnreg=max_registers, **COMPILE_OPTIONS)
+    # (at Nk = 1 the kernel not specialised on it, whose FP8 P ptxas packs right: kernels/gluon_forward.py)
+    kernel = attn_fwd_gluon_kernel_any_keys if seqlen_k == 1 else attn_fwd_gluon_kernel
+    return kernel, grid, args, dict(num_warps=4, maxnreg=max_registers, **COMPILE_OPTIONS)
 
 
 def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
