@@ -41,8 +41,9 @@ NUM_STAGES = 2
 HEAD_DIMS = tuple(BLOCK_N)
 FP8_HEAD_DIMS = (64, 128, 256)  # the FP8 form's
 # ... and those "auto" takes it at: D = 256 in FP8 has run on an H100 only, forced (1.56x bf16 at one shape,
-# its GPU tests passing but for the Nq = Nk = 1 failure D = 128 shares: docs/performance.md, entry 104), so
-# auto leaves it to flash_attention there (api.py) and FLASHTRITON_FORWARD=gluon takes it.
+# its GPU tests passing but for the Nk = 1 failure D = 128 shared, since mended: docs/performance.md, entries
+# 104-105), so auto leaves it to flash_attention there (api.py) until the H200 has raced it, and
+# FLASHTRITON_FORWARD=gluon takes it.
 FP8_AUTO_HEAD_DIMS = (64, 128)
 # O by TMA stages each warpgroup's 64 x D output in shared memory: in 16-bit another 64 KB at D = 256,
 # past the 227 KB beside 192 KB of Q, K and V. FP8's tiles are half the bytes: at D = 256, 164 KB in all.
