@@ -299,7 +299,6 @@ def test_fp8_ones_tile_is_written_as_bytes(tmp_path):
 
 FP8_PACKING_SCRIPT = """
 import re
-import sys
 
 import torch
 

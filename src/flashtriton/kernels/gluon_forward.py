@@ -658,5 +658,5 @@ def attn_fwd_gluon_kernel(
 # The same kernel, not specialised on the key count, for Nk = 1 (the launcher's choice): specialised there,
 # the mask made most of P one value, and ptxas 12.8 packed that e4m3 P with halves of unrelated registers
 # (docs/performance.md, entry 105). Elsewhere Nk's divisibility by 16 is worth keeping: without it the
-# kernel grew and the D = 64 in-turn form spilled.
+# FP8 kernel grew and the D = 64 bf16 forward spilled.
 attn_fwd_gluon_kernel_any_keys = gluon.jit(do_not_specialize=["seqlen_k"])(attn_fwd_gluon_kernel.fn)
