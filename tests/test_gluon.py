@@ -302,39 +302,44 @@ import re
 
 import torch
 
+from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel_any_keys
 from flashtriton.launch import gluon_forward
 from flashtriton.tools import inspect
 
-# (head dim, causal, options): as flash_attention_fp8 launches the kernel with and without L
-for head_dim, causal, options in [(128, False, gluon_forward.FP8_DEFAULT_OPTIONS),
-                                  (128, True, gluon_forward.FP8_WITHOUT_LSE_OPTIONS),
-                                  (256, False, gluon_forward.FP8_WITHOUT_LSE_OPTIONS)]:
+# (Nk, head dim, causal, options): as flash_attention_fp8 launches the kernel with and without L
+for seqlen_k, head_dim, causal, options in [(1, 128, False, gluon_forward.FP8_DEFAULT_OPTIONS),
+                                            (1, 128, True, gluon_forward.FP8_WITHOUT_LSE_OPTIONS),
+                                            (1, 256, False, gluon_forward.FP8_WITHOUT_LSE_OPTIONS),
+                                            (2, 128, False, gluon_forward.FP8_DEFAULT_OPTIONS)]:
     q = torch.randn(2, 4, 1, head_dim).to(torch.float8_e4m3fn)
-    k = torch.randn(2, 2, 1, head_dim).to(torch.float8_e4m3fn)
+    k = torch.randn(2, 2, seqlen_k, head_dim).to(torch.float8_e4m3fn)
     vt = torch.zeros(2, 2, head_dim, 32).to(torch.float8_e4m3fn)
     o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(2, 4, 1)
     launch = gluon_forward.gluon_forward_launch(q, k, vt, o, lse, causal, head_dim ** -0.5, overlap=True,
                                                 descale=torch.ones(3, 2, 2), options=options)
     sass = inspect.offline_sass(*launch)
     packs = re.findall(r"F2FP\\.SATFINITE\\.E4M3\\.F32\\.PACK_AB_MERGE_C (R\\w+), (R\\w+), (R\\w+), (R\\w+)", sass)
-    print(head_dim, causal, options.suffix(), len(packs), sorted({c for *_, c in packs}))
+    print(seqlen_k, head_dim, launch[0] is attn_fwd_gluon_kernel_any_keys, len(packs), sorted({c for *_, c in packs}))
 """
 
 
 def test_fp8_probabilities_packed_without_unrelated_halves(tmp_path):
-    """The FP8 forward at Nq = Nk = 1, as flash_attention_fp8 launches it (with L, and without: sums_by_mma):
-    each pair of P's values rounded to e4m3 is packed beside zeros (RZ), later combined, never beside the
-    upper half of another register. Specialised on Nk = 1, the mask made most of P one value, and ptxas
-    12.8 packed the pairs with halves of unrelated registers: O wrong or NaN on an H200 in most launches,
-    and L with sums_by_mma (docs/performance.md, entry 105). The launcher takes the kernel's twin that is
-    not specialised on Nk there (fails if it takes the specialised one)."""
+    """The FP8 forward at Nq = Nk = 1, as flash_attention_fp8 launches it (with L, and without: sums_by_mma),
+    is the kernel's twin not specialised on Nk, and at Nk = 2 the kernel itself (fails if the launcher takes
+    the specialised one at Nk = 1). Specialised on Nk = 1, the mask made most of P one value, and Triton
+    3.6's ptxas (12.8) packed P's e4m3 pairs with halves of unrelated registers: O wrong or NaN on an H200
+    in most launches, and L with sums_by_mma (docs/performance.md, entry 105). Under that release each pair
+    is packed beside zeros (RZ), as in every compile but the specialised one; other ptxas releases merge the
+    pairs otherwise, so there the kernel picked is what is checked."""
     script = tmp_path / "fp8_packing.py"
     script.write_text(FP8_PACKING_SCRIPT)
     lines = compiling(str(script)).split("\n")
     forms = [line.split() for line in lines if line]
-    assert len(forms) == 3, lines
+    assert [(f[0], f[2]) for f in forms] == [("1", "True")] * 3 + [("2", "False")], lines
     for form in forms:
-        assert int(form[3]) >= 64 and form[4:] == ["['RZ']"], lines
+        assert int(form[3]) >= 64, lines
+        if EXACT:
+            assert form[4:] == ["['RZ']"], lines
 
 
 def test_paired_stages_release_each_block_once(reports):
