@@ -16,6 +16,7 @@ import torch
 
 from flashtriton.api import descale_table, flash_attention_fp8
 from flashtriton.launch import gluon_forward
+from flashtriton.reference import attention_ref
 from gluon_kernel_ab import base_arguments, load_kernel
 
 SHAPES = [(1, 1), (1, 17), (17, 1), (17, 63), (130, 97)]  # (Nq, Nk), batch 2, 4 query heads, 2 KV heads
@@ -35,19 +36,24 @@ def inputs(seqlen_q: int, seqlen_k: int, head_dim: int, causal: bool, seed: int)
     torch.manual_seed(seed)
     (q8, qd), (k8, kd), (v8, vd) = (_quantized((2, heads, n, head_dim), spread)
                                     for heads, n, spread in ((4, seqlen_q, 1), (2, seqlen_k, 2), (2, seqlen_k, 3)))
-    q, k, v = (x.float() * d for x, d in ((q8, qd), (k8, kd), (v8, vd)))
-    k, v = (x.repeat_interleave(2, 1) for x in (k, v))
-    s = q @ k.transpose(-1, -2) * head_dim ** -0.5
-    if causal:
-        hidden = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device="cuda").tril(seqlen_k - seqlen_q).logical_not()
-        s = s.masked_fill(hidden, float("-inf"))
-    o = torch.softmax(s, -1).nan_to_num(0.0) @ v
-    return q8, k8, v8, descale_table((qd, kd, vd), 2, 2, "cuda"), o, s.logsumexp(-1)
+    o, lse = attention_ref(*(x.float() * d for x, d in ((q8, qd), (k8, kd), (v8, vd))), is_causal=causal,
+                           upcast=False)
+    return q8, k8, v8, descale_table((qd, kd, vd), 2, 2, "cuda"), o, lse
+
+
+def _wrong(o: torch.Tensor, o_ref: torch.Tensor, lse: torch.Tensor | None = None,
+           lse_ref: torch.Tensor | None = None) -> tuple[bool, bool]:
+    """Whether O is off by more than 0.3 (or NaN), and L by more than 0.1 where a row sees a key."""
+    o_wrong = (o.float() - o_ref).abs().nan_to_num(1e9).max().item() > 0.3
+    if lse is None:
+        return o_wrong, False
+    seen = torch.isfinite(lse_ref)
+    return o_wrong, bool(seen.any()) and (lse[seen] - lse_ref[seen]).abs().nan_to_num(1e9).max().item() > 0.1
 
 
 def wrong_launches(kernel_fn, case_pair: list, causal: bool, options, iters: int) -> tuple[int, int]:
     """How many of `iters` launches of `kernel_fn` (None: the kernel gluon_forward_launch picks), the two cases
-    in turn, left O (off by more than 0.3 or NaN) or L (by more than 0.1, where a row sees a key) wrong."""
+    in turn, left O or L wrong (_wrong)."""
     wrong_o = wrong_l = 0
     for i in range(iters):
         q8, k8, v8, descale, o_ref, lse_ref = case_pair[i % 2]
@@ -60,15 +66,14 @@ def wrong_launches(kernel_fn, case_pair: list, causal: bool, options, iters: int
             kernel[grid](*args, **kwargs)
         else:
             kernel_fn[grid](*base_arguments(kernel_fn, kernel, args), **kwargs)
-        wrong_o += (o.float() - o_ref).abs().nan_to_num(1e9).max().item() > 0.3
-        seen = torch.isfinite(lse_ref)
-        wrong_l += bool(seen.any()) and (lse[seen] - lse_ref[seen]).abs().nan_to_num(1e9).max().item() > 0.1
+        o_wrong, lse_wrong = _wrong(o, o_ref, lse, lse_ref)
+        wrong_o, wrong_l = wrong_o + o_wrong, wrong_l + lse_wrong
     return wrong_o, wrong_l
 
 
 def wrong_api_calls(case_pair: list, causal: bool, iters: int) -> tuple[int, int, int]:
-    """How many of `iters` flash_attention_fp8 calls (the two cases in turn) left O or L wrong (as
-    wrong_launches judges) with L, and O without L; before each pair of calls, 64 blocks of O's size
+    """How many of `iters` flash_attention_fp8 calls (the two cases in turn) left O or L wrong (_wrong)
+    with L, and O without L; before each pair of calls, 64 blocks of O's size
     filled with NaN and freed, so that an O the kernel did not write shows."""
     wrong_o = wrong_l = wrong_alone = 0
     for i in range(iters):
@@ -78,10 +83,8 @@ def wrong_api_calls(case_pair: list, causal: bool, iters: int) -> tuple[int, int
         del poison
         o, lse = flash_attention_fp8(q8, k8, v8, is_causal=causal, return_lse=True, **factors)
         alone = flash_attention_fp8(q8, k8, v8, is_causal=causal, **factors)
-        wrong_o += (o.float() - o_ref).abs().nan_to_num(1e9).max().item() > 0.3
-        wrong_alone += (alone.float() - o_ref).abs().nan_to_num(1e9).max().item() > 0.3
-        seen = torch.isfinite(lse_ref)
-        wrong_l += bool(seen.any()) and (lse[seen] - lse_ref[seen]).abs().nan_to_num(1e9).max().item() > 0.1
+        o_wrong, lse_wrong = _wrong(o, o_ref, lse, lse_ref)
+        wrong_o, wrong_l, wrong_alone = wrong_o + o_wrong, wrong_l + lse_wrong, wrong_alone + _wrong(alone, o_ref)[0]
     return wrong_o, wrong_l, wrong_alone
 
 
