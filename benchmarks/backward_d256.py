@@ -1,7 +1,8 @@
-"""The D = 256 backward (the Triton kernels': the Gluon backward does not take D = 256) on its autotuner's
-candidates against its static tiles (FLASHTRITON_AUTOTUNE=0), with cuDNN's backward: the backward alone,
-do_bench medians of interleaved rounds, and each one's largest gradient difference from cuDNN's
-(docs/performance.md, entries 101 and 104).
+"""The D = 256 backward: the Triton kernels on their autotuner's candidates (`tuned`, what auto runs) and on
+their static tiles (FLASHTRITON_AUTOTUNE=0), the Gluon dK/dV kernel's form for D = 256 with the Triton dQ
+kernel (`gluon`, FLASHTRITON_BACKWARD=gluon), and cuDNN's backward: the backward alone, do_bench medians of
+interleaved rounds, and each one's largest gradient difference from cuDNN's (docs/performance.md, entries
+101, 104 and 106).
 
     PYTHONPATH=src python benchmarks/backward_d256.py [--shapes 0,1]
 """
@@ -38,6 +39,9 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         with environment_variable("FLASHTRITON_AUTOTUNE", autotune):
             backward = _backward(q, k, v, do, lambda: flash_attention(q, k, v, is_causal=causal))
         providers[name] = ab_runs.inside(lambda a=autotune: environment_variable("FLASHTRITON_AUTOTUNE", a), backward)
+    with environment_variable("FLASHTRITON_BACKWARD", "gluon"):
+        backward = _backward(q, k, v, do, lambda: flash_attention(q, k, v, is_causal=causal))
+    providers["gluon"] = ab_runs.on_path("FLASHTRITON_BACKWARD", "gluon", backward)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         providers["cudnn"] = _backward(q, k, v, do, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
     grads = {}
@@ -45,7 +49,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         fn()
         grads[name] = [x.grad.float() for x in (q, k, v)]
     differences = {name: max((a - b).abs().max().item() for a, b in zip(grads[name], grads["cudnn"], strict=True))
-                   for name in ("static", "tuned")}
+                   for name in ("static", "tuned", "gluon")}
     providers["static_again"] = providers["static"]  # last in each round: what the first place is worth
     ms = ab_runs.timed_rounds(providers, ROUNDS)
     flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)

@@ -6,8 +6,8 @@ flags, chunked prefills on the dense forward, a growing cache replaying one plan
 followed by a call of a new shape (the sequence after which two H200 probes saw an illegal memory access,
 docs/performance.md entry 40). Small on purpose: under memcheck every memory access is instrumented.
 `--gluon`: the Gluon kernels alone (sm_90), through the public API with both paths forced to them: the
-forward in bf16 at D = 64, 128 and 256 and in FP8 with and without L, the backward at D = 64 and 128 with
-dQ by reductions and deterministic, odd shapes and Nk = 1 (the forward's unspecialised twin).
+forward in bf16 and in FP8 with and without L, the backward with dQ by reductions and deterministic, at
+D = 64, 128 and 256, odd shapes and Nk = 1 (the forward's unspecialised twin).
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize.py [--quick | --decode | --gluon]
 """
@@ -109,16 +109,16 @@ def _gluon_calls(device, quick: bool) -> int:
     shapes = [(97, 130)] if quick else [(1, 1), (97, 130), (130, 97), (1, 300)]
     calls = 0
     for (seqlen_q, seqlen_k), head_dim, causal in itertools.product(shapes, (64, 128, 256), (False, True)):
-        q = torch.randn(2, 4, seqlen_q, head_dim, device=device, dtype=torch.bfloat16, requires_grad=head_dim < 256)
-        k, v = (torch.randn(2, 2, seqlen_k, head_dim, device=device, dtype=torch.bfloat16,
-                            requires_grad=head_dim < 256) for _ in range(2))
+        q = torch.randn(2, 4, seqlen_q, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(2, 2, seqlen_k, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(2))
         o = flash_attention(q, k, v, is_causal=causal)
         assert torch.isfinite(o).all()
-        if head_dim < 256:  # the Gluon backward's head dims, with dQ by reductions and then deterministic
-            for deterministic in (False, True):
-                grads = torch.autograd.grad(flash_attention(q, k, v, is_causal=causal, deterministic=deterministic),
-                                            (q, k, v), torch.randn_like(o))
-                assert all(torch.isfinite(g).all() for g in grads)
+        # dQ by reductions and then deterministic (at D = 256 the Triton dQ kernel's either way)
+        for deterministic in (False, True):
+            grads = torch.autograd.grad(flash_attention(q, k, v, is_causal=causal, deterministic=deterministic),
+                                        (q, k, v), torch.randn_like(o))
+            assert all(torch.isfinite(g).all() for g in grads)
         # FP8 with and without L (the second takes the tensor cores' sums)
         q8, k8, v8 = (x.detach().to(torch.float8_e4m3fn) for x in (q, k, v))
         o8, lse = flash_attention_fp8(q8, k8, v8, is_causal=causal, return_lse=True)

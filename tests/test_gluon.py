@@ -87,12 +87,17 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
         assert r["shared_bytes"] <= 227 * 1024, r
 
 
-def test_head_dim_256_compiles_every_form_without_spills():
-    """D = 256 in 16-bit (no Gluon backward there; the FP8 form in the next test): each form and each flag the
+@pytest.fixture(scope="module")
+def reports_256():
+    return inspect_gluon_reports("256", "bf16")
+
+
+def test_head_dim_256_compiles_every_form_without_spills(reports_256):
+    """D = 256 in 16-bit (the FP8 form in the next test, the backward after it): each form and each flag the
     head dim takes (O by TMA does not fit), both masks, as check_head_dim_256 says (O's 64 x 256 fp32 is 128
     of a softmax thread's 240 registers; Q, K and V take 192 KB); and with lazy_rescale a skippable rescale
     of D / 2 FMULs per warpgroup."""
-    reports = inspect_gluon_reports("256", "bf16")
+    reports = [r for r in reports_256 if r["kernel"] == "attn_fwd_gluon_kernel"]
     flags = [f for f in gluon_forward_options()[1:] if gluon_forward.options_fit(f, 256)]
     forms = {*gluon_forward.FORMS, "overlap-key-counts", *("overlap" + flag.suffix() for flag in flags)}
     assert sorted((r["config"].split("-", 4)[4], r["causal"]) for r in reports) == sorted(
@@ -101,6 +106,46 @@ def test_head_dim_256_compiles_every_form_without_spills():
     check_head_dim_256(by_form, "overlap", instruction_k=16)
     for causal in (False, True):
         assert by_form["overlap-lazy", causal]["skippable_fmul"] == 2 * 256 // 2
+
+
+def test_backward_at_head_dim_256_shares_its_keys_and_splits_columns(reports_256):
+    """The dK/dV kernel at D = 256 (kernels/gluon_backward.py, _split_query_block), both masks, without dQ
+    (the Triton dQ kernel's): one tile of 64 keys per program; per query block and warpgroup S^T and dP^T
+    for half of the block's 64 queries (k = 16 over D: 16 products each), then dV and dK over its half of
+    D's columns from both warpgroups' P^T and dS^T (k = 16 over 32 queries: 2 products per half each), on
+    wgmma not serialised, with a product in flight at a wait; P^T and dS^T to shared memory by stmatrix; the
+    partitions trading registers, within the SM's registers and 227 KB of shared memory (230,688 bytes:
+    K and V 64 KB, the ring 128 KB, P^T and dS^T 32 KB); a spill only in the causal form, 16 bytes stored
+    before the loops; the warpgroups meeting at DS_BARRIER."""
+    from flashtriton.kernels.gluon_backward import DS_BARRIER
+    reports = [r for r in reports_256 if r["kernel"] == "attn_bwd_dkdv_gluon_kernel"]
+    assert sorted((r["config"], r["causal"]) for r in reports) == [
+        (f"N64x1-M64-s2-r{gluon_backward.REGISTERS[0]}/{gluon_backward.REGISTERS[1]}", causal)
+        for causal in (False, True)], reports
+    for r in reports:
+        loops = 2 if r["causal"] else 1  # causal: the diagonal's blocks in a loop of their own
+        assert r["hgmma"] == 2 * loops * (2 * 256 // 16 + 2 * 2 * 32 // 16), r
+        assert r["hmma"] == 0 and not r["wgmma_serialized"] and r["partial_waits"] > 0, r
+        assert spills_within(r, 16 if r["causal"] else 0), r
+        assert r["register_reallocations"] > 0 and r["registers"] * (4 + 4 * 2) * 32 <= 65536, r
+        assert r["shared_bytes"] <= 227 * 1024, r
+        assert DS_BARRIER.value in r["barriers"], r
+
+
+def test_backward_at_head_dim_256_leaves_dq_to_the_triton_kernel():
+    """At D = 256 the Gluon kernel has no room for dQ's float32 staging: its launcher refuses a dQ buffer,
+    naming the head dims that take one, and a backward's plan adds dQ up only at those (DQ_HEAD_DIMS)."""
+    from flashtriton.launch.backward import statistics_buffer
+    assert 256 in gluon_backward.BLOCK_M and 256 not in gluon_backward.DQ_HEAD_DIMS
+    assert gluon_backward.program_keys(256) == gluon_backward.KEYS
+    assert gluon_backward.program_keys(128) == gluon_backward.WARPGROUPS * gluon_backward.KEYS
+    q = torch.randn(1, 2, 100, 256, dtype=torch.bfloat16)
+    lse2, delta = statistics_buffer(torch.empty(1, 2, 100))
+    with pytest.raises(ValueError, match=r"dq_acc must be None at head dim 256.*\(64, 128\)"):
+        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1,
+                                         torch.zeros(1, 2, 100, 256, dtype=torch.float32))
+    kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1)
+    assert grid == (2 * 2, ) and args[8] is None  # cdiv(100, 64) key tiles x 2 heads; no dQ descriptor
 
 
 def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
@@ -418,14 +463,15 @@ def test_backward_path_variable(monkeypatch):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 97, 130), (2, 4, 2, 130, 97),
                                    (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, shape, deterministic):
     """FLASHTRITON_BACKWARD=gluon: flash_attention's dK and dV from the Gluon kernel, dQ from its loop by
-    TMA reductions, or under torch.use_deterministic_algorithms from the Triton dQ kernel; O, L and every
+    TMA reductions, or under torch.use_deterministic_algorithms (and at D = 256, always) from the Triton dQ
+    kernel; O, L and every
     gradient bounded by twice plain bf16 attention's error against the float64 reference; odd lengths,
     Nq != Nk both ways (causal rows that see no key: zero gradients), GQA, more key tiles than one; the
     kernel is checked to have run, in the form asked for."""
@@ -449,7 +495,7 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
     checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
                                     q, k, v, is_causal)
     assert all(c.ok for c in checks), checks
-    assert calls and set(calls) == {deterministic}, calls
+    assert calls and set(calls) == {deterministic or head_dim not in gluon_backward.DQ_HEAD_DIMS}, calls
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

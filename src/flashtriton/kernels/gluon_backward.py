@@ -23,6 +23,13 @@ split by role, as in the Gluon forward (gluon_forward.py):
   half of the rows: _dq_products) and adds it into a float32 buffer by a TMA reduction (_add_dq); the pass
   that reads the buffer back into dQ multiplies by the scale.
 
+At D = 256 a warpgroup cannot hold dK and dV of 64 keys (64 x 256 fp32 each: 256 registers per thread), so
+the form there (HEAD_DIM > 128: _split_query_block, FlashAttention-3's split at that head dim) gives the
+program one tile of 64 keys, which both compute warpgroups share: each computes S^T and dP^T for half of
+the block's queries (64 x 32), writes its P^T and dS^T to shared memory, and once both halves are in
+(DS_BARRIER) takes half of D's columns of dV and dK over all of the block's queries. dQ then comes from the
+Triton dQ kernel (shared memory holds no float32 staging tile beside the 192 KB of K, V and the ring).
+
 Semantics are the Triton backward's: causal masks align to the bottom-right corner; rows past Nq read
 zeros for Q, dO, L and D (P = 1 there, but dP = 0 and dO = 0: nothing reaches the gradients), and keys
 past Nk are computed but not stored (TMA zero-fills them); a row that saw no key (L = -inf) is masked out
@@ -50,6 +57,8 @@ from .gluon_releases import reinterpret, tma_load, tma_reduce_add
 DS_BARRIER = gl.constexpr(15)
 # The ring's stage s is handed back to the loader at named barrier EMPTY_BARRIER - s.
 EMPTY_BARRIER = gl.constexpr(14)
+# The compute partitions the kernel's partition list spells out.
+COMPUTE_WARPGROUPS = gl.constexpr(2)
 
 
 @gluon.jit
@@ -85,13 +94,14 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
     run-time value)."""
     (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem, kv_ready,
      ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k) = loads
-    WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
+    KEY_TILES: gl.constexpr = k_smem.type.shape[0]  # one per compute warpgroup, or one shared (D = 256)
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-    off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, WARPGROUPS * KEYS)
-    mbarrier.expect(kv_ready, 2 * WARPGROUPS * k_desc.block_type.nbytes)
-    for wg in gl.static_range(WARPGROUPS):
+    WARPGROUPS: gl.constexpr = COMPUTE_WARPGROUPS
+    off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, KEY_TILES * KEYS)
+    mbarrier.expect(kv_ready, 2 * KEY_TILES * k_desc.block_type.nbytes)
+    for wg in gl.static_range(KEY_TILES):
         tma_load(k_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, k_smem.index(wg))
         tma_load(v_desc, [off_b, off_hkv, n_start + wg * KEYS, 0], kv_ready, v_smem.index(wg))
     m_first = _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
@@ -248,6 +258,61 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
 
 
 @gluon.jit
+def _split_query_block(ring, m, count, n_tile, k, v, dk, dv, WG: gl.constexpr, MASKED: gl.constexpr):
+    """Query block m (the ring's count-th fill) against the program's one tile of keys from n_tile, shared by
+    both compute warpgroups (D = 256): warpgroup WG takes the block's queries WG * 32 to WG * 32 + 31 for
+    S^T and dP^T, puts its P^T and dS^T in shared memory, and once both warpgroups' are in, adds the block
+    into its half of D's columns of dV and dK (dk, dv: 64 x D / 2), over all the block's queries: one
+    product per warpgroup's half of P^T (or dS^T) and the rows of dO (or Q) it covers."""
+    (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
+     qk_scale_log2) = ring
+    KEYS: gl.constexpr = k.type.shape[0]
+    HEAD_DIM: gl.constexpr = k.type.shape[1]
+    NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    COLS: gl.constexpr = ds_smem.type.shape[2]  # each warpgroup's queries of a block: BLOCK_M / 2
+    HALF: gl.constexpr = dk.type.shape[1]  # each warpgroup's columns of dK and dV: D / 2
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, COLS, 16])
+    query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    stage = count % NUM_STAGES
+    mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
+    q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    no_scores = gl.zeros([KEYS, COLS], gl.float32, layout=s_layout)
+    st = warpgroup_mma(k, q.slice(WG * COLS, COLS, dim=0).permute((1, 0)), no_scores, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v, do.slice(WG * COLS, COLS, dim=0).permute((1, 0)), no_scores, use_acc=False,
+                        is_async=True)
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
+    lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).slice(WG * COLS, COLS).load(query_cols)
+    pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
+    if MASKED:
+        keys = n_tile + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+        first = keys - (seqlen_k - seqlen_q) - m * BLOCK_M - WG * COLS  # each key's first visible column
+        pt = gl.where(columns_at_least(gl.arange(0, COLS, layout=query_cols), first), pt, 0.0)
+    # Buffers 4 * buf + (0: P^T, 2: dS^T) + WG; two sets, alternating by block: a warpgroup writes a set
+    # again only once past the next block's barrier, which the other reaches after its products on it.
+    buf = count % 2
+    ds_smem.index(4 * buf + WG).store(pt.to(dtype))
+    dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+    delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).slice(WG * COLS, COLS).load(query_cols)
+    ds_smem.index(4 * buf + 2 + WG).store((pt * (dpt - delta[None, :])).to(dtype))
+    fence_async_shared()
+    named_barrier_sync(DS_BARRIER, COMPUTE_WARPGROUPS * 128)
+    for w in gl.static_range(COMPUTE_WARPGROUPS):
+        rows_do = do.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
+        dv = warpgroup_mma(ds_smem.index(4 * buf + w), rows_do, dv, is_async=True)
+    for w in gl.static_range(COMPUTE_WARPGROUPS):
+        rows_q = q.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
+        dk = warpgroup_mma(ds_smem.index(4 * buf + 2 + w), rows_q, dk, is_async=True)
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    named_barrier_arrive(EMPTY_BARRIER - stage, (COMPUTE_WARPGROUPS + 1) * 128)
+    return dk, dv
+
+
+@gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
                        DQ_FRAGMENTS: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
@@ -256,18 +321,21 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready,
      DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
      group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
-    WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
+    KEY_TILES: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     dtype: gl.constexpr = q_smem.dtype
+    SPLIT: gl.constexpr = KEY_TILES == 1  # D = 256: one key tile, D's columns split (_split_query_block)
+    COLUMNS: gl.constexpr = HEAD_DIM // COMPUTE_WARPGROUPS if SPLIT else HEAD_DIM  # of dK and dV, here
+    TILE: gl.constexpr = 0 if SPLIT else WG
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+                                                       instr_shape=[16, COLUMNS, 16])
 
-    off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, WARPGROUPS * KEYS)
-    n_wg = n_start + WG * KEYS
-    k = k_smem.index(WG).reshape([KEYS, HEAD_DIM])
-    v = v_smem.index(WG).reshape([KEYS, HEAD_DIM])
+    off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, KEY_TILES * KEYS)
+    n_wg = n_start + TILE * KEYS
+    k = k_smem.index(TILE).reshape([KEYS, HEAD_DIM])
+    v = v_smem.index(TILE).reshape([KEYS, HEAD_DIM])
     m_first = _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     # Causal: the blocks before m_full cross the diagonal (some of the program's keys are past some of
@@ -275,10 +343,10 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     # mask's indices held registers that the steady state then spilled (docs/performance.md, entry 75).
     m_full = m_first
     if IS_CAUSAL:
-        m_full = _first_unmasked_query_block(n_start + WARPGROUPS * KEYS, seqlen_q, seqlen_k, BLOCK_M)
+        m_full = _first_unmasked_query_block(n_start + KEY_TILES * KEYS, seqlen_q, seqlen_k, BLOCK_M)
         m_full = gl.minimum(gl.maximum(m_full, m_first), num_m)
-    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
-    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=g_layout)
+    dk = gl.zeros([KEYS, COLUMNS], gl.float32, layout=g_layout)
+    dv = gl.zeros([KEYS, COLUMNS], gl.float32, layout=g_layout)
     ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
             qk_scale_log2)
     mbarrier.wait(kv_ready, 0)
@@ -289,18 +357,24 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         first_chunk = (off_b * num_kv_heads * group + head_q) * num_m
         if IS_CAUSAL:
             for m in range(m_first, m_full):
-                dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, True,
-                                      DQ_ATOMIC, DQ_FRAGMENTS)
+                if SPLIT:
+                    dk, dv = _split_query_block(ring, m, count, n_wg, k, v, dk, dv, WG, True)
+                else:
+                    dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
+                                          True, DQ_ATOMIC, DQ_FRAGMENTS)
                 count += 1
         for m in range(m_full, num_m):
-            dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
-                                  DQ_ATOMIC, DQ_FRAGMENTS)
+            if SPLIT:
+                dk, dv = _split_query_block(ring, m, count, n_wg, k, v, dk, dv, WG, False)
+            else:
+                dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
+                                      DQ_ATOMIC, DQ_FRAGMENTS)
             count += 1
 
     if DQ_ATOMIC:
         tma.store_wait(pendings=0)  # the last reduction has read its staging tile before the program ends
     rows = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    cols = (WG * COLUMNS if SPLIT else 0) + gl.arange(0, COLUMNS, layout=gl.SliceLayout(0, g_layout))
     store = rows[:, None] < seqlen_k
     dk_base = off_b.to(gl.int64) * stride_dkb + off_hkv.to(gl.int64) * stride_dkh
     dv_base = off_b.to(gl.int64) * stride_dvb + off_hkv.to(gl.int64) * stride_dvh
@@ -321,9 +395,9 @@ def attn_bwd_dkdv_gluon_kernel(
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
     DQ_FRAGMENTS: gl.constexpr, COMPUTE_REGS: gl.constexpr,
 ):
-    """One program per (batch, KV head, tile of WARPGROUPS x 64 keys): grid = num_n_blocks x B x Hkv. With
-    DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller; dq_desc's
-    box is each warpgroup's share, (1, 1, BLOCK_M, D / 2) or (1, 1, BLOCK_M / 2, D)) by TMA reductions:
+    """One program per (batch, KV head, tile of WARPGROUPS x 64 keys; 64 at D = 256): grid = num_n_blocks x B x
+    Hkv. With DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller;
+    dq_desc's box is each warpgroup's share, (1, 1, BLOCK_M, D / 2) or (1, 1, BLOCK_M / 2, D)) by TMA reductions:
     FlashAttention-3's five products per block instead of seven, summed in an order that varies from run
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
     WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
@@ -332,20 +406,25 @@ def attn_bwd_dkdv_gluon_kernel(
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
-    gl.static_assert(WARPGROUPS == 2, "the partition list below spells out two compute warpgroups")
+    gl.static_assert(WARPGROUPS == COMPUTE_WARPGROUPS, "the partition list below spells out two compute warpgroups")
+    SPLIT: gl.constexpr = HEAD_DIM > 128  # one key tile for both compute warpgroups (_split_query_block)
+    gl.static_assert(not (SPLIT and DQ_ATOMIC), "at D = 256 dQ comes from the Triton dQ kernel")
+    KEY_TILES: gl.constexpr = 1 if SPLIT else WARPGROUPS
     gl.static_assert(NUM_STAGES <= 8, "the ring's named barriers take ids 14 down to 7 (Triton's are 0-3)")
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [KEY_TILES, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [KEY_TILES, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
     # For dQ: two buffers of the block's dS^T (both warpgroups' rows), and each warpgroup's float32 tile of
-    # dQ on its way to the reduction (token 8 x 8 slots when DQ_ATOMIC is off).
-    DS_ROWS: gl.constexpr = WARPGROUPS * KEYS if DQ_ATOMIC else 8
-    DS_COLS: gl.constexpr = BLOCK_M if DQ_ATOMIC else 8
+    # dQ on its way to the reduction (token 8 x 8 slots when DQ_ATOMIC is off). At D = 256, two sets of
+    # each warpgroup's P^T and dS^T instead (_split_query_block).
+    DS_TILES: gl.constexpr = 8 if SPLIT else 2
+    DS_ROWS: gl.constexpr = KEYS if SPLIT else (WARPGROUPS * KEYS if DQ_ATOMIC else 8)
+    DS_COLS: gl.constexpr = BLOCK_M // WARPGROUPS if SPLIT else (BLOCK_M if DQ_ATOMIC else 8)
     # L * log2(e) and D come through the ring with Q and dO, a stage's pair side by side.
     stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, BLOCK_M], lse_desc.layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, DS_ROWS, DS_COLS],
+    ds_smem = gl.allocate_shared_memory(dtype, [DS_TILES, DS_ROWS, DS_COLS],
                                         gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
     if DQ_ATOMIC:
         DQ_BOX: gl.constexpr = dq_desc.block_type.shape

@@ -13,7 +13,10 @@ from the Triton dQ kernel.
 Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), query blocks of BLOCK_M rows
 (64 at D = 128; 128 at D = 64, FlashAttention-4's tile there), NUM_STAGES = 2 stages of Q and dO (2 x 32 KB
 at D = 128, with K and V's 64 KB: 128 KB of shared memory per block; with dQ, two buffers of dS^T and the
-float32 tiles on their way to the reduction: 192 KB).
+float32 tiles on their way to the reduction: 192 KB). At D = 256 the two warpgroups share one tile of 64
+keys and split D's columns of dK and dV (the kernel's module docstring): K and V 64 KB, the ring 128 KB,
+P^T and dS^T 32 KB; dQ from the Triton dQ kernel. That form is compiled and checked offline only (no GPU
+has run it yet), so "auto" never takes it (AUTO_MIN_KEYS); FLASHTRITON_BACKWARD=gluon does.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ from .runner import LaunchSpec
 
 # Query rows per block, by head dim: at D = 64 the products of 64-row blocks are too short to hide the
 # softmax between them (docs/performance.md, entry 69); at D = 128, 128 rows would not fit in shared memory.
-BLOCK_M = {64: 128, 128: 64}
+BLOCK_M = {64: 128, 128: 64, 256: 64}
 KEYS = 64
 WARPGROUPS = 2
+# Head dims whose dQ the Gluon kernel can add up in its loop: at D = 256 shared memory has no room for the
+# float32 staging tiles, and dQ comes from the Triton dQ kernel.
+DQ_HEAD_DIMS = (64, 128)
 NUM_STAGES = 2
 # Registers per thread (at launch, each compute thread's after setmaxnreg): the two compute warpgroups hold
 # dK and dV (64 x D fp32 each: 64 registers apiece at D = 128) across the loop, S^T and dP^T (64 x 64: 32
@@ -51,6 +57,11 @@ AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, T
 DQ_FRAGMENTS = True
 
 
+def program_keys(head_dim: int) -> int:
+    """Keys per program: KEYS for each compute warpgroup, or at D = 256 one tile of KEYS that they share."""
+    return KEYS if head_dim > 128 else WARPGROUPS * KEYS
+
+
 def backward_path() -> str:
     """The path FLASHTRITON_BACKWARD asks for: "auto" (unset), "triton" or "gluon"."""
     return path_from_environment(BACKWARD_PATH_VARIABLE, "backward")
@@ -59,13 +70,13 @@ def backward_path() -> str:
 def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, is_causal: bool,
                             deterministic: bool = False) -> bool:
     """Whether a plain backward of these (B, H, N, D) tensors runs on the Gluon kernel: on a CUDA device, at
-    D = 64 or 128 (BLOCK_M's), where the Gluon forward's conditions (dtype, TMA-aligned strides, sm_90, a
-    Triton whose Gluon the kernels compile under) hold for q, k, v and dO: with FLASHTRITON_BACKWARD=gluon
+    D = 64, 128 or 256 (BLOCK_M's), where the Gluon forward's conditions (dtype, TMA-aligned strides, sm_90,
+    a Triton whose Gluon the kernels compile under) hold for q, k, v and dO: with FLASHTRITON_BACKWARD=gluon
     always; with "auto" (the default) where it was measured faster than the Triton kernels (AUTO_MIN_KEYS),
     under a Triton release the kernels ran on (gluon_ran), and only when the backward need not be
     `deterministic` (its deterministic form, dQ from the Triton kernel, is not faster)."""
     path = backward_path()
-    if q.device.type != "cuda" or path == "triton" or q.shape[-1] not in BLOCK_M:  # (D = 256: the forward's only)
+    if q.device.type != "cuda" or path == "triton" or q.shape[-1] not in BLOCK_M:
         return False
     if path == "auto" and (deterministic or not gluon_ran()
                            or k.shape[2] < AUTO_MIN_KEYS.get((q.shape[-1], is_causal), float("inf"))):
@@ -163,6 +174,9 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
     dq_split_rows = split_dq_by_rows(head_dim, block_m) if dq_split_rows is None else dq_split_rows
     rows, cols = dq_share(head_dim, block_m, dq_split_rows)
+    if dq_acc is not None and head_dim not in DQ_HEAD_DIMS:
+        raise ValueError(f"dq_acc must be None at head dim {head_dim}: the kernel adds dQ up only at head dims "
+                         f"{DQ_HEAD_DIMS} (dQ comes from the Triton dQ kernel otherwise)")
     if dq_acc is not None:
         wanted = dq_accumulator_shape(q.shape, dq_fragments, block_m, dq_split_rows)
         if dq_acc.dtype != torch.float32 or tuple(dq_acc.shape) != wanted or not dq_acc.is_contiguous():
@@ -175,7 +189,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
         raise ValueError(f"dq_split_rows needs {WARPGROUPS * 64}-row query blocks (64 rows per compute "
                          f"warpgroup), got block_m={block_m}")
     max_registers, compute_registers = REGISTERS
-    num_n_blocks = cdiv(seqlen_k, WARPGROUPS * KEYS)
+    num_n_blocks = cdiv(seqlen_k, program_keys(head_dim))
     dq_desc = None
     if dq_acc is not None:  # each compute warpgroup reduces its share
         if dq_fragments:  # a share is one chunk, copied as it lies: no swizzle
@@ -208,6 +222,6 @@ def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
     split_rows = dq_acc is not None and args[8].block_shape[3] == q.shape[-1]  # (dQ's box: a share's columns)
     form = dkdv_form(dq_acc is not None, split_rows, dq_fragments)
-    tiles = f"gluon-N{KEYS}x{WARPGROUPS}-M{block_m}-s{NUM_STAGES}{form}"
+    tiles = f"gluon-N{KEYS}x{program_keys(q.shape[-1]) // KEYS}-M{block_m}-s{NUM_STAGES}{form}"
     return LaunchSpec("gluon_dkdv", kernel, lambda meta: grid, args[:2], args[2:2 + descriptors],
                       args[2 + descriptors:], {}, kwargs, tiles)

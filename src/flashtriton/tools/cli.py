@@ -216,7 +216,7 @@ def _inspect(args: argparse.Namespace) -> int:
                 if args.every_backward_candidate:
                     reports += inspect_backward_candidates(head_dim, dtypes[name], causal)
                     continue
-                if args.gluon:  # the head dims each Gluon kernel takes (D = 256: the forward only)
+                if args.gluon:  # the head dims each Gluon kernel takes
                     if head_dim in gluon_forward.forward_head_dims(name == "fp8"):
                         reports += inspect_gluon(head_dim, dtypes[name], causal)
                     if name != "fp8" and head_dim in gluon_backward.BLOCK_M:  # (FP8: a forward only)

@@ -435,8 +435,9 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
                            target: GPUTarget = HOPPER) -> list[KernelReport]:
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
     would launch it under FLASHTRITON_BACKWARD=gluon, deterministic (without dQ) and not (dQ by TMA
-    reductions, staged in register order: DQ_FRAGMENTS; at D = 64 split by rows, split_dq_by_rows); and the
-    A/B forms the library does not run: dQ staged like dQ, and at D = 64 split by D's columns."""
+    reductions, staged in register order: DQ_FRAGMENTS; at D = 64 split by rows, split_dq_by_rows; at D = 256
+    only without dQ); and the A/B forms the library does not run: dQ staged like dQ, and at D = 64 split by
+    D's columns."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
@@ -444,7 +445,8 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     lse2, delta = statistics_buffer(torch.empty(1, 2, seqlen))
     launch_registers, compute_registers = gluon_backward.REGISTERS
     reports = []
-    forms = [(False, False, False), (True, False, False), (True, False, True)]
+    forms = [(False, False, False)]
+    forms += [(True, False, False), (True, False, True)] if head_dim in gluon_backward.DQ_HEAD_DIMS else []
     forms += [(True, True, False), (True, True, True)] if head_dim == 64 else []
     for atomic, split_rows, fragments in forms:
         dq_acc = gluon_backward.dq_accumulator(q, fragments, split_rows=split_rows) if atomic else None
@@ -452,7 +454,8 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
                                                                       head_dim ** -0.5, dq_acc,
                                                                       dq_split_rows=split_rows, dq_fragments=fragments)
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
-        config = (f"N{gluon_backward.KEYS}x{gluon_backward.WARPGROUPS}-M{gluon_backward.BLOCK_M[head_dim]}-"
+        config = (f"N{gluon_backward.KEYS}x{gluon_backward.program_keys(head_dim) // gluon_backward.KEYS}-"
+                  f"M{gluon_backward.BLOCK_M[head_dim]}-"
                   f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
                   f"{gluon_backward.dkdv_form(atomic, split_rows, fragments)}")
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
