@@ -15,8 +15,8 @@ Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), que
 at D = 128, with K and V's 64 KB: 128 KB of shared memory per block; with dQ, two buffers of dS^T and the
 float32 tiles on their way to the reduction: 192 KB). At D = 256 the two warpgroups share one tile of 64
 keys and split D's columns of dK and dV (the kernel's module docstring): K and V 64 KB, the ring 128 KB,
-P^T and dS^T 32 KB; dQ from the Triton dQ kernel. That form is compiled and checked offline only (no GPU
-has run it yet), so "auto" never takes it (AUTO_MIN_KEYS); FLASHTRITON_BACKWARD=gluon does.
+P^T and dS^T 32 KB; dQ from the Triton dQ kernel. On an H100 it passed the GPU tests and ran 2.2-2.5x the
+Triton backward (docs/performance.md, entry 106; the H200 has not run it yet).
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
 # fewest keys, from benchmarks/gluon_backward_ab.py and gluon_kernel_ab.py on the H200 (docs/performance.md,
 # entries 69, 75 and 82): without a mask 1.07x the Triton backward at D = 128 from 512 keys and at D = 64
 # 1.16x at 2048 (0.78x at 1024, before entry 82); causal 1.06x at D = 128 from 1024, and at D = 64 1.12x
-# at 4096 and 1.19x at 16384, 1.005x at 2048.
-AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 4096}
+# at 4096 and 1.19x at 16384, 1.005x at 2048. At D = 256 (its own form, dQ from the Triton kernel) 2.22-2.45x
+# the Triton backward from 2048 keys, causal or not, on an H100 (entry 106; shorter calls not measured).
+AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 4096,
+                 (256, False): 2048, (256, True): 2048}
 # dQ's float32 buffer in the accumulator's register order (kernels/dq_fragments.py), put back in place by
 # dq_from_fragments_kernel, rather than laid out like dQ: conflict-free 16-byte staging stores, 1.05-1.08x
 # at D = 128 and at D = 64 without a mask, even at D = 64 causal (docs/performance.md, entry 73).

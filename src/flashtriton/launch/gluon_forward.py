@@ -17,7 +17,7 @@ the H200's 227 KB per block; at D = 256, 2 x 64 KB and Q's 64 KB: 192 KB).
 D = 256 compiles with no spilled register in 192 KB of shared memory, passes the GPU tests and ran
 1.33-1.64x the Triton kernel (AUTO_MIN_KEYS). The FP8 form compiles at D = 256 too (164 KB with O by TMA,
 no spill) and has run on an H100, forced (entry 104): FLASHTRITON_FORWARD=gluon takes it, auto does not
-yet (FP8_AUTO_HEAD_DIMS). The Gluon backward does not take D = 256 (gluon_backward.BLOCK_M).
+yet (FP8_AUTO_HEAD_DIMS). The Gluon backward has a form of its own at D = 256 (launch/gluon_backward.py).
 """
 
 from __future__ import annotations
