@@ -189,6 +189,16 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, WG: gl.constexpr,
 
 
 @gluon.jit
+def _landed_block(q_smem, do_smem, ready, count, HEAD_DIM: gl.constexpr):
+    """The ring's count-th fill once its bytes have landed: (stage, Q, dO), the tiles as (BLOCK_M, D)."""
+    NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    stage = count % NUM_STAGES
+    mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
+    return stage, q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM]), do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+
+
+@gluon.jit
 def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
     """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
@@ -200,7 +210,6 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
-    NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     # wgmma's accumulator layouts (one warpgroup, m64 instructions): the 64 x BLOCK_M scores and the
@@ -210,10 +219,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
     query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    stage = count % NUM_STAGES
-    mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
-    q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-    do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    stage, q, do = _landed_block(q_smem, do_smem, ready, count, HEAD_DIM)
     # (made here: a zero tile kept across the loop would hold 32 registers the accumulators need)
     no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
@@ -268,7 +274,6 @@ def _split_query_block(ring, m, count, n_tile, k, v, dk, dv, WG: gl.constexpr, M
      qk_scale_log2) = ring
     KEYS: gl.constexpr = k.type.shape[0]
     HEAD_DIM: gl.constexpr = k.type.shape[1]
-    NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     COLS: gl.constexpr = ds_smem.type.shape[2]  # each warpgroup's queries of a block: BLOCK_M / 2
     HALF: gl.constexpr = dk.type.shape[1]  # each warpgroup's columns of dK and dV: D / 2
@@ -277,10 +282,7 @@ def _split_query_block(ring, m, count, n_tile, k, v, dk, dv, WG: gl.constexpr, M
                                                        instr_shape=[16, COLS, 16])
     query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    stage = count % NUM_STAGES
-    mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
-    q = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-    do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    stage, q, do = _landed_block(q_smem, do_smem, ready, count, HEAD_DIM)
     no_scores = gl.zeros([KEYS, COLS], gl.float32, layout=s_layout)
     st = warpgroup_mma(k, q.slice(WG * COLS, COLS, dim=0).permute((1, 0)), no_scores, use_acc=False, is_async=True)
     dpt = warpgroup_mma(v, do.slice(WG * COLS, COLS, dim=0).permute((1, 0)), no_scores, use_acc=False,
