@@ -98,7 +98,6 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-    WARPGROUPS: gl.constexpr = COMPUTE_WARPGROUPS
     off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, KEY_TILES * KEYS)
     mbarrier.expect(kv_ready, 2 * KEY_TILES * k_desc.block_type.nbytes)
     for wg in gl.static_range(KEY_TILES):
@@ -112,7 +111,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
         for m in range(m_first, num_m):
             stage = count % NUM_STAGES
             if count >= NUM_STAGES:  # the stage's previous block is done in every compute warpgroup
-                named_barrier_sync(EMPTY_BARRIER - stage, (WARPGROUPS + 1) * 128)
+                named_barrier_sync(EMPTY_BARRIER - stage, (COMPUTE_WARPGROUPS + 1) * 128)
             mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
             tma_load(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage))
             tma_load(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage + 1))
@@ -121,7 +120,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
             count += 1
     # Meet the compute warpgroups' hand-backs of the last blocks, so that each barrier ends balanced.
     for last in range(gl.maximum(count - NUM_STAGES, 0), count):
-        named_barrier_sync(EMPTY_BARRIER - last % NUM_STAGES, (WARPGROUPS + 1) * 128)
+        named_barrier_sync(EMPTY_BARRIER - last % NUM_STAGES, (COMPUTE_WARPGROUPS + 1) * 128)
 
 
 @gluon.jit
@@ -315,6 +314,19 @@ def _split_query_block(ring, m, count, n_tile, k, v, dk, dv, WG: gl.constexpr, M
 
 
 @gluon.jit
+def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
+                     MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
+    """Query block m in the kernel's form for the head dim: _split_query_block where the program's one key
+    tile is shared (dk holds half of D's columns), _query_block otherwise."""
+    if dk.type.shape[1] < k.type.shape[1]:
+        dk, dv = _split_query_block(ring, m, count, n_wg, k, v, dk, dv, WG, MASKED)
+    else:
+        dk, dv = _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG, MASKED, DQ_ATOMIC,
+                              DQ_FRAGMENTS)
+    return dk, dv
+
+
+@gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
                        DQ_FRAGMENTS: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
@@ -328,7 +340,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     dtype: gl.constexpr = q_smem.dtype
-    SPLIT: gl.constexpr = KEY_TILES == 1  # D = 256: one key tile, D's columns split (_split_query_block)
+    SPLIT: gl.constexpr = KEY_TILES == 1  # D = 256: one key tile, D's columns split (_any_query_block)
     COLUMNS: gl.constexpr = HEAD_DIM // COMPUTE_WARPGROUPS if SPLIT else HEAD_DIM  # of dK and dV, here
     TILE: gl.constexpr = 0 if SPLIT else WG
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -359,17 +371,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         first_chunk = (off_b * num_kv_heads * group + head_q) * num_m
         if IS_CAUSAL:
             for m in range(m_first, m_full):
-                if SPLIT:
-                    dk, dv = _split_query_block(ring, m, count, n_wg, k, v, dk, dv, WG, True)
-                else:
-                    dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
+                dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
                                           True, DQ_ATOMIC, DQ_FRAGMENTS)
                 count += 1
         for m in range(m_full, num_m):
-            if SPLIT:
-                dk, dv = _split_query_block(ring, m, count, n_wg, k, v, dk, dv, WG, False)
-            else:
-                dk, dv = _query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
+            dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
                                       DQ_ATOMIC, DQ_FRAGMENTS)
             count += 1
 
