@@ -14,7 +14,6 @@ D = 64, 128 and 256, odd shapes and Nk = 1 (the forward's unspecialised twin).
 
 import dataclasses
 import itertools
-import os
 import sys
 
 import torch
@@ -27,6 +26,7 @@ from flashtriton import (
     launch,
 )
 from flashtriton.launch.tiles import backward_configs, forward_config
+from flashtriton.tools.bench import environment_variable
 
 
 def _call(q, k, v, causal, tma, bwd=None, **mods) -> None:
@@ -105,26 +105,26 @@ def main() -> None:
 def _gluon_calls(device, quick: bool) -> int:
     """The Gluon forward and backward through the API, both paths forced to Gluon (every call they support),
     each output checked to be finite; returns the count. GQA with two query heads per KV head."""
-    os.environ["FLASHTRITON_FORWARD"] = os.environ["FLASHTRITON_BACKWARD"] = "gluon"
     shapes = [(97, 130)] if quick else [(1, 1), (97, 130), (130, 97), (1, 300)]
     calls = 0
-    for (seqlen_q, seqlen_k), head_dim, causal in itertools.product(shapes, (64, 128, 256), (False, True)):
-        q = torch.randn(2, 4, seqlen_q, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
-        k, v = (torch.randn(2, 2, seqlen_k, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
-                for _ in range(2))
-        o = flash_attention(q, k, v, is_causal=causal)
-        assert torch.isfinite(o).all()
-        # dQ by reductions and then deterministic (at D = 256 the Triton dQ kernel's either way)
-        for deterministic in (False, True):
-            grads = torch.autograd.grad(flash_attention(q, k, v, is_causal=causal, deterministic=deterministic),
-                                        (q, k, v), torch.randn_like(o))
-            assert all(torch.isfinite(g).all() for g in grads)
-        # FP8 with and without L (the second takes the tensor cores' sums)
-        q8, k8, v8 = (x.detach().to(torch.float8_e4m3fn) for x in (q, k, v))
-        o8, lse = flash_attention_fp8(q8, k8, v8, is_causal=causal, return_lse=True)
-        assert torch.isfinite(o8).all() and not torch.isnan(lse).any()
-        assert torch.isfinite(flash_attention_fp8(q8, k8, v8, is_causal=causal)).all()
-        calls += 1
+    with environment_variable("FLASHTRITON_FORWARD", "gluon"), environment_variable("FLASHTRITON_BACKWARD", "gluon"):
+        for (seqlen_q, seqlen_k), head_dim, causal in itertools.product(shapes, (64, 128, 256), (False, True)):
+            q = torch.randn(2, 4, seqlen_q, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+            k, v = (torch.randn(2, 2, seqlen_k, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2))
+            o = flash_attention(q, k, v, is_causal=causal)
+            assert torch.isfinite(o).all()
+            # dQ by reductions and then deterministic (at D = 256 the Triton dQ kernel's either way)
+            for deterministic in (False, True):
+                grads = torch.autograd.grad(flash_attention(q, k, v, is_causal=causal, deterministic=deterministic),
+                                            (q, k, v), torch.randn_like(o))
+                assert all(torch.isfinite(g).all() for g in grads)
+            # FP8 with and without L (the second takes the tensor cores' sums)
+            q8, k8, v8 = (x.detach().to(torch.float8_e4m3fn) for x in (q, k, v))
+            o8, lse = flash_attention_fp8(q8, k8, v8, is_causal=causal, return_lse=True)
+            assert torch.isfinite(o8).all() and not torch.isnan(lse).any()
+            assert torch.isfinite(flash_attention_fp8(q8, k8, v8, is_causal=causal)).all()
+            calls += 1
     return calls
 
 
