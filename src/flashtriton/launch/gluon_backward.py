@@ -75,12 +75,14 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     D = 64, 128 or 256 (BLOCK_M's), where the Gluon forward's conditions (dtype, TMA-aligned strides, sm_90,
     a Triton whose Gluon the kernels compile under) hold for q, k, v and dO: with FLASHTRITON_BACKWARD=gluon
     always; with "auto" (the default) where it was measured faster than the Triton kernels (AUTO_MIN_KEYS),
-    under a Triton release the kernels ran on (gluon_ran), and only when the backward need not be
-    `deterministic` (its deterministic form, dQ from the Triton kernel, is not faster)."""
+    under a Triton release the kernels ran on (gluon_ran), and, where the kernel would add dQ up by
+    reductions (DQ_HEAD_DIMS), only when the backward need not be `deterministic` (its deterministic form,
+    dQ from the Triton kernel, is not faster there). At D = 256 dQ comes from the Triton kernel anyway and
+    dK and dV have one writer each: that form is deterministic as it is."""
     path = backward_path()
     if q.device.type != "cuda" or path == "triton" or q.shape[-1] not in BLOCK_M:
         return False
-    if path == "auto" and (deterministic or not gluon_ran()
+    if path == "auto" and ((deterministic and q.shape[-1] in DQ_HEAD_DIMS) or not gluon_ran()
                            or k.shape[2] < AUTO_MIN_KEYS.get((q.shape[-1], is_causal), float("inf"))):
         return False
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
