@@ -1,8 +1,9 @@
 """The D = 256 backward: the Triton kernels on their autotuner's candidates (`tuned`, what auto runs) and on
-their static tiles (FLASHTRITON_AUTOTUNE=0), the Gluon dK/dV kernel's form for D = 256 with the Triton dQ
-kernel (`gluon`, FLASHTRITON_BACKWARD=gluon), and cuDNN's backward: the backward alone, do_bench medians of
+their static tiles (FLASHTRITON_AUTOTUNE=0), the Gluon kernel's form for D = 256 (FLASHTRITON_BACKWARD=gluon)
+with dQ by its TMA reductions (`gluon`) and, deterministic, with the Triton dQ kernel (`gluon_deterministic`),
+and cuDNN's backward: the backward alone, do_bench medians of
 interleaved rounds, and each one's largest gradient difference from cuDNN's (docs/performance.md, entries
-101, 104 and 106).
+101, 104, 106 and 107).
 
     PYTHONPATH=src python benchmarks/backward_d256.py [--shapes 0,1]
 """
@@ -39,9 +40,11 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         with environment_variable("FLASHTRITON_AUTOTUNE", autotune):
             backward = _backward(q, k, v, do, lambda: flash_attention(q, k, v, is_causal=causal))
         providers[name] = ab_runs.inside(lambda a=autotune: environment_variable("FLASHTRITON_AUTOTUNE", a), backward)
-    with environment_variable("FLASHTRITON_BACKWARD", "gluon"):
-        backward = _backward(q, k, v, do, lambda: flash_attention(q, k, v, is_causal=causal))
-    providers["gluon"] = ab_runs.on_path("FLASHTRITON_BACKWARD", "gluon", backward)
+    for name, deterministic in (("gluon", False), ("gluon_deterministic", True)):
+        with environment_variable("FLASHTRITON_BACKWARD", "gluon"):
+            backward = _backward(q, k, v, do, lambda d=deterministic: flash_attention(q, k, v, is_causal=causal,
+                                                                                      deterministic=d))
+        providers[name] = ab_runs.on_path("FLASHTRITON_BACKWARD", "gluon", backward)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         providers["cudnn"] = _backward(q, k, v, do, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
     grads = {}
@@ -49,7 +52,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         fn()
         grads[name] = [x.grad.float() for x in (q, k, v)]
     differences = {name: max((a - b).abs().max().item() for a, b in zip(grads[name], grads["cudnn"], strict=True))
-                   for name in ("static", "tuned", "gluon")}
+                   for name in ("static", "tuned", "gluon", "gluon_deterministic")}
     providers["static_again"] = providers["static"]  # last in each round: what the first place is worth
     ms = ab_runs.timed_rounds(providers, ROUNDS)
     flops = 2.5 * 4 * batch * heads * n * n * head_dim / (2 if causal else 1)

@@ -98,6 +98,8 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    DO_COLS: gl.constexpr = do_smem.type.shape[4]
+    DO_PARTS: gl.constexpr = q_smem.type.shape[4] // DO_COLS  # dO's column halves at D = 256, else 1
     off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, KEY_TILES * KEYS)
     mbarrier.expect(kv_ready, 2 * KEY_TILES * k_desc.block_type.nbytes)
     for wg in gl.static_range(KEY_TILES):
@@ -116,7 +118,9 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
             tma_load(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage))
             tma_load(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage + 1))
             tma_load(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage), q_smem.index(stage))
-            tma_load(do_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage), do_smem.index(stage))
+            for part in gl.static_range(DO_PARTS):
+                tma_load(do_desc, [off_b, off_h, m * BLOCK_M, part * DO_COLS], ready.index(stage),
+                         do_smem.index(DO_PARTS * stage + part))
             count += 1
     # Meet the compute warpgroups' hand-backs of the last blocks, so that each barrier ends balanced.
     for last in range(gl.maximum(count - NUM_STAGES, 0), count):
@@ -188,13 +192,15 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, WG: gl.constexpr,
 
 
 @gluon.jit
-def _landed_block(q_smem, do_smem, ready, count, HEAD_DIM: gl.constexpr):
-    """The ring's count-th fill once its bytes have landed: (stage, Q, dO), the tiles as (BLOCK_M, D)."""
+def _landed_block(q_smem, ready, count):
+    """The ring's count-th fill once its bytes have landed: (stage, Q as (BLOCK_M, D)); its dO is
+    do_smem.index(stage), or at D = 256 the column halves do_smem.index(2 * stage + half)."""
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+    HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
     stage = count % NUM_STAGES
     mbarrier.wait(ready.index(stage), (count // NUM_STAGES) & 1)
-    return stage, q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM]), do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    return stage, q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
 
 
 @gluon.jit
@@ -218,7 +224,8 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
     query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    stage, q, do = _landed_block(q_smem, do_smem, ready, count, HEAD_DIM)
+    stage, q = _landed_block(q_smem, ready, count)
+    do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
     # (made here: a zero tile kept across the loop would hold 32 registers the accumulators need)
     no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
@@ -263,12 +270,31 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
 
 
 @gluon.jit
-def _split_query_block(ring, m, count, n_tile, k, v, dk, dv, WG: gl.constexpr, MASKED: gl.constexpr):
-    """Query block m (the ring's count-th fill) against the program's one tile of keys from n_tile, shared by
-    both compute warpgroups (D = 256): warpgroup WG takes the block's queries WG * 32 to WG * 32 + 31 for
-    S^T and dP^T, puts its P^T and dS^T in shared memory, and once both warpgroups' are in, adds the block
-    into its half of D's columns of dV and dK (dk, dv: 64 x D / 2), over all the block's queries: one
-    product per warpgroup's half of P^T (or dS^T) and the rows of dO (or Q) it covers."""
+def _add_dq_chunk(dqt, staging, buf, dq_desc, coord):
+    """Stage one chunk of dQ^T / scale (CHUNK columns of D by a warpgroup's COLS query rows, as its product
+    left it) transposed into staging tile `buf` and add it into dQ's float32 buffer at `coord` by a TMA
+    reduction, once the reduction that last read that tile is done with it (one other may run on)."""
+    COLS: gl.constexpr = staging.type.shape[3]
+    CHUNK: gl.constexpr = staging.type.shape[4]
+    tma.store_wait(pendings=1)
+    staged = staging.index(buf)
+    staged.reshape([COLS, CHUNK]).permute((1, 0)).store(dqt)
+    fence_async_shared()
+    tma_reduce_add(dq_desc, coord, staged)
+
+
+@gluon.jit
+def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: gl.constexpr, MASKED: gl.constexpr,
+                       DQ_ATOMIC: gl.constexpr):
+    """Query block m (the ring's count-th fill, of batch off_b's query head head_q) against the program's one
+    tile of keys from n_tile, shared by both compute warpgroups (D = 256): warpgroup WG takes the block's
+    queries WG * 32 to WG * 32 + 31 for S^T and dP^T, puts its P^T and dS^T in shared memory, and once both
+    warpgroups' are in, adds the block into its half of D's columns of dV and dK (dk, dv: 64 x D / 2), over
+    all the block's queries: one product per warpgroup's half of P^T (or dS^T) and the rows of dO (or Q)
+    it covers. dO comes in column halves, warpgroup WG's dV reading only half WG; with DQ_ATOMIC, once that
+    product is done the half holds the warpgroup's dQ on its way to the reductions: dQ^T = K^T dS^T for its
+    own 32 queries, in chunks of 64 of D's rows (FlashAttention-3's swapped dQ product at this head dim),
+    which needs neither the other warpgroup's dS^T nor shared memory beyond the ring's."""
     (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
      qk_scale_log2) = ring
     KEYS: gl.constexpr = k.type.shape[0]
@@ -281,12 +307,17 @@ def _split_query_block(ring, m, count, n_tile, k, v, dk, dv, WG: gl.constexpr, M
                                                        instr_shape=[16, COLS, 16])
     query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    stage, q, do = _landed_block(q_smem, do_smem, ready, count, HEAD_DIM)
+    stage, q = _landed_block(q_smem, ready, count)
+    do_own = do_smem.index(COMPUTE_WARPGROUPS * stage + WG)  # the half dV reads, then dQ's staging
+    do_half = do_own.reshape([BLOCK_M, HALF])
     no_scores = gl.zeros([KEYS, COLS], gl.float32, layout=s_layout)
     st = warpgroup_mma(k, q.slice(WG * COLS, COLS, dim=0).permute((1, 0)), no_scores, use_acc=False, is_async=True)
-    dpt = warpgroup_mma(v, do.slice(WG * COLS, COLS, dim=0).permute((1, 0)), no_scores, use_acc=False,
-                        is_async=True)
-    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
+    dpt = no_scores
+    for half in gl.static_range(COMPUTE_WARPGROUPS):  # dP^T over D, a column half of dO at a time
+        rows_do = do_smem.index(COMPUTE_WARPGROUPS * stage + half).reshape([BLOCK_M, HALF]).slice(WG * COLS, COLS, dim=0)
+        dpt = warpgroup_mma(v.slice(half * HALF, HALF, dim=1), rows_do.permute((1, 0)), dpt, use_acc=half > 0,
+                            is_async=True)
+    st = warpgroup_mma_wait(num_outstanding=COMPUTE_WARPGROUPS, deps=(st, ))  # S^T; dP^T may still run
     lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).slice(WG * COLS, COLS).load(query_cols)
     pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
     if MASKED:
@@ -303,12 +334,33 @@ def _split_query_block(ring, m, count, n_tile, k, v, dk, dv, WG: gl.constexpr, M
     fence_async_shared()
     named_barrier_sync(DS_BARRIER, COMPUTE_WARPGROUPS * 128)
     for w in gl.static_range(COMPUTE_WARPGROUPS):
-        rows_do = do.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
-        dv = warpgroup_mma(ds_smem.index(4 * buf + w), rows_do, dv, is_async=True)
-    for w in gl.static_range(COMPUTE_WARPGROUPS):
-        rows_q = q.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
-        dk = warpgroup_mma(ds_smem.index(4 * buf + 2 + w), rows_q, dk, is_async=True)
-    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        dv = warpgroup_mma(ds_smem.index(4 * buf + w), do_half.slice(w * COLS, COLS, dim=0), dv, is_async=True)
+    if DQ_ATOMIC:
+        # dQ^T's chunk c = K[:, c]^T dS^T: queued between dV's products and dK's, so that each chunk's trip to
+        # its reduction runs while the next product does; the staging tiles are the dO half dV has read.
+        CHUNK: gl.constexpr = dq_desc.block_type.shape[3]
+        staging = reinterpret(do_own, gl.float32, [2, 1, 1, COLS, CHUNK], dq_desc.layout)
+        row = m * BLOCK_M + WG * COLS
+        dst = ds_smem.index(4 * buf + 2 + WG)
+        dqt = warpgroup_mma(k.slice(0, CHUNK, dim=1).permute((1, 0)), dst, no_scores, use_acc=False, is_async=True)
+        for w in gl.static_range(COMPUTE_WARPGROUPS):
+            rows_q = q.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
+            dk = warpgroup_mma(ds_smem.index(4 * buf + 2 + w), rows_q, dk, is_async=True)
+        dqt = warpgroup_mma_wait(num_outstanding=COMPUTE_WARPGROUPS, deps=(dqt, ))  # dV's too; dK's may run
+        for c in gl.static_range(1, HEAD_DIM // CHUNK):
+            _add_dq_chunk(dqt, staging, (c - 1) % 2, dq_desc, [off_b, head_q, row, (c - 1) * CHUNK])
+            dqt = warpgroup_mma(k.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)), dst, no_scores, use_acc=False,
+                                is_async=True)
+            dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dqt, ))
+        _add_dq_chunk(dqt, staging, (HEAD_DIM // CHUNK - 1) % 2, dq_desc,
+                      [off_b, head_q, row, HEAD_DIM - CHUNK])
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        tma.store_wait(pendings=0)  # the staging tiles are dO's again once the loader has the stage back
+    else:
+        for w in gl.static_range(COMPUTE_WARPGROUPS):
+            rows_q = q.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
+            dk = warpgroup_mma(ds_smem.index(4 * buf + 2 + w), rows_q, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
     named_barrier_arrive(EMPTY_BARRIER - stage, (COMPUTE_WARPGROUPS + 1) * 128)
     return dk, dv
 
@@ -319,7 +371,7 @@ def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, W
     """Query block m in the kernel's form for the head dim: _split_query_block where the program's one key
     tile is shared (dk holds half of D's columns), _query_block otherwise."""
     if dk.type.shape[1] < k.type.shape[1]:
-        dk, dv = _split_query_block(ring, m, count, n_wg, k, v, dk, dv, WG, MASKED)
+        dk, dv = _split_query_block(ring, m, count, off_b, head_q, n_wg, k, v, dk, dv, WG, MASKED, DQ_ATOMIC)
     else:
         dk, dv = _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG, MASKED, DQ_ATOMIC,
                               DQ_FRAGMENTS)
@@ -416,12 +468,14 @@ def attn_bwd_dkdv_gluon_kernel(
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(WARPGROUPS == COMPUTE_WARPGROUPS, "the partition list below spells out two compute warpgroups")
     SPLIT: gl.constexpr = HEAD_DIM > 128  # one key tile for both compute warpgroups (_split_query_block)
-    gl.static_assert(not (SPLIT and DQ_ATOMIC), "at D = 256 dQ comes from the Triton dQ kernel")
     KEY_TILES: gl.constexpr = 1 if SPLIT else WARPGROUPS
     gl.static_assert(NUM_STAGES <= 8, "the ring's named barriers take ids 14 down to 7 (Triton's are 0-3)")
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    # dO: at D = 256 in column halves (do_desc's box), each compute warpgroup's dV reading one
+    DO_PARTS: gl.constexpr = HEAD_DIM // do_desc.block_type.shape[3]
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * DO_PARTS, 1, 1, BLOCK_M, HEAD_DIM // DO_PARTS],
+                                        do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [KEY_TILES, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [KEY_TILES, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
     # For dQ: two buffers of the block's dS^T (both warpgroups' rows), and each warpgroup's float32 tile of
@@ -434,7 +488,7 @@ def attn_bwd_dkdv_gluon_kernel(
     stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, BLOCK_M], lse_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [DS_TILES, DS_ROWS, DS_COLS],
                                         gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
-    if DQ_ATOMIC:
+    if DQ_ATOMIC and not SPLIT:  # (at D = 256 dQ is staged in dO's halves: _split_query_block)
         DQ_BOX: gl.constexpr = dq_desc.block_type.shape
         dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, DQ_BOX[2], DQ_BOX[3]], dq_desc.layout)
     else:

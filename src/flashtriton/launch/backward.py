@@ -94,13 +94,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     optional = variant_pointers(alibi_slopes, varlen, dropout_seed)
     # A plain call may take its dK/dV from the Gluon kernel, after the Triton launches (the statistics it
     # reads); with dQ in the same loop (atomic adds), unless the run asks for deterministic algorithms: then
-    # dQ comes from the Triton dQ kernel (at D = 256 always: gluon_backward.DQ_HEAD_DIMS).
+    # dQ comes from the Triton dQ kernel (auto takes that form at gluon_backward.DETERMINISTIC_HEAD_DIMS).
     deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     gluon = (need_dkdv and configs is None and kernels is None
              and plain_call(window, softcap, alibi_slopes, varlen, dropout_p)
              and gluon_backward_selected(q, k, v, do, is_causal, deterministic))
     dq_acc = None
-    fragments = gluon_backward.DQ_FRAGMENTS  # (read once: the buffer, the launch and the cast must agree)
+    fragments = gluon_backward.dq_in_fragments(head_dim)  # (read once: the buffer, launch and cast agree)
     if gluon and need_dq and not deterministic and head_dim in gluon_backward.DQ_HEAD_DIMS:
         dq_acc = gluon_backward.dq_accumulator(q, fragments)
     lse2, delta = statistics_buffer(lse)

@@ -33,9 +33,15 @@ from .runner import LaunchSpec
 BLOCK_M = {64: 128, 128: 64, 256: 64}
 KEYS = 64
 WARPGROUPS = 2
-# Head dims whose dQ the Gluon kernel can add up in its loop: at D = 256 shared memory has no room for the
-# float32 staging tiles, and dQ comes from the Triton dQ kernel.
-DQ_HEAD_DIMS = (64, 128)
+# Head dims whose dQ the Gluon kernel can add up in its loop (at D = 256 staged in dO's column halves once
+# dV has read them: shared memory has no room for tiles of its own).
+DQ_HEAD_DIMS = (64, 128, 256)
+# Head dims where auto takes the kernel's deterministic form (dK and dV alone, dQ from the Triton dQ kernel):
+# where it is faster than the Triton backward (at D = 64 and 128 it is not: entry 69).
+DETERMINISTIC_HEAD_DIMS = (256, )
+# dQ's columns per TMA reduction at D = 256, where each compute warpgroup adds dQ^T = K^T dS^T for its 32
+# queries in chunks of 64 of D's rows (wgmma's M).
+SPLIT_DQ_CHUNK = 64
 NUM_STAGES = 2
 # Registers per thread (at launch, each compute thread's after setmaxnreg): the two compute warpgroups hold
 # dK and dV (64 x D fp32 each: 64 registers apiece at D = 128) across the loop, S^T and dP^T (64 x 64: 32
@@ -57,6 +63,12 @@ AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, T
 # attention_backward reads it once per call; False keeps the other order (and the A/B forms that need it:
 # other query blocks, dQ split by rows).
 DQ_FRAGMENTS = True
+
+
+def dq_in_fragments(head_dim: int) -> bool:
+    """Whether attention_backward's dQ buffer is in register order at this head dim: DQ_FRAGMENTS, except at
+    D = 256, whose staging goes through dO's swizzled halves as dQ lies (dq_share)."""
+    return DQ_FRAGMENTS and head_dim <= 128
 
 
 def program_keys(head_dim: int) -> int:
@@ -82,7 +94,7 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     path = backward_path()
     if q.device.type != "cuda" or path == "triton" or q.shape[-1] not in BLOCK_M:
         return False
-    if path == "auto" and ((deterministic and q.shape[-1] in DQ_HEAD_DIMS) or not gluon_ran()
+    if path == "auto" and ((deterministic and q.shape[-1] not in DETERMINISTIC_HEAD_DIMS) or not gluon_ran()
                            or k.shape[2] < AUTO_MIN_KEYS.get((q.shape[-1], is_causal), float("inf"))):
         return False
     return gluon_forward_supports(q, k, v) and gluon_forward_supports(do, k, v)
@@ -107,8 +119,11 @@ def split_dq_by_rows(head_dim: int, block_m: int | None = None) -> bool:
 
 def dq_share(head_dim: int, block_m: int | None = None, split_rows: bool | None = None) -> tuple[int, int]:
     """(rows, cols) of each compute warpgroup's share of a query block's dQ: all the block's rows and half
-    of D, or with `split_rows` half the rows and all of D (None: the library's, split_dq_by_rows)."""
+    of D, or with `split_rows` half the rows and all of D (None: the library's, split_dq_by_rows). At
+    D = 256 always the rows of the warpgroup's own queries (32), added in chunks of SPLIT_DQ_CHUNK columns."""
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    if head_dim > 128:
+        return block_m // WARPGROUPS, head_dim
     split_rows = split_dq_by_rows(head_dim, block_m) if split_rows is None else split_rows
     return (block_m // WARPGROUPS, head_dim) if split_rows else (block_m, head_dim // WARPGROUPS)
 
@@ -169,8 +184,8 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     kv_heads, seqlen_k = k.shape[1], k.shape[2]
     element = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
 
-    def descriptor(x: torch.Tensor, rows: int):
-        box = [1, 1, rows, head_dim]
+    def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):
+        box = [1, 1, rows, cols]
         return TensorDescriptor.from_tensor(x, box, gl.NVMMASharedLayout.get_default_for(box, element))
     if lse2.stride(-1) != 1 or delta.stride() != lse2.stride() or lse2.stride(-2) % 4:
         raise ValueError("lse2 and delta must share one layout with contiguous rows 16-byte aligned for TMA "
@@ -181,6 +196,9 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if dq_acc is not None and head_dim not in DQ_HEAD_DIMS:
         raise ValueError(f"dq_acc must be None at head dim {head_dim}: the kernel adds dQ up only at head dims "
                          f"{DQ_HEAD_DIMS} (dQ comes from the Triton dQ kernel otherwise)")
+    if dq_acc is not None and dq_fragments and head_dim > 128:
+        raise ValueError(f"dq_fragments must be False at head dim {head_dim}: its dQ is staged as dQ lies "
+                         "(dq_in_fragments)")
     if dq_acc is not None:
         wanted = dq_accumulator_shape(q.shape, dq_fragments, block_m, dq_split_rows)
         if dq_acc.dtype != torch.float32 or tuple(dq_acc.shape) != wanted or not dq_acc.is_contiguous():
@@ -199,13 +217,15 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
         if dq_fragments:  # a share is one chunk, copied as it lies: no swizzle
             dq_desc = TensorDescriptor.from_tensor(dq_acc, [1, 1, rows, cols], gl.NVMMASharedLayout(
                 swizzle_byte_width=0, element_bitwidth=32, rank=4))
-        else:
-            box = [1, 1, rows, cols]
+        else:  # (at D = 256 a reduction adds SPLIT_DQ_CHUNK of the share's columns)
+            box = [1, 1, rows, min(cols, SPLIT_DQ_CHUNK) if head_dim > 128 else cols]
             dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
     box = [1, 1, block_m]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     stats_descs = (TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
-    args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m),
+    # dO at D = 256 in column halves: each compute warpgroup's dV reads one, then stages its dQ there
+    do_cols = head_dim // WARPGROUPS if head_dim > 128 else head_dim
+    args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m, do_cols),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
             dq_fragments, compute_registers)

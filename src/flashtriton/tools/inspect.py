@@ -436,7 +436,7 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
     would launch it under FLASHTRITON_BACKWARD=gluon, deterministic (without dQ) and not (dQ by TMA
     reductions, staged in register order: DQ_FRAGMENTS; at D = 64 split by rows, split_dq_by_rows; at D = 256
-    only without dQ); and the A/B forms the library does not run: dQ staged like dQ, and at D = 64 split by
+    staged as dQ lies, dq_in_fragments); and the A/B forms the library does not run: dQ staged like dQ, and at D = 64 split by
     D's columns."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
@@ -446,7 +446,8 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     launch_registers, compute_registers = gluon_backward.REGISTERS
     reports = []
     forms = [(False, False, False)]
-    forms += [(True, False, False), (True, False, True)] if head_dim in gluon_backward.DQ_HEAD_DIMS else []
+    forms += [(True, False, False)] if head_dim in gluon_backward.DQ_HEAD_DIMS else []
+    forms += [(True, False, True)] if head_dim in gluon_backward.DQ_HEAD_DIMS and head_dim <= 128 else []
     forms += [(True, True, False), (True, True, True)] if head_dim == 64 else []
     for atomic, split_rows, fragments in forms:
         dq_acc = gluon_backward.dq_accumulator(q, fragments, split_rows=split_rows) if atomic else None
