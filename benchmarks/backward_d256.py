@@ -1,9 +1,9 @@
-"""The D = 256 backward: the Triton kernels on their autotuner's candidates (`tuned`, what auto runs) and on
-their static tiles (FLASHTRITON_AUTOTUNE=0), the Gluon kernel's form for D = 256 (FLASHTRITON_BACKWARD=gluon)
-with dQ by its TMA reductions (`gluon`) and, deterministic, with the Triton dQ kernel (`gluon_deterministic`),
-and cuDNN's backward: the backward alone, do_bench medians of
-interleaved rounds, and each one's largest gradient difference from cuDNN's (docs/performance.md, entries
-101, 104, 106 and 107).
+"""The D = 256 backward: the Triton kernels (FLASHTRITON_BACKWARD=triton) on their autotuner's candidates
+(`tuned`, what auto runs below AUTO_MIN_KEYS) and on their static tiles (FLASHTRITON_AUTOTUNE=0); the Gluon
+kernel's form for D = 256 (FLASHTRITON_BACKWARD=gluon) with dQ by its TMA reductions (`gluon`) and,
+deterministic, with the Triton dQ kernel (`gluon_deterministic`); and cuDNN's backward: the backward
+alone, do_bench medians of interleaved rounds, and each one's largest gradient difference from cuDNN's
+(docs/performance.md, entries 101, 104, 106 and 107).
 
     PYTHONPATH=src python benchmarks/backward_d256.py [--shapes 0,1]
 """
@@ -36,10 +36,11 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
                for _ in range(3))
     do = torch.randn_like(q)
     providers = {}
-    for name, autotune in (("static", "0"), ("tuned", "1")):  # the variable is read at each call
+    for name, autotune in (("static", "0"), ("tuned", "1")):  # the variables are read at each call
         with environment_variable("FLASHTRITON_AUTOTUNE", autotune):
             backward = _backward(q, k, v, do, lambda: flash_attention(q, k, v, is_causal=causal))
-        providers[name] = ab_runs.inside(lambda a=autotune: environment_variable("FLASHTRITON_AUTOTUNE", a), backward)
+        providers[name] = ab_runs.on_path("FLASHTRITON_BACKWARD", "triton", ab_runs.inside(
+            lambda a=autotune: environment_variable("FLASHTRITON_AUTOTUNE", a), backward))
     for name, deterministic in (("gluon", False), ("gluon_deterministic", True)):
         with environment_variable("FLASHTRITON_BACKWARD", "gluon"):
             backward = _backward(q, k, v, do, lambda d=deterministic: flash_attention(q, k, v, is_causal=causal,

@@ -110,42 +110,58 @@ def test_head_dim_256_compiles_every_form_without_spills(reports_256):
 
 def test_backward_at_head_dim_256_shares_its_keys_and_splits_columns(reports_256):
     """The dK/dV kernel at D = 256 (kernels/gluon_backward.py, _split_query_block), both masks, without dQ
-    (the Triton dQ kernel's): one tile of 64 keys per program; per query block and warpgroup S^T and dP^T
-    for half of the block's 64 queries (k = 16 over D: 16 products each), then dV and dK over its half of
-    D's columns from both warpgroups' P^T and dS^T (k = 16 over 32 queries: 2 products per half each), on
-    wgmma not serialised, with a product in flight at a wait; P^T and dS^T to shared memory by stmatrix; the
-    partitions trading registers, within the SM's registers and 227 KB of shared memory (230,688 bytes:
-    K and V 64 KB, the ring 128 KB, P^T and dS^T 32 KB); a spill only in the causal form, 16 bytes stored
-    before the loops; the warpgroups meeting at DS_BARRIER."""
+    (the deterministic form: the Triton dQ kernel's) and with it: one tile of 64 keys per program; per query
+    block and warpgroup S^T and dP^T for half of the block's 64 queries (k = 16 over D: 16 products each,
+    dP^T's over dO's two column halves), then dV and dK over its half of D's columns from both warpgroups'
+    P^T and dS^T (k = 16 over 32 queries: 2 products per half each), and with dQ, dQ^T for its own queries
+    in four 64-row chunks (k = 16 over 64 keys: 4 products each), each staged by 16 four-byte stores per
+    thread (transposed into the swizzled tile: no wider store fits); on wgmma not serialised, with a product
+    in flight at a wait; the partitions trading registers, within the SM's registers and 227 KB of shared
+    memory (230,688 bytes without dQ: K and V 64 KB, the ring 128 KB, P^T and dS^T 32 KB; dQ's staging
+    takes no more, as it lies in dO's halves); without dQ a spill only in the causal form, 16 bytes stored
+    before the loops; with dQ up to 152 bytes (loop invariants reloaded in the loop: bounded here, weighed
+    by the races of docs/performance.md, entry 107); the warpgroups meeting at DS_BARRIER."""
     from flashtriton.kernels.gluon_backward import DS_BARRIER
     reports = [r for r in reports_256 if r["kernel"] == "attn_bwd_dkdv_gluon_kernel"]
+    base = f"N64x1-M64-s2-r{gluon_backward.REGISTERS[0]}/{gluon_backward.REGISTERS[1]}"
     assert sorted((r["config"], r["causal"]) for r in reports) == [
-        (f"N64x1-M64-s2-r{gluon_backward.REGISTERS[0]}/{gluon_backward.REGISTERS[1]}", causal)
-        for causal in (False, True)], reports
+        (base + form, causal) for form in ("", "-dq-atomic") for causal in (False, True)], reports
     for r in reports:
         loops = 2 if r["causal"] else 1  # causal: the diagonal's blocks in a loop of their own
-        assert r["hgmma"] == 2 * loops * (2 * 256 // 16 + 2 * 2 * 32 // 16), r
+        dq = r["config"].endswith("-dq-atomic")
+        assert r["hgmma"] == 2 * loops * (2 * 256 // 16 + 2 * 2 * 32 // 16 + dq * 4 * 64 // 16), r
         assert r["hmma"] == 0 and not r["wgmma_serialized"] and r["partial_waits"] > 0, r
-        assert spills_within(r, 16 if r["causal"] else 0), r
+        assert spills_within(r, (152 if dq else 16) if r["causal"] else (128 if dq else 0)), r
+        assert r["shared_stores"].get("4", 0) == (2 * loops * 4 * 16 if dq else 0), r
         assert r["register_reallocations"] > 0 and r["registers"] * (4 + 4 * 2) * 32 <= 65536, r
         assert r["shared_bytes"] <= 227 * 1024, r
         assert DS_BARRIER.value in r["barriers"], r
 
 
-def test_backward_at_head_dim_256_leaves_dq_to_the_triton_kernel():
-    """At D = 256 the Gluon kernel has no room for dQ's float32 staging: its launcher refuses a dQ buffer,
-    naming the head dims that take one, and a backward's plan adds dQ up only at those (DQ_HEAD_DIMS)."""
+def test_backward_at_head_dim_256_stages_dq_in_the_halves_of_do():
+    """At D = 256 the launcher takes a dQ buffer laid out like dQ (not in register order: dq_in_fragments,
+    refused by name), reduced in (32, 64) tiles, each warpgroup's queries by 64 of D's columns; dO comes in
+    column halves; auto keeps the form without dQ for deterministic calls there (DETERMINISTIC_HEAD_DIMS),
+    and a head dim the kernel does not take is refused by name."""
     from flashtriton.launch.backward import statistics_buffer
-    assert 256 in gluon_backward.BLOCK_M and 256 not in gluon_backward.DQ_HEAD_DIMS
+    assert 256 in gluon_backward.BLOCK_M and 256 in gluon_backward.DQ_HEAD_DIMS
+    assert gluon_backward.DETERMINISTIC_HEAD_DIMS == (256, ) and not gluon_backward.dq_in_fragments(256)
+    assert gluon_backward.dq_in_fragments(128) == gluon_backward.DQ_FRAGMENTS
     assert gluon_backward.program_keys(256) == gluon_backward.KEYS
     assert gluon_backward.program_keys(128) == gluon_backward.WARPGROUPS * gluon_backward.KEYS
     q = torch.randn(1, 2, 100, 256, dtype=torch.bfloat16)
     lse2, delta = statistics_buffer(torch.empty(1, 2, 100))
-    with pytest.raises(ValueError, match=r"dq_acc must be None at head dim 256.*\(64, 128\)"):
-        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1,
-                                         torch.zeros(1, 2, 100, 256, dtype=torch.float32))
-    kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1)
-    assert grid == (2 * 2, ) and args[8] is None  # cdiv(100, 64) key tiles x 2 heads; no dQ descriptor
+    dq_acc = gluon_backward.dq_accumulator(q, False)
+    assert dq_acc.shape == q.shape
+    with pytest.raises(ValueError, match=r"dq_fragments must be False at head dim 256"):
+        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1, dq_acc, dq_fragments=True)
+    kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, dq_acc)
+    assert grid == (2 * 2, )  # cdiv(100, 64) key tiles x 2 heads
+    assert list(args[5].block_shape) == [1, 1, 64, 128] and list(args[8].block_shape) == [1, 1, 32, 64]
+    assert gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1)[2][8] is None
+    q96 = torch.randn(1, 2, 100, 96, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"takes head dims \(64, 128, 256\), got 96"):
+        gluon_backward.gluon_dkdv_launch(q96, q96, q96, q96, lse2, delta, q96, q96, True, 0.1)
 
 
 def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
@@ -470,8 +486,8 @@ def test_backward_path_variable(monkeypatch):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, shape, deterministic):
     """FLASHTRITON_BACKWARD=gluon: flash_attention's dK and dV from the Gluon kernel, dQ from its loop by
-    TMA reductions, or under torch.use_deterministic_algorithms (and at D = 256, always) from the Triton dQ
-    kernel; O, L and every
+    TMA reductions (at D = 256 its own queries' dQ^T, staged in dO's halves), or under
+    torch.use_deterministic_algorithms from the Triton dQ kernel; O, L and every
     gradient bounded by twice plain bf16 attention's error against the float64 reference; odd lengths,
     Nq != Nk both ways (causal rows that see no key: zero gradients), GQA, more key tiles than one; the
     kernel is checked to have run, in the form asked for."""
@@ -563,8 +579,8 @@ def test_backward_in_either_dq_order(monkeypatch, head_dim, is_causal, shape, fr
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 def test_auto_backward_takes_gluon_where_measured_faster(monkeypatch):
     """FLASHTRITON_BACKWARD unset: the Gluon backward from AUTO_MIN_KEYS[head dim, causal] keys, not with
-    fewer, nor for a deterministic backward where it adds dQ up by reductions (D = 64 and 128; at D = 256 it
-    does not), nor at a head dim the table leaves out."""
+    fewer, nor for a deterministic backward but at D = 256 (DETERMINISTIC_HEAD_DIMS: there its form without
+    dQ, the Triton dQ kernel's), nor at a head dim the table leaves out."""
     monkeypatch.delenv(gluon_backward.BACKWARD_PATH_VARIABLE, raising=False)
 
     def selected(head_dim, seqlen_k, is_causal, deterministic=False):
@@ -573,9 +589,9 @@ def test_auto_backward_takes_gluon_where_measured_faster(monkeypatch):
     for (head_dim, is_causal), keys in gluon_backward.AUTO_MIN_KEYS.items():
         assert selected(head_dim, keys, is_causal) == RAN
         assert not selected(head_dim, keys - 1, is_causal)
-        # (dQ by reductions is not deterministic; at D = 256 the form leaves dQ to the Triton kernel)
+        # (dQ by reductions is not deterministic; at D = 256 the form without it, dQ from the Triton kernel)
         assert selected(head_dim, keys, is_causal, deterministic=True) == (
-            RAN and head_dim not in gluon_backward.DQ_HEAD_DIMS)
+            RAN and head_dim in gluon_backward.DETERMINISTIC_HEAD_DIMS)
     assert not selected(96, 8192, False)  # (a head dim the Gluon backward does not take)
 
 

@@ -190,12 +190,12 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if lse2.stride(-1) != 1 or delta.stride() != lse2.stride() or lse2.stride(-2) % 4:
         raise ValueError("lse2 and delta must share one layout with contiguous rows 16-byte aligned for TMA "
                          "(backward.statistics_buffer)")
+    if head_dim not in BLOCK_M:
+        raise ValueError(f"the Gluon backward takes head dims {tuple(BLOCK_M)}, got {head_dim}; the Triton "
+                         "kernels take the others (gluon_backward_selected)")
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
     dq_split_rows = split_dq_by_rows(head_dim, block_m) if dq_split_rows is None else dq_split_rows
     rows, cols = dq_share(head_dim, block_m, dq_split_rows)
-    if dq_acc is not None and head_dim not in DQ_HEAD_DIMS:
-        raise ValueError(f"dq_acc must be None at head dim {head_dim}: the kernel adds dQ up only at head dims "
-                         f"{DQ_HEAD_DIMS} (dQ comes from the Triton dQ kernel otherwise)")
     if dq_acc is not None and dq_fragments and head_dim > 128:
         raise ValueError(f"dq_fragments must be False at head dim {head_dim}: its dQ is staged as dQ lies "
                          "(dq_in_fragments)")
