@@ -27,8 +27,9 @@ At D = 256 a warpgroup cannot hold dK and dV of 64 keys (64 x 256 fp32 each: 256
 the form there (HEAD_DIM > 128: _split_query_block, FlashAttention-3's split at that head dim) gives the
 program one tile of 64 keys, which both compute warpgroups share: each computes S^T and dP^T for half of
 the block's queries (64 x 32), writes its P^T and dS^T to shared memory, and once both halves are in
-(DS_BARRIER) takes half of D's columns of dV and dK over all of the block's queries. dQ then comes from the
-Triton dQ kernel (shared memory holds no float32 staging tile beside the 192 KB of K, V and the ring).
+(DS_BARRIER) takes half of D's columns of dV and dK over all of the block's queries. With DQ_ATOMIC each
+warpgroup adds dQ^T = K^T dS^T for its own queries, staged in the half of dO its dV has read (shared memory
+holds no float32 tile of its own beside the 192 KB of K, V and the ring).
 
 Semantics are the Triton backward's: causal masks align to the bottom-right corner; rows past Nq read
 zeros for Q, dO, L and D (P = 1 there, but dP = 0 and dO = 0: nothing reaches the gradients), and keys
@@ -314,7 +315,8 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
     st = warpgroup_mma(k, q.slice(WG * COLS, COLS, dim=0).permute((1, 0)), no_scores, use_acc=False, is_async=True)
     dpt = no_scores
     for half in gl.static_range(COMPUTE_WARPGROUPS):  # dP^T over D, a column half of dO at a time
-        rows_do = do_smem.index(COMPUTE_WARPGROUPS * stage + half).reshape([BLOCK_M, HALF]).slice(WG * COLS, COLS, dim=0)
+        rows_do = do_smem.index(COMPUTE_WARPGROUPS * stage + half).reshape([BLOCK_M, HALF])
+        rows_do = rows_do.slice(WG * COLS, COLS, dim=0)
         dpt = warpgroup_mma(v.slice(half * HALF, HALF, dim=1), rows_do.permute((1, 0)), dpt, use_acc=half > 0,
                             is_async=True)
     st = warpgroup_mma_wait(num_outstanding=COMPUTE_WARPGROUPS, deps=(st, ))  # S^T; dP^T may still run

@@ -14,9 +14,10 @@ Tiles: two compute warpgroups of KEYS = 64 keys each (128 keys per program), que
 (64 at D = 128; 128 at D = 64, FlashAttention-4's tile there), NUM_STAGES = 2 stages of Q and dO (2 x 32 KB
 at D = 128, with K and V's 64 KB: 128 KB of shared memory per block; with dQ, two buffers of dS^T and the
 float32 tiles on their way to the reduction: 192 KB). At D = 256 the two warpgroups share one tile of 64
-keys and split D's columns of dK and dV (the kernel's module docstring): K and V 64 KB, the ring 128 KB,
-P^T and dS^T 32 KB; dQ from the Triton dQ kernel. On an H100 it passed the GPU tests and ran 2.2-2.5x the
-Triton backward (docs/performance.md, entry 106; the H200 has not run it yet).
+keys and split D's columns of dK and dV (the kernel's module docstring): K and V 64 KB, the ring 128 KB
+(dO in column halves), P^T and dS^T 32 KB; dQ^T of each warpgroup's own queries staged in the dO half its
+dV has read. On an H100 it passed the GPU tests and ran 2.75-3.10x the Triton backward, 0.90-0.94x cuDNN's
+(docs/performance.md, entries 106-107; the H200 has not run it yet).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ BACKWARD_PATH_VARIABLE = "FLASHTRITON_BACKWARD"
 # fewest keys, from benchmarks/gluon_backward_ab.py and gluon_kernel_ab.py on the H200 (docs/performance.md,
 # entries 69, 75 and 82): without a mask 1.07x the Triton backward at D = 128 from 512 keys and at D = 64
 # 1.16x at 2048 (0.78x at 1024, before entry 82); causal 1.06x at D = 128 from 1024, and at D = 64 1.12x
-# at 4096 and 1.19x at 16384, 1.005x at 2048. At D = 256 (its own form, dQ from the Triton kernel) 2.22-2.45x
-# the Triton backward from 2048 keys, causal or not, on an H100 (entry 106; shorter calls not measured).
+# at 4096 and 1.19x at 16384, 1.005x at 2048. At D = 256 (its own form) 2.75-3.10x the Triton backward from
+# 2048 keys, causal or not, and without dQ 2.2-2.4x, on an H100 (entries 106-107; shorter calls not measured).
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 4096,
                  (256, False): 2048, (256, True): 2048}
 # dQ's float32 buffer in the accumulator's register order (kernels/dq_fragments.py), put back in place by
@@ -87,10 +88,9 @@ def gluon_backward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d
     D = 64, 128 or 256 (BLOCK_M's), where the Gluon forward's conditions (dtype, TMA-aligned strides, sm_90,
     a Triton whose Gluon the kernels compile under) hold for q, k, v and dO: with FLASHTRITON_BACKWARD=gluon
     always; with "auto" (the default) where it was measured faster than the Triton kernels (AUTO_MIN_KEYS),
-    under a Triton release the kernels ran on (gluon_ran), and, where the kernel would add dQ up by
-    reductions (DQ_HEAD_DIMS), only when the backward need not be `deterministic` (its deterministic form,
-    dQ from the Triton kernel, is not faster there). At D = 256 dQ comes from the Triton kernel anyway and
-    dK and dV have one writer each: that form is deterministic as it is."""
+    under a Triton release the kernels ran on (gluon_ran), and for a `deterministic` backward only where its
+    form without dQ (dK and dV, one writer each, beside the Triton dQ kernel) is faster than the Triton
+    backward: at DETERMINISTIC_HEAD_DIMS (D = 256)."""
     path = backward_path()
     if q.device.type != "cuda" or path == "triton" or q.shape[-1] not in BLOCK_M:
         return False

@@ -436,8 +436,8 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     """Compile the Gluon dK/dV kernel (launch/gluon_backward.py) for this shape, as attention_backward
     would launch it under FLASHTRITON_BACKWARD=gluon, deterministic (without dQ) and not (dQ by TMA
     reductions, staged in register order: DQ_FRAGMENTS; at D = 64 split by rows, split_dq_by_rows; at D = 256
-    staged as dQ lies, dq_in_fragments); and the A/B forms the library does not run: dQ staged like dQ, and at D = 64 split by
-    D's columns."""
+    staged as dQ lies, dq_in_fragments); and the A/B forms the library does not run: dQ staged like dQ, and
+    at D = 64 split by D's columns."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
