@@ -40,8 +40,8 @@ ROUNDS = 5
 # (batch, heads, N, head dim, causal): the paper suite's 16k tokens per batch at D = 128, and D = 64
 SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (2, 16, 8192, 128, False), (1, 16, 16384, 128, True),
           (4, 32, 4096, 64, False), (1, 16, 16384, 64, True),
-          # D = 256, which auto does not take in FP8 yet (entry 100): without FLASHTRITON_FORWARD=gluon the
-          # `fp8` provider there is the dequantized float32 path; the `fp8_kernel` ones are the kernel
+          # D = 256, which auto takes in FP8 since entry 108 (before it, without FLASHTRITON_FORWARD=gluon the
+          # `fp8` provider there was flash_attention on the e4m3 values); the `fp8_kernel` ones are the kernel
           (4, 16, 4096, 256, False), (2, 16, 8192, 256, True)]
 
 

@@ -219,8 +219,8 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     """On sm_90 the Gluon kernel's FP8 form runs (checked); O and L within twice plain FP8 attention's errors
     (its scores accumulated by the tensor cores and its probabilities rounded to e4m3 for P V, as the
     kernel's are), the rows without keys as above; called without L (its sums by the tensor cores,
-    FP8_WITHOUT_LSE_OPTIONS), O within the same bound. D = 256, which auto does not take yet
-    (FP8_AUTO_HEAD_DIMS), with FLASHTRITON_FORWARD=gluon."""
+    FP8_WITHOUT_LSE_OPTIONS), O within the same bound; at D = 256 too (FP8_AUTO_HEAD_DIMS), auto or, under a
+    release the kernels have not run on, FLASHTRITON_FORWARD=gluon."""
     from flashtriton import api
     calls = []
 
@@ -338,7 +338,7 @@ def test_sums_by_the_tensor_cores_only_where_l_is_not_returned(monkeypatch, retu
 @pytest.mark.parametrize("path", ["auto", "gluon", "triton"])
 def test_forward_path_picks_the_fp8_form(monkeypatch, path, head_dim):
     """The Gluon FP8 form on sm_90 unless FLASHTRITON_FORWARD=triton (auto: under a Triton release the kernels
-    ran on, at a head dim the form ran at, FP8_AUTO_HEAD_DIMS: not yet D = 256); elsewhere (CPU too) never."""
+    ran on, at a head dim the form ran at, FP8_AUTO_HEAD_DIMS); elsewhere (CPU too) never."""
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, path)
     (q8, k8, v8), _, _ = _quantized(1, 2, 2, 256, 256, head_dim, per_head=False)
     wanted = path == "gluon" or (path == "auto" and gluon_forward.gluon_ran()

@@ -185,8 +185,8 @@ def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
 
 
 def test_fp8_head_dim_256_compiles_every_flag_without_spills():
-    """The FP8 form at D = 256 (FLASHTRITON_FORWARD=gluon; auto does not take it yet, FP8_AUTO_HEAD_DIMS:
-    docs/performance.md, entry 104): without flags, with each FP8 flag alone and with the library's FP8 flags, both
+    """The FP8 form at D = 256 (which auto takes: FP8_AUTO_HEAD_DIMS, docs/performance.md, entries 104 and
+    108): without flags, with each FP8 flag alone and with the library's FP8 flags, both
     masks, as check_head_dim_256 says (e4m3 wgmma, k = 32); and O by TMA, which fits beside FP8's tiles."""
     reports = inspect_gluon_reports("256", "fp8")
     flags = gluon_forward_options(fp8=True)
@@ -664,7 +664,7 @@ def test_supports():
     assert not gluon_forward.gluon_forward_supports(q, k[:, :, :0], v[:, :, :0])  # no key: TMA needs one
     odd = torch.randn(1, 4, 40, 65, dtype=torch.bfloat16)[..., :64]  # rows 130 bytes apart: not TMA-aligned
     assert not gluon_forward.gluon_forward_supports(odd, k, v)
-    # D = 256 (64-key blocks), in 16-bit and in FP8 (which auto does not take there yet: fp8_gluon_selected)
+    # D = 256 (64-key blocks), in 16-bit and in FP8
     q256, k256, v256 = make_qkv(1, 4, 2, 40, 50, 256, torch.bfloat16, "cpu", requires_grad=False)
     assert gluon_forward.gluon_forward_supports(q256, k256, v256)
     fp8 = (torch.float8_e4m3fn, )

@@ -189,7 +189,7 @@ def flash_attention_fp8(
     Returns:
         o: (B, Hq, Nq, D) in out_dtype, laid out like q; with `return_lse`, (o, lse).
 
-    On an sm_90 GPU with D = 64 or 128 (D = 256 with FLASHTRITON_FORWARD=gluon, run on an H100 only) and
+    On an sm_90 GPU with D = 64, 128 or 256 (D = 256 run on an H100 only) and
     TMA-aligned strides (launch/gluon_forward.py: fp8_gluon_selected; FLASHTRITON_FORWARD=triton turns it
     off), the Gluon kernel runs with its products in FP8 (wgmma's e4m3 form; the probabilities rounded to
     e4m3 for P V, as FlashAttention-3 does). Without `return_lse` the rows' sums come from the tensor cores

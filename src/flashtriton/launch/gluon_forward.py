@@ -16,8 +16,8 @@ the H200's 227 KB per block; at D = 256, 2 x 64 KB and Q's 64 KB: 192 KB).
 
 D = 256 compiles with no spilled register in 192 KB of shared memory, passes the GPU tests and ran
 1.33-1.64x the Triton kernel (AUTO_MIN_KEYS). The FP8 form compiles at D = 256 too (164 KB with O by TMA,
-no spill) and has run on an H100, forced (entry 104): FLASHTRITON_FORWARD=gluon takes it, auto does not
-yet (FP8_AUTO_HEAD_DIMS). The Gluon backward has a form of its own at D = 256 (launch/gluon_backward.py).
+no spill) and has run on an H100 (entries 104-105): auto takes it there too (FP8_AUTO_HEAD_DIMS). The
+Gluon backward has a form of its own at D = 256 (launch/gluon_backward.py).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ BLOCK_N = {64: 128, 128: 128, 256: 64}
 NUM_STAGES = 2
 HEAD_DIMS = tuple(BLOCK_N)
 FP8_HEAD_DIMS = (64, 128, 256)  # the FP8 form's
-# ... and those "auto" takes it at: D = 256 in FP8 has run on an H100 only, forced (1.56x bf16 at one shape,
-# its GPU tests passing but for the Nk = 1 failure D = 128 shared, since mended: docs/performance.md, entries
-# 104-105), so auto leaves it to flash_attention there (api.py) until the H200 has raced it, and
-# FLASHTRITON_FORWARD=gluon takes it.
-FP8_AUTO_HEAD_DIMS = (64, 128)
+# ... and those "auto" takes it at: all three. D = 256 in FP8 has run on an H100 only (no H200 came in five
+# sessions), in two calls 1.52-1.56x the bf16 forward and 1.58-1.59x cuDNN, its GPU tests and the Nk = 1
+# loop passing (docs/performance.md, entries 104, 105 and 108): flash_attention on the e4m3 values, what
+# auto ran there before, is the bf16 forward.
+FP8_AUTO_HEAD_DIMS = (64, 128, 256)
 # O by TMA stages each warpgroup's 64 x D output in shared memory: in 16-bit another 64 KB at D = 256,
 # past the 227 KB beside 192 KB of Q, K and V. FP8's tiles are half the bytes: at D = 256, 164 KB in all.
 O_BY_TMA_HEAD_DIMS = (64, 128)
