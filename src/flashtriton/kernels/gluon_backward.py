@@ -459,7 +459,8 @@ def attn_bwd_dkdv_gluon_kernel(
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys; 64 at D = 256): grid = num_n_blocks x B x
     Hkv. With DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller;
-    dq_desc's box is each warpgroup's share, (1, 1, BLOCK_M, D / 2) or (1, 1, BLOCK_M / 2, D)) by TMA reductions:
+    dq_desc's box is each warpgroup's share, (1, 1, BLOCK_M, D / 2) or (1, 1, BLOCK_M / 2, D), or at D = 256 a
+    chunk of it, (1, 1, BLOCK_M / 2, 64)) by TMA reductions:
     FlashAttention-3's five products per block instead of seven, summed in an order that varies from run
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
     WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
