@@ -338,8 +338,8 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
     for w in gl.static_range(COMPUTE_WARPGROUPS):
         dv = warpgroup_mma(ds_smem.index(4 * buf + w), do_half.slice(w * COLS, COLS, dim=0), dv, is_async=True)
     if DQ_ATOMIC:
-        # dQ^T's chunk c = K[:, c]^T dS^T: queued between dV's products and dK's, so that each chunk's trip to
-        # its reduction runs while the next product does; the staging tiles are the dO half dV has read.
+        # dQ^T's chunk c = K[:, c]^T dS^T: the first queued between dV's products and dK's, so that its trip to
+        # the reduction runs while dK's products do; the staging tiles are the dO half dV has read.
         CHUNK: gl.constexpr = dq_desc.block_type.shape[3]
         staging = reinterpret(do_own, gl.float32, [2, 1, 1, COLS, CHUNK], dq_desc.layout)
         row = m * BLOCK_M + WG * COLS
