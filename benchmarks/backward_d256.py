@@ -41,10 +41,9 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
             backward = _backward(q, k, v, do, lambda: flash_attention(q, k, v, is_causal=causal))
         providers[name] = ab_runs.on_path("FLASHTRITON_BACKWARD", "triton", ab_runs.inside(
             lambda a=autotune: environment_variable("FLASHTRITON_AUTOTUNE", a), backward))
-    for name, deterministic in (("gluon", False), ("gluon_deterministic", True)):
-        with environment_variable("FLASHTRITON_BACKWARD", "gluon"):
-            backward = _backward(q, k, v, do, lambda d=deterministic: flash_attention(q, k, v, is_causal=causal,
-                                                                                      deterministic=d))
+    for name, deterministic in (("gluon", False), ("gluon_deterministic", True)):  # (the path: read by the backward)
+        backward = _backward(q, k, v, do, lambda d=deterministic: flash_attention(q, k, v, is_causal=causal,
+                                                                                  deterministic=d))
         providers[name] = ab_runs.on_path("FLASHTRITON_BACKWARD", "gluon", backward)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         providers["cudnn"] = _backward(q, k, v, do, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))

@@ -16,7 +16,7 @@ from flashtriton.launch.forward import attention_forward
 
 CALLS = 5
 # (batch, heads, N, head dim, causal): the paper suite's D = 64 causal row at N = 4096, cs336's, D = 128;
-# then D = 256, whose dQ comes from the Triton dQ kernel (launch/gluon_backward.py, DQ_HEAD_DIMS)
+# then D = 256 (the kernel's form there, launch/gluon_backward.py: splits_columns)
 SHAPES = [(4, 32, 4096, 64, True), (1, 16, 16384, 64, True), (4, 16, 4096, 128, False),
           (4, 16, 2048, 256, True), (4, 16, 2048, 256, False)]
 

@@ -345,9 +345,10 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
         row = m * BLOCK_M + WG * COLS
         dst = ds_smem.index(4 * buf + 2 + WG)
         dqt = warpgroup_mma(k.slice(0, CHUNK, dim=1).permute((1, 0)), dst, no_scores, use_acc=False, is_async=True)
-        for w in gl.static_range(COMPUTE_WARPGROUPS):
-            rows_q = q.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
-            dk = warpgroup_mma(ds_smem.index(4 * buf + 2 + w), rows_q, dk, is_async=True)
+    for w in gl.static_range(COMPUTE_WARPGROUPS):
+        rows_q = q.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
+        dk = warpgroup_mma(ds_smem.index(4 * buf + 2 + w), rows_q, dk, is_async=True)
+    if DQ_ATOMIC:
         dqt = warpgroup_mma_wait(num_outstanding=COMPUTE_WARPGROUPS, deps=(dqt, ))  # dV's too; dK's may run
         for c in gl.static_range(1, HEAD_DIM // CHUNK):
             _add_dq_chunk(dqt, staging, (c - 1) % 2, dq_desc, [off_b, head_q, row, (c - 1) * CHUNK])
@@ -356,13 +357,9 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
             dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dqt, ))
         _add_dq_chunk(dqt, staging, (HEAD_DIM // CHUNK - 1) % 2, dq_desc,
                       [off_b, head_q, row, HEAD_DIM - CHUNK])
-        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+    if DQ_ATOMIC:
         tma.store_wait(pendings=0)  # the staging tiles are dO's again once the loader has the stage back
-    else:
-        for w in gl.static_range(COMPUTE_WARPGROUPS):
-            rows_q = q.slice(w * COLS, COLS, dim=0).slice(WG * HALF, HALF, dim=1)
-            dk = warpgroup_mma(ds_smem.index(4 * buf + 2 + w), rows_q, dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
     named_barrier_arrive(EMPTY_BARRIER - stage, (COMPUTE_WARPGROUPS + 1) * 128)
     return dk, dv
 

@@ -101,7 +101,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
              and gluon_backward_selected(q, k, v, do, is_causal, deterministic))
     dq_acc = None
     fragments = gluon_backward.dq_in_fragments(head_dim)  # (read once: the buffer, launch and cast agree)
-    if gluon and need_dq and not deterministic and head_dim in gluon_backward.DQ_HEAD_DIMS:
+    if gluon and need_dq and not deterministic:
         dq_acc = gluon_backward.dq_accumulator(q, fragments)
     lse2, delta = statistics_buffer(lse)
     tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}

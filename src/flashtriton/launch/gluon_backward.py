@@ -34,9 +34,9 @@ from .runner import LaunchSpec
 BLOCK_M = {64: 128, 128: 64, 256: 64}
 KEYS = 64
 WARPGROUPS = 2
-# Head dims whose dQ the Gluon kernel can add up in its loop (at D = 256 staged in dO's column halves once
-# dV has read them: shared memory has no room for tiles of its own).
-DQ_HEAD_DIMS = (64, 128, 256)
+# Head dims whose dQ the Gluon kernel can add up in its loop: all it takes (at D = 256 staged in dO's column
+# halves once dV has read them: shared memory has no room for tiles of its own).
+DQ_HEAD_DIMS = tuple(BLOCK_M)
 # Head dims where auto takes the kernel's deterministic form (dK and dV alone, dQ from the Triton dQ kernel):
 # where it is faster than the Triton backward (at D = 64 and 128 it is not: entry 69).
 DETERMINISTIC_HEAD_DIMS = (256, )
@@ -66,15 +66,22 @@ AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, T
 DQ_FRAGMENTS = True
 
 
+def splits_columns(head_dim: int) -> bool:
+    """Whether the kernel takes its D = 256 form here (kernels/gluon_backward.py, _split_query_block): one key
+    tile shared by both compute warpgroups, D's columns of dK and dV split between them, dO in column
+    halves, each warpgroup's dQ^T staged in its half."""
+    return head_dim > 128
+
+
 def dq_in_fragments(head_dim: int) -> bool:
-    """Whether attention_backward's dQ buffer is in register order at this head dim: DQ_FRAGMENTS, except at
-    D = 256, whose staging goes through dO's swizzled halves as dQ lies (dq_share)."""
-    return DQ_FRAGMENTS and head_dim <= 128
+    """Whether attention_backward's dQ buffer is in register order at this head dim: DQ_FRAGMENTS, except in
+    the D = 256 form, whose staging goes through dO's swizzled halves as dQ lies (dq_share)."""
+    return DQ_FRAGMENTS and not splits_columns(head_dim)
 
 
 def program_keys(head_dim: int) -> int:
     """Keys per program: KEYS for each compute warpgroup, or at D = 256 one tile of KEYS that they share."""
-    return KEYS if head_dim > 128 else WARPGROUPS * KEYS
+    return KEYS if splits_columns(head_dim) else WARPGROUPS * KEYS
 
 
 def backward_path() -> str:
@@ -122,7 +129,7 @@ def dq_share(head_dim: int, block_m: int | None = None, split_rows: bool | None 
     of D, or with `split_rows` half the rows and all of D (None: the library's, split_dq_by_rows). At
     D = 256 always the rows of the warpgroup's own queries (32), added in chunks of SPLIT_DQ_CHUNK columns."""
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
-    if head_dim > 128:
+    if splits_columns(head_dim):
         return block_m // WARPGROUPS, head_dim
     split_rows = split_dq_by_rows(head_dim, block_m) if split_rows is None else split_rows
     return (block_m // WARPGROUPS, head_dim) if split_rows else (block_m, head_dim // WARPGROUPS)
@@ -196,7 +203,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     block_m = BLOCK_M[head_dim] if block_m is None else block_m
     dq_split_rows = split_dq_by_rows(head_dim, block_m) if dq_split_rows is None else dq_split_rows
     rows, cols = dq_share(head_dim, block_m, dq_split_rows)
-    if dq_acc is not None and dq_fragments and head_dim > 128:
+    if dq_acc is not None and dq_fragments and splits_columns(head_dim):
         raise ValueError(f"dq_fragments must be False at head dim {head_dim}: its dQ is staged as dQ lies "
                          "(dq_in_fragments)")
     if dq_acc is not None:
@@ -218,13 +225,13 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
             dq_desc = TensorDescriptor.from_tensor(dq_acc, [1, 1, rows, cols], gl.NVMMASharedLayout(
                 swizzle_byte_width=0, element_bitwidth=32, rank=4))
         else:  # (at D = 256 a reduction adds SPLIT_DQ_CHUNK of the share's columns)
-            box = [1, 1, rows, min(cols, SPLIT_DQ_CHUNK) if head_dim > 128 else cols]
+            box = [1, 1, rows, SPLIT_DQ_CHUNK if splits_columns(head_dim) else cols]
             dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
     box = [1, 1, block_m]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     stats_descs = (TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
     # dO at D = 256 in column halves: each compute warpgroup's dV reads one, then stages its dQ there
-    do_cols = head_dim // WARPGROUPS if head_dim > 128 else head_dim
+    do_cols = head_dim // WARPGROUPS if splits_columns(head_dim) else head_dim
     args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m, do_cols),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,

@@ -445,9 +445,8 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     lse2, delta = statistics_buffer(torch.empty(1, 2, seqlen))
     launch_registers, compute_registers = gluon_backward.REGISTERS
     reports = []
-    forms = [(False, False, False)]
-    forms += [(True, False, False)] if head_dim in gluon_backward.DQ_HEAD_DIMS else []
-    forms += [(True, False, True)] if head_dim in gluon_backward.DQ_HEAD_DIMS and head_dim <= 128 else []
+    forms = [(False, False, False), (True, False, False)]
+    forms += [(True, False, True)] if not gluon_backward.splits_columns(head_dim) else []
     forms += [(True, True, False), (True, True, True)] if head_dim == 64 else []
     for atomic, split_rows, fragments in forms:
         dq_acc = gluon_backward.dq_accumulator(q, fragments, split_rows=split_rows) if atomic else None
