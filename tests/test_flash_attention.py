@@ -283,28 +283,6 @@ def test_backward_statistics_layout_and_values(seqlen, varlen):
     torch.testing.assert_close(delta, rowsum, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("numel", [1, 2047, 2049, 40 * 97 * 6 + 13])
-def test_backward_statistics_zero_the_dq_accumulator(numel):
-    """The statistics launch zeroes the Gluon kernel's dQ accumulator in the same pass: every element of a
-    NaN-filled buffer, whether the programs outnumber its blocks (1 float) or a share takes several
-    blocks, and nothing past it; the statistics come out as without it."""
-    o, do = (torch.randn(2, 3, 97, 40, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
-    lse = torch.randn(2, 3, 97, device=DEVICE)
-    backing = torch.full((numel + 64,), float("nan"), device=DEVICE)
-    lse2, delta = launch.backward_stats(o, do, lse, zeros=backing[:numel])
-    assert not backing[:numel].any() and backing[numel:].isnan().all()
-    alone = launch.backward_stats(o, do, lse)
-    assert torch.equal(lse2, alone[0]) and torch.equal(delta, alone[1])
-
-
-@pytest.mark.parametrize("zeros", [torch.empty(8, dtype=torch.bfloat16), torch.empty(4, 4).t()],
-                         ids=["bf16", "strided"])
-def test_backward_statistics_refuse_a_buffer_they_cannot_zero(zeros):
-    o = torch.randn(1, 1, 4, 16, device=DEVICE)
-    with pytest.raises(ValueError, match="zeros must be a contiguous float32 tensor"):
-        launch.backward_stats(o, o, torch.randn(1, 1, 4, device=DEVICE), zeros=zeros.to(DEVICE))
-
-
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(17, 23), (97, 70)])
 def test_backward_never_reads_the_statistics_padding(monkeypatch, seqlen_q, seqlen_k, is_causal):

@@ -39,22 +39,17 @@ from .common import (
 
 @triton.jit(do_not_specialize=["seqlen_q"])
 def attn_bwd_preprocess_kernel(
-    O, DO, LSE, LSE2, DELTA, CU_SEQLENS_Q, ZEROS,
+    O, DO, LSE, LSE2, DELTA, CU_SEQLENS_Q,
     stride_ob, stride_oh, stride_om,
     stride_dob, stride_doh, stride_dom,
-    num_heads, seqlen_q, stride_stats, zeros_numel,
+    num_heads, seqlen_q, stride_stats,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr = False,
-    ZERO_BLOCK: tl.constexpr = 0,
 ):
     """The per-row statistics the backward's loops stream, each row of a head `stride_stats` apart (a
     multiple of 4, so that TMA can read them): DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32,
     and LSE2 = LSE * log2(e), the logsumexp in the exp2 units of the kernels. LSE is contiguous
     (B, H, seqlen_q), or (H, total_q) for a packed batch (VARLEN, seqlen_q the total); LSE2 and DELTA are
-    (B, H, stride_stats) or (H, stride_stats). With ZERO_BLOCK > 0 the programs also zero the `zeros_numel`
-    float32s at ZEROS (the Gluon backward's dQ accumulator, which its kernel adds into), each a contiguous
-    share in stores of ZERO_BLOCK: one pass over memory fewer than a separate fill."""
-    if ZERO_BLOCK > 0:
-        _zero_share(ZEROS, zeros_numel, ZERO_BLOCK)
+    (B, H, stride_stats) or (H, stride_stats)."""
     off_b, off_h, pid_m = program_tile(False, 1)
     off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
     start_m = pid_m * BLOCK_M
@@ -74,20 +69,6 @@ def attn_bwd_preprocess_kernel(
     in_range = offs_m < seqlen_q
     tl.store(DELTA + stats_row + offs_m, tl.sum(o * do, axis=1), mask=in_range)
     tl.store(LSE2 + stats_row + offs_m, tl.load(LSE + row + offs_m, mask=in_range) * LOG2E, mask=in_range)
-
-
-@triton.jit
-def _zero_share(ZEROS, numel, BLOCK: tl.constexpr):
-    """Zero this program's share of the `numel` float32s at ZEROS: the grid's programs in launch order, each
-    a contiguous run of whole BLOCKs (the last ones may find nothing left)."""
-    program = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
-    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    share = tl.cdiv(tl.cdiv(numel, programs), BLOCK) * BLOCK
-    start = program.to(tl.int64) * share
-    zeros = tl.zeros([BLOCK], dtype=tl.float32)
-    for offset in range(0, share, BLOCK):
-        offs = start + offset + tl.arange(0, BLOCK)
-        tl.store(ZEROS + offs, zeros, mask=offs < numel)
 
 
 @triton.jit

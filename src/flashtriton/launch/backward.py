@@ -28,10 +28,6 @@ from .kernel_set import DEFAULT_KERNELS, Kernels
 from .runner import LaunchSpec, replay_recorded, run
 from .tiles import TileConfig, backward_configs, block_d
 
-# Floats per store loop step when the statistics launch zeroes dQ's accumulator: 16 per thread of its four
-# warps, four 16-byte stores each.
-ZERO_BLOCK = 2048
-
 
 def statistics_buffer(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Two float32 tensors laid out like `lse`, for L * log2(e) and D = rowsum(dO * O), with every head's
@@ -42,33 +38,24 @@ def statistics_buffer(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def statistics_launch(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, lse2: torch.Tensor,
-                      delta: torch.Tensor, varlen: Varlen | None, kernel, zeros: torch.Tensor | None = None,
-                      ) -> LaunchSpec:
+                      delta: torch.Tensor, varlen: Varlen | None, kernel) -> LaunchSpec:
     """The backward's first launch: the per-row statistics its loops stream, L * log2(e) into `lse2` and
-    D = rowsum(dO * O) into `delta` (statistics_buffer); and `zeros` (a contiguous float32 tensor: the
-    Gluon kernel's dQ accumulator), when given, zeroed in the same pass, as FlashAttention-3's does."""
+    D = rowsum(dO * O) into `delta` (statistics_buffer)."""
     _, heads_q, seqlen_q, head_dim = o.shape
     batch, grid_q, _ = grid_dims(o, o, varlen)
     pre_block = 64 if o.device.type == "cuda" else 32
-    if zeros is not None and (zeros.dtype != torch.float32 or not zeros.is_contiguous()):
-        raise ValueError(f"zeros must be a contiguous float32 tensor, got {zeros.dtype} with strides "
-                         f"{zeros.stride()}: pass the buffer gluon_backward.dq_accumulator makes")
-    tensors = (o, do, lse, lse2, delta, None if varlen is None else varlen.cu_seqlens_q, zeros)
-    scalars = (*bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q, lse2.stride(-2),
-               0 if zeros is None else zeros.numel())
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None,
-                ZERO_BLOCK=0 if zeros is None else ZERO_BLOCK)
+    tensors = (o, do, lse, lse2, delta, None if varlen is None else varlen.cu_seqlens_q)
+    scalars = (*bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q, lse2.stride(-2))
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None)
     return LaunchSpec("stats", kernel, lambda meta: (cdiv(grid_q, pre_block), heads_q, batch), tensors, (), scalars,
                       meta)
 
 
-def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen: Varlen | None = None,
-                   zeros: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the statistics launch alone: (L * log2(e), D), each shaped like `lse`, zeroing `zeros` if given
-    (tests, tools)."""
+def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                   varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the statistics launch alone: (L * log2(e), D), each shaped like `lse` (tests, tools)."""
     lse2, delta = statistics_buffer(lse)
-    run("statistics", None, [statistics_launch(o, do, lse, lse2, delta, varlen, DEFAULT_KERNELS.preprocess, zeros)],
-        ())
+    run("statistics", None, [statistics_launch(o, do, lse, lse2, delta, varlen, DEFAULT_KERNELS.preprocess)], ())
     return lse2, delta
 
 
@@ -114,10 +101,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
              and gluon_backward_selected(q, k, v, do, is_causal, deterministic))
     dq_acc = None
     fragments = gluon_backward.dq_in_fragments(head_dim)  # (read once: the buffer, launch and cast agree)
-    if gluon and need_dq and not deterministic:  # zeroed by the statistics launch
-        dq_acc = gluon_backward.dq_accumulator(q, fragments, zeroed=False)
+    if gluon and need_dq and not deterministic:
+        dq_acc = gluon_backward.dq_accumulator(q, fragments)
     lse2, delta = statistics_buffer(lse)
-    tensors = {"stats": ((o, do, lse, lse2, delta, optional[1], dq_acc), ())}
+    tensors = {"stats": ((o, do, lse, lse2, delta, optional[1]), ())}
     if gluon:
         tensors["gluon_dkdv"] = ((dk, dv), (q, k, v, do, lse2, delta, dq_acc))
         if dq_acc is not None and fragments:  # dQ back in place from the kernel's register order
@@ -138,7 +125,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             return _wanted(_gradients(dq, dk, dv, dq_acc, fragments, scale), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
-    specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess, dq_acc),
+    specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
              *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
                                  softcap, alibi_slopes, varlen, dropout_p, kernels)]
     if gluon:

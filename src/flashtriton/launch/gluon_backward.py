@@ -148,12 +148,10 @@ def dq_accumulator_shape(q_shape: tuple, fragments: bool, block_m: int | None = 
 
 
 def dq_accumulator(q: torch.Tensor, fragments: bool, block_m: int | None = None,
-                   split_rows: bool | None = None, zeroed: bool = True) -> torch.Tensor:
-    """That buffer (dq_accumulator_shape), zeroed; or not, for attention_backward, whose statistics launch
-    zeroes it (backward.statistics_launch)."""
-    allocate = torch.zeros if zeroed else torch.empty
-    return allocate(dq_accumulator_shape(q.shape, fragments, block_m, split_rows), device=q.device,
-                    dtype=torch.float32)
+                   split_rows: bool | None = None) -> torch.Tensor:
+    """That buffer (dq_accumulator_shape), zeroed."""
+    return torch.zeros(dq_accumulator_shape(q.shape, fragments, block_m, split_rows), device=q.device,
+                       dtype=torch.float32)
 
 
 def dq_fragments_spec(dq: torch.Tensor, dq_acc: torch.Tensor, scale: float) -> LaunchSpec:
