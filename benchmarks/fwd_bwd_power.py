@@ -1,0 +1,195 @@
+"""Three probes of why cs336's forward + backward in one call (bench.py's fwd_bwd) took longer than its
+forward and backward timed apart, on a GPU (docs/performance.md, entry 111), at cs336's shape and at
+B4 H16 N4096 D128 causal:
+
+- `host`: host milliseconds per call against the GPU's, over 20 calls without synchronising, of the
+  forward + backward through autograd and of the launchers alone (with the garbage collector off too),
+  then cProfile's top functions over ten autograd calls, and what torch.cuda.set_sync_debug_mode reports
+  in one: whether the host falls behind the GPU;
+- `ahead`: 30 calls of each form as do_bench times them (L2 flushed by zeroing 256 MB, grads to None,
+  events around the call, one more between forward and backward; medians in ms of the forward part, the
+  backward part and the whole), and again with a ~1 ms GPU spin (torch.cuda._sleep) queued before each
+  call, so that the host has issued the call before the GPU reaches it and the GPU has idled a millisecond;
+- `power`: two seconds of back-to-back forward + backward calls (ours, cuDNN's, ours again) while
+  nvidia-smi samples the SM clock, the power draw and the clock-event reasons every 20 ms (0x4: the
+  software power cap).
+
+    PYTHONPATH=src python benchmarks/fwd_bwd_power.py host|ahead|power
+"""
+
+import cProfile
+import gc
+import io
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashtriton import flash_attention
+from flashtriton.launch.backward import attention_backward
+from flashtriton.launch.forward import attention_forward
+
+SHAPES = [(1, 16, 16384, 64), (4, 16, 4096, 128)]  # causal
+
+
+def inputs(batch: int, heads: int, n: int, head_dim: int):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    o = flash_attention(q, k, v, is_causal=True)
+    return q, k, v, o, torch.randn_like(o)
+
+
+def host(batch: int, heads: int, n: int, head_dim: int) -> None:
+    q, k, v, o, do = inputs(batch, heads, n, head_dim)
+    scale = head_dim ** -0.5
+
+    def clear():
+        for x in (q, k, v):
+            x.grad = None
+
+    def launchers():
+        with torch.no_grad():
+            out, lse = attention_forward(q, k, v, True, scale)
+            return attention_backward(do, q, k, v, out, lse, True, scale)
+
+    def autograd():
+        clear()
+        flash_attention(q, k, v, is_causal=True).backward(do)
+
+    def per_call(name, fn, calls=20):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        print(f"{name:18s} host/call {1e3 * (t1 - t0) / calls:7.3f} ms total/call {1e3 * (t2 - t0) / calls:7.3f} ms",
+              flush=True)
+    per_call("fwd_bwd", autograd)
+    per_call("launchers", launchers)
+    gc.disable()
+    per_call("fwd_bwd_nogc", autograd)
+    gc.enable()
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(10):
+        autograd()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+    print(text.getvalue()[:6000])
+    with warnings.catch_warnings(record=True) as caught:  # what PyTorch's own check calls synchronising
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(1)
+        autograd()
+        torch.cuda.set_sync_debug_mode(0)
+    print("synchronising ops seen by torch.cuda.set_sync_debug_mode:",
+          [str(w.message)[:100] for w in caught if "prototype" not in str(w.message)])
+
+
+def ahead(batch: int, heads: int, n: int, head_dim: int) -> None:
+    q, k, v, o, do = inputs(batch, heads, n, head_dim)
+    scale = head_dim ** -0.5
+    cache = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+
+    def clear():
+        for x in (q, k, v):
+            x.grad = None
+
+    def launchers(mid):
+        with torch.no_grad():
+            out, lse = attention_forward(q, k, v, True, scale)
+            mid.record()
+            attention_backward(do, q, k, v, out, lse, True, scale)
+
+    def autograd(mid):
+        out = flash_attention(q, k, v, is_causal=True)
+        mid.record()
+        out.backward(do)
+
+    def fwd(mid):
+        with torch.no_grad():
+            flash_attention(q, k, v, is_causal=True)
+        mid.record()
+
+    def bwd(mid):
+        mid.record()
+        o.backward(do, retain_graph=True)
+    results = {}
+    for name, fn in (("fwd", fwd), ("bwd", bwd), ("launchers", launchers), ("autograd", autograd)):
+        for spin in (False, True):
+            for _ in range(5):
+                clear()
+                fn(torch.cuda.Event())
+            torch.cuda.synchronize()
+            events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(30)]
+            for start, mid, end in events:
+                clear()
+                cache.zero_()
+                if spin:
+                    torch.cuda._sleep(2_000_000)  # ~1 ms: the host issues the call while the GPU spins
+                start.record()
+                fn(mid)
+                end.record()
+            torch.cuda.synchronize()
+            parts = [statistics.median(a.elapsed_time(b) for a, b in pairs)
+                     for pairs in ([(s, m) for s, m, _ in events], [(m, e) for _, m, e in events],
+                                   [(s, e) for s, _, e in events])]
+            results[name + ("_ahead" if spin else "")] = tuple(round(p, 4) for p in parts)
+    print(f"B{batch} H{heads} N{n} D{head_dim}", results, flush=True)
+
+
+def power(batch: int, heads: int, n: int, head_dim: int) -> None:
+    q, k, v, _, do = inputs(batch, heads, n, head_dim)
+
+    def clear():
+        for x in (q, k, v):
+            x.grad = None
+
+    def ours():
+        clear()
+        flash_attention(q, k, v, is_causal=True).backward(do)
+
+    def cudnn():
+        clear()
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+    for name, fn in (("flashtriton", ours), ("cudnn", cudnn), ("flashtriton_again", ours)):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        time.sleep(1.0)
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active",
+                                "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        t0, calls = time.perf_counter(), 0
+        while time.perf_counter() - t0 < 2.0:
+            fn()
+            calls += 1
+            if calls % 8 == 0:  # (the host stays at most eight calls ahead)
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        smi.terminate()
+        rows = [line.split(", ") for line in smi.communicate()[0].strip().splitlines() if line.count(",") == 2]
+        clocks, watts = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
+        print(f"{name:18s} {1e3 * (t1 - t0) / calls:7.3f} ms/call  sm clock median {statistics.median(clocks):.0f} "
+              f"min {min(clocks):.0f} MHz  power median {statistics.median(watts):.0f} max {max(watts):.0f} W  "
+              f"reasons {sorted({r[2] for r in rows})}  samples {len(rows)}", flush=True)
+
+
+if __name__ == "__main__":
+    probe = {"host": host, "ahead": ahead, "power": power}[sys.argv[1]]
+    for shape in SHAPES[:1] if probe is not ahead else SHAPES:
+        probe(*shape)
