@@ -9,7 +9,7 @@
 
 and of `fwd_bwd` and `launchers`, a torch.profiler trace over five calls: each kernel's time per call, and the
 GPU's idle time inside a call, the gaps between its kernels, with the kernels on either side of the largest.
-One JSON line per shape. docs/performance.md, entry 111.
+One JSON line per shape. docs/performance.md, entry 112.
 
     PYTHONPATH=src python benchmarks/fwd_bwd_gap.py [--shapes 0,1]
 """

@@ -1,5 +1,5 @@
 """Three probes of why cs336's forward + backward in one call (bench.py's fwd_bwd) took longer than its
-forward and backward timed apart, on a GPU (docs/performance.md, entry 111), at cs336's shape and at
+forward and backward timed apart, on a GPU (docs/performance.md, entry 112), at cs336's shape and at
 B4 H16 N4096 D128 causal:
 
 - `host`: host milliseconds per call against the GPU's, over 20 calls without synchronising, of the
