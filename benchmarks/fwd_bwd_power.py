@@ -10,11 +10,12 @@ B4 H16 N4096 D128 causal:
   events around the call, one more between forward and backward; medians in ms of the forward part, the
   backward part and the whole), and again with a ~1 ms GPU spin (torch.cuda._sleep) queued before each
   call, so that the host has issued the call before the GPU reaches it and the GPU has idled a millisecond;
-- `power`: two seconds of back-to-back forward + backward calls (ours, cuDNN's, ours again) while
-  nvidia-smi samples the SM clock, the power draw and the clock-event reasons every 20 ms (0x4: the
-  software power cap).
+- `power`: two seconds of back-to-back forward + backward calls of each provider named (bench.py's; by
+  default ours, cuDNN's, ours again) while nvidia-smi samples the SM clock, the power draw and the
+  clock-event reasons every 20 ms (0x4: the software power cap), and the joules per call from the GPU's
+  energy counter read before and after (which also counts the edges of the loop).
 
-    PYTHONPATH=src python benchmarks/fwd_bwd_power.py host|ahead|power
+    PYTHONPATH=src python benchmarks/fwd_bwd_power.py host|ahead|power [providers...]
 """
 
 import cProfile
@@ -28,8 +29,6 @@ import time
 import warnings
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtriton import flash_attention
 from flashtriton.launch.backward import attention_backward
@@ -150,46 +149,57 @@ def ahead(batch: int, heads: int, n: int, head_dim: int) -> None:
     print(f"B{batch} H{heads} N{n} D{head_dim}", results, flush=True)
 
 
-def power(batch: int, heads: int, n: int, head_dim: int) -> None:
+def _smi(query: str) -> list[list[str]]:
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split(", ") for line in out.strip().splitlines()]
+
+
+def power(batch: int, heads: int, n: int, head_dim: int, providers: tuple[str, ...]) -> None:
+    """Each provider of bench.py (flashtriton, sdpa_cudnn, fa4 where FLASHTRITON_FA4_SITE makes it
+    importable) in turn: two seconds of back-to-back forward + backward calls, with the SM clock, power and
+    clock-event reasons sampled, and the joules per call from the GPU's energy counter."""
+    from flashtriton.tools.bench import PROVIDERS, Shape
+    shape = Shape(batch, heads, heads, n, n, head_dim, True)
     q, k, v, _, do = inputs(batch, heads, n, head_dim)
 
-    def clear():
+    def call(provider):
         for x in (q, k, v):
             x.grad = None
-
-    def ours():
-        clear()
-        flash_attention(q, k, v, is_causal=True).backward(do)
-
-    def cudnn():
-        clear()
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
-    for name, fn in (("flashtriton", ours), ("cudnn", cudnn), ("flashtriton_again", ours)):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        time.sleep(1.0)
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active",
-                                "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
-        time.sleep(0.3)
-        t0, calls = time.perf_counter(), 0
-        while time.perf_counter() - t0 < 2.0:
-            fn()
-            calls += 1
-            if calls % 8 == 0:  # (the host stays at most eight calls ahead)
-                torch.cuda.synchronize()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
+        provider.run(q, k, v, shape).backward(do)
+    for name in providers:
+        provider = PROVIDERS[name]
+        with provider.context():
+            for _ in range(5):
+                call(provider)
+            torch.cuda.synchronize()
+            time.sleep(1.0)
+            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active",
+                                    "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
+            time.sleep(0.3)
+            energy0 = float(_smi("total_energy_consumption")[0][0])
+            t0, calls = time.perf_counter(), 0
+            while time.perf_counter() - t0 < 2.0:
+                call(provider)
+                calls += 1
+                if calls % 8 == 0:  # (the host stays at most eight calls ahead)
+                    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            energy1 = float(_smi("total_energy_consumption")[0][0])  # mJ since the driver loaded
         smi.terminate()
         rows = [line.split(", ") for line in smi.communicate()[0].strip().splitlines() if line.count(",") == 2]
         clocks, watts = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
         print(f"{name:18s} {1e3 * (t1 - t0) / calls:7.3f} ms/call  sm clock median {statistics.median(clocks):.0f} "
               f"min {min(clocks):.0f} MHz  power median {statistics.median(watts):.0f} max {max(watts):.0f} W  "
-              f"reasons {sorted({r[2] for r in rows})}  samples {len(rows)}", flush=True)
+              f"reasons {sorted({r[2] for r in rows})}  samples {len(rows)}  "
+              f"{(energy1 - energy0) / 1e3 / calls:.3f} J/call (counter's span, idle edges included)", flush=True)
 
 
 if __name__ == "__main__":
-    probe = {"host": host, "ahead": ahead, "power": power}[sys.argv[1]]
-    for shape in SHAPES[:1] if probe is not ahead else SHAPES:
-        probe(*shape)
+    if sys.argv[1] == "power":  # providers: the rest of the command line (default: ours, cuDNN's, ours again)
+        power(*SHAPES[0], tuple(sys.argv[2:]) or ("flashtriton", "sdpa_cudnn", "flashtriton"))
+    else:
+        probe = {"host": host, "ahead": ahead}[sys.argv[1]]
+        for shape in SHAPES[:1] if probe is host else SHAPES:
+            probe(*shape)
