@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the H200 run checks and times, in one call, in this order (the suites come early so that a
 # run cut short by the device's time limit keeps them):
-#   1. the test suite on the GPU (larger sizes than on CPU), then the forward's tests with the Gluon path
-#      forced (FLASHTRITON_FORWARD=gluon)                                   -> pytest_gpu.log, pytest_gpu_gluon.log
+#   1. the test suite on the GPU (larger sizes than on CPU), then the attention tests with the Gluon paths
+#      forced (FLASHTRITON_FORWARD=gluon FLASHTRITON_BACKWARD=gluon)       -> pytest_gpu.log, pytest_gpu_gluon.log
 #   2. python -m flashtriton bench for each suite: correctness against float64, then the suite's table
 #      against the peers                                                    -> <suite>.json/.md/.png, bench_<suite>.log
 #   3. with SWEEP=1, the forward tile sweep on the FlashAttention-2 paper's D=64 and D=128 shapes
@@ -39,12 +39,13 @@ workers=$(( $(nproc) / 2 )); [ "$workers" -gt 8 ] && workers=8
 if [ "${TESTS:-1}" = 1 ]; then  # TESTS_K narrows the GPU suite with pytest -k
   python3 -m pytest -q -p no:cacheprovider -n "$workers" ${TESTS_K:+-k "$TESTS_K"} tests > "$out/pytest_gpu.log" 2>&1
   echo "pytest (GPU): $(tail -n 1 "$out/pytest_gpu.log")"
-  # The forward's tests again with every plain call on the Gluon kernel where it applies (sm_90), so that
-  # both paths pass them (the default takes it for D = 128 from 1024 keys only: few test calls are that big).
-  FLASHTRITON_FORWARD=gluon python3 -m pytest -q -p no:cacheprovider -n "$workers" ${TESTS_K:+-k "$TESTS_K"} \
-    tests/test_flash_attention.py tests/test_numerics.py tests/test_interfaces.py tests/test_nn.py \
-    tests/test_cuda_graph.py tests/test_gluon.py > "$out/pytest_gpu_gluon.log" 2>&1
-  echo "pytest (GPU, FLASHTRITON_FORWARD=gluon): $(tail -n 1 "$out/pytest_gpu_gluon.log")"
+  # The forward's and backward's tests again with every plain call on the Gluon kernels where they apply
+  # (sm_90), so that both paths pass them (auto takes them from some hundreds or thousands of keys: few
+  # test calls are that big). Tests about a path's selection set the variables themselves.
+  FLASHTRITON_FORWARD=gluon FLASHTRITON_BACKWARD=gluon python3 -m pytest -q -p no:cacheprovider -n "$workers" \
+    ${TESTS_K:+-k "$TESTS_K"} tests/test_flash_attention.py tests/test_numerics.py tests/test_interfaces.py \
+    tests/test_nn.py tests/test_cuda_graph.py tests/test_gluon.py > "$out/pytest_gpu_gluon.log" 2>&1
+  echo "pytest (GPU, FLASHTRITON_FORWARD=gluon FLASHTRITON_BACKWARD=gluon): $(tail -n 1 "$out/pytest_gpu_gluon.log")"
   pack
 fi
 for suite in $suites; do
