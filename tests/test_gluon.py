@@ -53,9 +53,8 @@ def reports():
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
     warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts, with
-    lazy_rescale, with sums_by_mma, with o_by_tma and with paired_stages, three warpgroups at D = 64 without a
-    mask and two with
-    one): matrix
+    lazy_rescale, with sums_by_mma, with o_by_tma, with paired_stages and with own_end, three warpgroups at
+    D = 64 without a mask and two with one): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
     stages within 227 KB of shared memory. The overlapped forms keep products in flight: each softmax
@@ -765,8 +764,8 @@ def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, f
     phases across a persistent program's tiles (paired_stages takes one stage more per tile). sums_by_mma
     and paired_stages need the overlapped loop (the in-turn form refuses them). o_by_tma once faulted on the
     causal tiles that start before row 0 (130 x 700, 1 x 513: docs/performance.md, entry 92)."""
-    if form == "in-turn" and (FORWARD_OPTIONS[options].sums_by_mma or FORWARD_OPTIONS[options].paired_stages):
-        pytest.skip("sums_by_mma and paired_stages need overlap (test_options_that_need_overlap)")
+    if form == "in-turn" and any(getattr(FORWARD_OPTIONS[options], name) for name in gluon_forward.OVERLAP_ONLY):
+        pytest.skip("sums_by_mma, paired_stages and own_end need overlap (test_options_that_need_overlap)")
     if not gluon_forward.options_fit(FORWARD_OPTIONS[options], head_dim):
         pytest.skip("O's staging tiles do not fit beside D = 256's rings (test_launch_refuses_what_it_cannot_hold)")
     torch.manual_seed(sum(seqlens) + head_dim)
@@ -795,7 +794,7 @@ def test_o_by_tma_in_flash_attn_layout(is_causal):
         assert_matches_reference(q, k, v, is_causal, 128 ** -0.5, o, lse)
 
 
-@pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages"])
+@pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages", "own_end"])
 def test_options_that_need_overlap(option):
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
@@ -807,15 +806,16 @@ def test_options_that_need_overlap(option):
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
 def test_default_options_fit_each_form(form):
     """A launch without options takes the library's (DEFAULT_OPTIONS), less those that need the overlapped
-    loop in the in-turn form, which would refuse them: the kernel's last four flags are lazy_rescale,
-    sums_by_mma, paired_stages and scaled_p."""
+    loop in the in-turn form, which would refuse them: the kernel's last five flags are lazy_rescale,
+    sums_by_mma, paired_stages, scaled_p and own_end."""
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
     args = gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, *gluon_forward.FORMS[form])[2]
     expected = gluon_forward.DEFAULT_OPTIONS
     if form == "in-turn":
-        expected = expected._replace(sums_by_mma=False, paired_stages=False)
-    assert args[-4:] == (expected.lazy_rescale, expected.sums_by_mma, expected.paired_stages, expected.scaled_p)
+        expected = expected._replace(**dict.fromkeys(gluon_forward.OVERLAP_ONLY, False))
+    assert args[-5:] == (expected.lazy_rescale, expected.sums_by_mma, expected.paired_stages, expected.scaled_p,
+                         expected.own_end)
     assert gluon_forward.default_options(form != "in-turn") == expected
     assert args[7] is None  # bf16 leaves o_by_tma off: O's descriptor is None
 
@@ -832,8 +832,8 @@ def test_fp8_default_options_store_o_by_tma():
                                               descale=torch.ones(3, 1, 2))[2]
     expected = gluon_forward.FP8_DEFAULT_OPTIONS
     assert expected.o_by_tma and expected._replace(o_by_tma=False) == gluon_forward.DEFAULT_OPTIONS
-    assert args[7] is not None and args[-4:] == (expected.lazy_rescale, expected.sums_by_mma,
-                                                 expected.paired_stages, expected.scaled_p)
+    assert args[7] is not None and args[-5:] == (expected.lazy_rescale, expected.sums_by_mma,
+                                                 expected.paired_stages, expected.scaled_p, expected.own_end)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -300,11 +300,29 @@ def _issue_pv(p_op, v_smem, stage, acc, block_sums, ones, FP8: gl.constexpr, SUM
 
 
 @gluon.jit
+def _release_unread(k_ready, v_ready, k_empty, v_empty, fills, first, end, PAIRED: gl.constexpr):
+    """Hand back the rings' fills `fills + first` to `fills + end - 1` without reading them (OWN_END: the
+    key blocks past a warpgroup's own last one). Each fill is waited for first, so that the arrival counts
+    toward its release and not toward that of the fill NUM_STAGES before it in the same stage, which another
+    warpgroup may still be reading. With PAIRED one barrier (k_empty) releases a stage's K and V; without,
+    each ring's stage of a block has its own."""
+    NUM_STAGES: gl.constexpr = k_ready.type.shape[0]
+    for i in range(first, end):
+        stage = (fills + i) % NUM_STAGES
+        phase = ((fills + i) // NUM_STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        mbarrier.wait(v_ready.index(stage), phase)
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        if not PAIRED:
+            mbarrier.arrive(v_empty.index(stage), count=1)
+
+
+@gluon.jit
 def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, rows0, seqlen_q,
             seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
             IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
             SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
-            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr):
+            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
     saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
@@ -324,7 +342,11 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     once both products have run; a tile takes n_blocks + 1 stages. SCALED_P (FP8 without LAZY_RESCALE): P
     rounded to e4m3 as 2^8 P, in [0, 256], so that a broad row's small probabilities, below e4m3's smallest
     normal (2^-6), keep their three bits instead of falling on the subnormals' 2^-9 grid; O is a ratio of
-    sums of P and does not change, and L takes the 8 back out."""
+    sums of P and does not change, and L takes the 8 back out. OWN_END (causal, OVERLAP without PINGPONG;
+    ignored otherwise): the warpgroup stops at its own rows' last key block instead of the tile's, and hands
+    back the stages of the blocks past it unread (_release_unread): in a tile of 192 rows and 128-key
+    blocks the first warpgroup's last block is one before the tile's, the second's one before in half the
+    tiles."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -364,8 +386,13 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     V_SHIFT: gl.constexpr = 1 if PAIRED else 0  # block i's V is in stage fills + i + V_SHIFT
     v_free = k_empty if PAIRED else v_empty  # the barrier that releases a V stage
     used = n_blocks  # the stages this tile takes
+    OWN: gl.constexpr = OWN_END and IS_CAUSAL and OVERLAP and not PINGPONG
     if OVERLAP:
-        if n_blocks > 0:
+        n_run = n_blocks  # the key blocks this warpgroup computes
+        if OWN:  # its last row's last visible key, as _tile finds the tile's
+            own_hi = gl.minimum(seqlen_k, rows0 + BLOCK_M + (seqlen_k - seqlen_q))
+            n_run = gl.minimum(gl.cdiv(gl.maximum(own_hi, 0), BLOCK_N), n_blocks)
+        if n_run > 0:
             mbarrier.wait(k_ready.index(fills % NUM_STAGES), (fills // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), (turn & 1) ^ FIRST)
@@ -378,7 +405,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
-            for j in range(1, n_blocks):
+            for j in range(1, n_run):
                 stage = (fills + j) % NUM_STAGES
                 prev = (fills + j - 1 + V_SHIFT) % NUM_STAGES
                 mbarrier.wait(k_ready.index(stage), ((fills + j) // NUM_STAGES) & 1)
@@ -406,8 +433,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                     sums = (sums + block_sums) * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
                 p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
-            last = (fills + n_blocks - 1 + V_SHIFT) % NUM_STAGES
-            mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1 + V_SHIFT) // NUM_STAGES) & 1)
+            last = (fills + n_run - 1 + V_SHIFT) % NUM_STAGES
+            mbarrier.wait(v_ready.index(last), ((fills + n_run - 1 + V_SHIFT) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
             acc, block_sums = _issue_pv(p_op, v_smem, last, acc, block_sums, ones, FP8, SUMS)
@@ -418,9 +445,13 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                 sums = sums + block_sums
             mbarrier.arrive(v_free.index(last), count=1)
             turn += n_blocks + 1
-            used = n_blocks + V_SHIFT
         else:
             mbarrier.arrive(q_empty, count=1)
+        if n_blocks > 0:
+            used = n_blocks + V_SHIFT
+            if OWN:  # the stages past this warpgroup's last block (with PAIRED, past the one its last V shares)
+                _release_unread(k_ready, v_ready, k_empty, v_empty, fills, n_run + V_SHIFT * gl.minimum(n_run, 1),
+                                used, PAIRED)
     else:
         for j in range(n_blocks):
             stage = (fills + j) % NUM_STAGES
@@ -516,7 +547,8 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
 @gluon.jit
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-                       SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr):
+                       SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
+                       OWN_END: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
@@ -549,7 +581,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
                                           turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
                                           WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
-                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)
+                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)
             _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
                         off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
@@ -570,7 +602,7 @@ def attn_fwd_gluon_kernel(
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
+    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -582,6 +614,7 @@ def attn_fwd_gluon_kernel(
     more than gluon_rescale.RESCALE_THRESHOLD. SUMS_BY_MMA (with OVERLAP): each row's sum of P by the tensor
     cores, P times ones (_issue_pv). PAIRED_STAGES (with OVERLAP): K of block j + 1 and V of block j share a
     stage and its release (_load_partition). SCALED_P (FP8 without LAZY_RESCALE): P rounded to e4m3 as 2^8 P
+    (_attend). OWN_END (causal, OVERLAP without PINGPONG): each warpgroup stops at its own last key block
     (_attend)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -630,18 +663,18 @@ def attn_fwd_gluon_kernel(
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

@@ -90,13 +90,19 @@ class ForwardOptions(NamedTuple):
     # out. Results move slightly (O's error -16% on broad scores, CPU emulation); instructions +2 per key
     # block and warp (entry 99)
     scaled_p: bool = False
+    # causal, overlapped loop without ping-pong: each softmax warpgroup stops at its own rows' last key block,
+    # not the tile's, handing the stages past it back unread (the kernel's OWN_END). Three warpgroups' 192-row
+    # tiles skip 1.5 blocks of 128 keys per tile (~0.8% of the work at 16384 keys), D = 256's 64-key blocks
+    # one per tile (~1.5% at 4096); 128-row tiles of 128-key blocks none (entry 115)
+    own_end: bool = False
 
     def suffix(self) -> str:
         """For logs: e.g. "-lazy-ostore", "" when all are off."""
         return "".join(f"-{name}" for name, on in zip(FLAG_NAMES, self, strict=True) if on)
 
 
-FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled")  # ForwardOptions' fields as logs and A/B runs name them
+# ForwardOptions' fields as logs and A/B runs name them
+FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled", "own")
 
 
 # The flags that only an FP8 call takes, and why (why_options_refused).
@@ -147,7 +153,8 @@ FP8_WITHOUT_LSE_OPTIONS = FP8_DEFAULT_OPTIONS._replace(sums_by_mma=True)
 
 # The flags that need the overlapped loop, and why (the in-turn form refuses them).
 OVERLAP_ONLY = {"sums_by_mma": "the sums are taken beside the overlapped loop's P V",
-                "paired_stages": "a stage pairs the K and V that the overlapped loop's products read together"}
+                "paired_stages": "a stage pairs the K and V that the overlapped loop's products read together",
+                "own_end": "the stages a warpgroup skips are handed back in the overlapped loop's order"}
 
 
 def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
@@ -389,7 +396,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
-            options.lazy_rescale, options.sums_by_mma, options.paired_stages, options.scaled_p)
+            options.lazy_rescale, options.sums_by_mma, options.paired_stages, options.scaled_p, options.own_end)
     grid = (programs, )
     # (at Nk = 1 the kernel not specialised on it, whose FP8 P ptxas packs right: kernels/gluon_forward.py)
     kernel = attn_fwd_gluon_kernel_any_keys if seqlen_k == 1 else attn_fwd_gluon_kernel

@@ -413,7 +413,8 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
 def gluon_forward_options(fp8: bool = False) -> list:
     """The Gluon forward's flags as inspect_gluon compiles them: none, each alone that the precision takes (O's
     rescale skipped where the maxima held, the rows' sums by the tensor cores, O by TMA, K and V paired in one
-    stage, and in FP8 P scaled before its rounding), and the library's set (default_options, bf16's or FP8's)
+    stage, in FP8 P scaled before its rounding, and each warpgroup stopping at its own last key block), and
+    the library's set (default_options, bf16's or FP8's)
     where it is more than one flag; named in the reports by ForwardOptions.suffix."""
     from ..launch.gluon_forward import ForwardOptions, default_options, single_flags
 
