@@ -445,11 +445,12 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                 sums = sums + block_sums
             mbarrier.arrive(v_free.index(last), count=1)
             turn += n_blocks + 1
+            used = n_blocks + V_SHIFT
         else:
             mbarrier.arrive(q_empty, count=1)
-        if n_blocks > 0:
-            used = n_blocks + V_SHIFT
-            if OWN:  # the stages past this warpgroup's last block (with PAIRED, past the one its last V shares)
+        if OWN:  # the stages past this warpgroup's last block (with PAIRED, past the one its last V shares)
+            if n_blocks > 0:
+                used = n_blocks + V_SHIFT
                 _release_unread(k_ready, v_ready, k_empty, v_empty, fills, n_run + V_SHIFT * gl.minimum(n_run, 1),
                                 used, PAIRED)
     else:
