@@ -45,13 +45,15 @@ def inputs(batch: int, heads: int, n: int, head_dim: int):
     return q, k, v, o, torch.randn_like(o)
 
 
+def clear_grads(*tensors: torch.Tensor) -> None:
+    """What do_bench's grad_to_none does before each call: the gradients dropped, not accumulated."""
+    for x in tensors:
+        x.grad = None
+
+
 def host(batch: int, heads: int, n: int, head_dim: int) -> None:
     q, k, v, o, do = inputs(batch, heads, n, head_dim)
     scale = head_dim ** -0.5
-
-    def clear():
-        for x in (q, k, v):
-            x.grad = None
 
     def launchers():
         with torch.no_grad():
@@ -59,7 +61,7 @@ def host(batch: int, heads: int, n: int, head_dim: int) -> None:
             return attention_backward(do, q, k, v, out, lse, True, scale)
 
     def autograd():
-        clear()
+        clear_grads(q, k, v)
         flash_attention(q, k, v, is_causal=True).backward(do)
 
     def per_call(name, fn, calls=20):
@@ -102,10 +104,6 @@ def ahead(batch: int, heads: int, n: int, head_dim: int) -> None:
     scale = head_dim ** -0.5
     cache = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
 
-    def clear():
-        for x in (q, k, v):
-            x.grad = None
-
     def launchers(mid):
         with torch.no_grad():
             out, lse = attention_forward(q, k, v, True, scale)
@@ -129,12 +127,12 @@ def ahead(batch: int, heads: int, n: int, head_dim: int) -> None:
     for name, fn in (("fwd", fwd), ("bwd", bwd), ("launchers", launchers), ("autograd", autograd)):
         for spin in (False, True):
             for _ in range(5):
-                clear()
+                clear_grads(q, k, v)
                 fn(torch.cuda.Event())
             torch.cuda.synchronize()
             events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(30)]
             for start, mid, end in events:
-                clear()
+                clear_grads(q, k, v)
                 cache.zero_()
                 if spin:
                     torch.cuda._sleep(2_000_000)  # ~1 ms: the host issues the call while the GPU spins
@@ -164,8 +162,7 @@ def power(batch: int, heads: int, n: int, head_dim: int, providers: tuple[str, .
     q, k, v, _, do = inputs(batch, heads, n, head_dim)
 
     def call(provider):
-        for x in (q, k, v):
-            x.grad = None
+        clear_grads(q, k, v)
         provider.run(q, k, v, shape).backward(do)
     for name in providers:
         provider = PROVIDERS[name]

@@ -341,6 +341,7 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
         # dQ^T's chunk c = K[:, c]^T dS^T: the first queued between dV's products and dK's, so that its trip to
         # the reduction runs while dK's products do; the staging tiles are the dO half dV has read.
         CHUNK: gl.constexpr = dq_desc.block_type.shape[3]
+        gl.static_assert(CHUNK == KEYS, "a chunk of dQ^T starts from no_scores, the (keys, queries) zero tile")
         staging = reinterpret(do_own, gl.float32, [2, 1, 1, COLS, CHUNK], dq_desc.layout)
         row = m * BLOCK_M + WG * COLS
         dst = ds_smem.index(4 * buf + 2 + WG)

@@ -34,9 +34,6 @@ from .runner import LaunchSpec
 BLOCK_M = {64: 128, 128: 64, 256: 64}
 KEYS = 64
 WARPGROUPS = 2
-# Head dims whose dQ the Gluon kernel can add up in its loop: all it takes (at D = 256 staged in dO's column
-# halves once dV has read them: shared memory has no room for tiles of its own).
-DQ_HEAD_DIMS = tuple(BLOCK_M)
 # Head dims where auto takes the kernel's deterministic form (dK and dV alone, dQ from the Triton dQ kernel):
 # where it is faster than the Triton backward (at D = 64 and 128 it is not: entry 69).
 DETERMINISTIC_HEAD_DIMS = (256, )
