@@ -17,20 +17,16 @@ One JSON line per shape. docs/performance.md, entry 112.
 import statistics
 
 import torch
-import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
 import ab_runs
 from flashtriton import flash_attention
 from flashtriton.launch.backward import attention_backward
 from flashtriton.launch.forward import attention_forward
+from flashtriton.tools import bench
 
 SHAPES = [(1, 16, 16384, 64, True), (4, 16, 4096, 128, True)]
 CALLS = 5
-
-
-def timed(fn, grads=None) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median")
 
 
 def gaps(fn, grads) -> dict:
@@ -82,7 +78,7 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     times = {name: [] for name in forms}
     for _ in range(3):
         for name, fn in forms.items():
-            times[name].append(timed(fn, grads))
+            times[name].append(bench._time(fn, grads))  # (the suite's own timer)
     ms = {name: round(statistics.median(t), 4) for name, t in times.items()}
     ms["fwd_plus_bwd"] = round(ms["fwd"] + ms["bwd"], 4)
     return dict(shape=f"B{batch} H{heads} N{n} D{head_dim} {'causal' if causal else 'full'}", ms=ms,
