@@ -1,13 +1,15 @@
 """The Gluon kernels' steady loops counted in their SASS, offline (no GPU): instructions per key block and warp
 of the forward's overlapped loop (the first softmax warpgroup's), and per query block of the backward's
-loops, with the opcodes that fill them. Each kernel is compiled for sm_90 as the launcher runs it (B1 H2
-N4096). A loop is the code from a backward branch's target to that branch; the forward's is the one that
-holds the first wait for a block's scores. "fast" is the loop with the predicated branches taken that jump
-over runs of FMULs only (O's rescale behind its warp's vote, kernels/gluon_rescale.py): the path a block
-takes when no row's max grew by much. How docs/performance.md entries 85-89 count.
+loops, with the opcodes that fill them and the warpgroup barriers (BAR.SYNC) among them. Each kernel is
+compiled for sm_90 as the launcher runs it (B1 H2 N4096); the forward with the library's flags
+(DEFAULT_OPTIONS, FP8_DEFAULT_OPTIONS in FP8) unless --options names others ("none": every flag off, as
+entries 85-89 counted before paired stages were the default). A loop is the code from a backward branch's
+target to that branch; the forward's is the one that holds the first wait for a block's scores. "fast" is
+the loop with the predicated branches taken that jump over runs of FMULs only (O's rescale behind its
+warp's vote, kernels/gluon_rescale.py): the path a block takes when no row's max grew by much.
 
     PYTHONPATH=src python benchmarks/sass_loops.py fwd [--dtype bf16|fp8] [--head-dim 128] [--causal]
-        [--options lazy,sums,ostore] [--block-n 256] [--kernel FILE]
+        [--options default|none|lazy,sums,ostore,...] [--block-n 256] [--kernel FILE]
     PYTHONPATH=src python benchmarks/sass_loops.py bwd [--head-dim 64] [--causal]
 """
 
@@ -33,12 +35,24 @@ def describe(lines: list[str], first: int, last: int, top: int = 14) -> str:
     ops = collections.Counter((line.split()[1] if line.startswith("@") else line.split()[0]).split(".")[0]
                               for line in body)
     mix = ", ".join(f"{op} {count}" for op, count in ops.most_common(top))
-    return f"{len(body)} instructions, fast {len(body) - skipped}: {mix}"
+    barriers = sum("BAR.SYNC" in line for line in body)
+    return f"{len(body)} instructions, fast {len(body) - skipped}, {barriers} BAR.SYNC: {mix}"
+
+
+def forward_options(names: str, fp8: bool) -> gluon_forward.ForwardOptions:
+    """--options: "default" (what the library runs), "none", or flags by their log names."""
+    if names == "default":
+        return gluon_forward.default_options(overlap=True, fp8=fp8)
+    flags = [] if names == "none" else names.split(",")
+    unknown = sorted(set(flags) - set(OPTIONS))
+    if unknown:
+        raise SystemExit(f"--options: unknown flags {unknown}; pick from {', '.join(OPTIONS)}, or default or none")
+    return gluon_forward.ForwardOptions(**{OPTIONS[name]: True for name in flags})
 
 
 def forward(args) -> None:
     fp8 = args.dtype == "fp8"
-    options = gluon_forward.ForwardOptions(**{OPTIONS[name]: True for name in filter(None, args.options.split(","))})
+    options = forward_options(args.options, fp8)
     if fp8:
         q = torch.randn(1, 2, 4096, args.head_dim).to(torch.float8_e4m3fn)
         v = torch.randn(1, 2, args.head_dim, 4096).to(torch.float8_e4m3fn)  # V^T, as fp8_values_operand makes it
@@ -59,7 +73,8 @@ def forward(args) -> None:
         raise SystemExit(f"kernel: {len(lines)} instructions; no overlapped loop: every wgmma is waited for at once "
                          "(ptxas serialised them)")
     first, last = min(((f, t) for f, t in loops(lines) if f <= wait <= t), key=lambda loop: loop[1] - loop[0])
-    print(f"kernel: {len(lines)} instructions; the overlapped loop: {describe(lines, first, last)}")
+    print(f"kernel: {len(lines)} instructions, flags {options.suffix() or 'none'}; the overlapped loop: "
+          f"{describe(lines, first, last)}")
 
 
 def backward(args) -> None:
@@ -86,7 +101,8 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16", help="fwd only")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--options", default="", help=f"fwd only: comma-separated of {', '.join(OPTIONS)}")
+    parser.add_argument("--options", default="default",
+                        help=f"fwd only: default (the library's flags), none, or some of {', '.join(OPTIONS)}")
     parser.add_argument("--block-n", type=int, default=None, help="fwd only: keys per block (default: the launcher's)")
     parser.add_argument("--kernel", help="fwd only: a kernel file with attn_fwd_gluon_kernel (default: the tree's)")
     args = parser.parse_args()

@@ -414,6 +414,25 @@ def test_paired_stages_release_each_block_once(reports):
         assert r["shared_bytes"] <= twin["shared_bytes"] and not r["wgmma_serialized"], (r, twin)
 
 
+def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of_waits(reports):
+    """The warpgroup barriers (BAR.SYNC) in each softmax warpgroup's key-block loop: one before each
+    mbarrier arrive, which one thread issues for the warpgroup; and under Triton 3.6, whose barrier analysis
+    counts a wait as a write of its mbarrier, one more before each run of waits that follows an arrive or a
+    wait on the same ring: one per block in the overlapped and ping-pong forms (K's and V's waits side by
+    side), two in the in-turn form (an arrive between them). Triton 3.9 puts none before waits.
+    benchmarks/gluon_barrier_rule.py shows the rule on a minimal ring; docs/performance.md, entry 116. bf16
+    and FP8, D 64 and 128, both masks, every form and flag."""
+    release = gluon_forward.installed_release()
+    if release not in ("3.6", "3.9"):
+        pytest.skip(f"the barriers are counted under Triton 3.6 and 3.9, not {release}")
+    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
+    assert len(forward) > 60
+    for r in forward:
+        warpgroups = int(r["config"].split("-")[0].split("x")[1])
+        waits_barriers = 0 if release == "3.9" else warpgroups * (2 if r["config"].endswith("-in-turn") else 1)
+        assert r["loop_barriers"] == r["loop_arrives"] + waits_barriers, r
+
+
 def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """The dK/dV kernel (D 64 and 128, causal and not, with and without dQ by atomics, staged in register
     order or like dQ, and at D = 64 split by rows or by columns): its four products per query block on wgmma

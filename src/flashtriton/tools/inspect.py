@@ -131,6 +131,10 @@ class KernelReport:
     # only): a form that overlaps its products keeps some; ptxas may instead wait for each at once, without
     # the serialisation advisory (the FP8 forward with 256-key blocks, docs/performance.md entry 93).
     partial_waits: int = 0
+    # warpgroup barriers (BAR.SYNC) in the same loops as loop_arrives (--json only): Triton puts one before
+    # each single-thread mbarrier arrive, and one before a wait that follows a wait on the same array of
+    # mbarriers or an arrive (benchmarks/gluon_barrier_rule.py; docs/performance.md, entry 116).
+    loop_barriers: int = 0
 
 
 def _cuobjdump(cubin: bytes, option: str) -> str:
@@ -187,7 +191,8 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
                         _shared_stores(sass), sass.count(";"), skippable_fmuls(sass.splitlines()),
                         len(re.findall(r"\bUTMASTG\b", sass)), loop_arrives(sass.splitlines()),
-                        len(re.findall(r"\bWARPGROUP\.DEPBAR\.LE gsb0, 0x0*[1-9a-f]", sass)))
+                        len(re.findall(r"\bWARPGROUP\.DEPBAR\.LE gsb0, 0x0*[1-9a-f]", sass)),
+                        loop_barriers(sass.splitlines()))
 
 
 def branch_target(line: str) -> int | None:
@@ -203,16 +208,25 @@ def loops(lines: list[str]) -> list[tuple[int, int]]:
     return [(target, i) for target, i in targets if target is not None and target < i]
 
 
-def loop_arrives(lines: list[str]) -> int:
-    """mbarrier arrives (SYNCS.ARRIVE) in the loops of a listing that issue wgmma ([HQ]GMMA) and hold no
-    other loop (ptxas puts an mbarrier wait's retry at the kernel's end, branching back: a span that holds
-    the loops between)."""
+def _innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
+    """The opcodes of the loops of a listing that issue wgmma ([HQ]GMMA) and hold no other loop (ptxas puts
+    an mbarrier wait's retry at the kernel's end, branching back: a span that holds the loops between)."""
     spans = loops(lines)
     innermost = [(first, last) for first, last in spans
                  if any(re.search(r"\b[HQ]GMMA\.", line) for line in lines[first:last + 1])
                  and not any((f, t) != (first, last) and first <= f and t <= last for f, t in spans)]
-    return sum(line.split()[1 if line.startswith("@") else 0].startswith("SYNCS.ARRIVE")
-               for first, last in innermost for line in lines[first:last + 1])
+    return [line.split()[1 if line.startswith("@") else 0] for first, last in innermost
+            for line in lines[first:last + 1]]
+
+
+def loop_arrives(lines: list[str]) -> int:
+    """mbarrier arrives (SYNCS.ARRIVE) in the innermost loops of a listing that issue wgmma."""
+    return sum(opcode.startswith("SYNCS.ARRIVE") for opcode in _innermost_wgmma_loop_opcodes(lines))
+
+
+def loop_barriers(lines: list[str]) -> int:
+    """Warpgroup barriers (BAR.SYNC) in the innermost loops of a listing that issue wgmma."""
+    return sum(opcode.startswith("BAR.SYNC") for opcode in _innermost_wgmma_loop_opcodes(lines))
 
 
 def skippable_fmuls(lines: list[str], first: int = 0, last: int | None = None) -> int:
