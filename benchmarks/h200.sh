@@ -37,13 +37,15 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 workers=$(( $(nproc) / 2 )); [ "$workers" -gt 8 ] && workers=8
 if [ "${TESTS:-1}" = 1 ]; then  # TESTS_K narrows the GPU suite with pytest -k
-  python3 -m pytest -q -p no:cacheprovider -n "$workers" ${TESTS_K:+-k "$TESTS_K"} tests > "$out/pytest_gpu.log" 2>&1
+  # --durations: the whole suite outlasts one 10-minute device call, and its slowest tests say where to cut
+  python3 -m pytest -q -p no:cacheprovider -n "$workers" --durations=40 ${TESTS_K:+-k "$TESTS_K"} tests \
+    > "$out/pytest_gpu.log" 2>&1
   echo "pytest (GPU): $(tail -n 1 "$out/pytest_gpu.log")"
   # The forward's and backward's tests again with every plain call on the Gluon kernels where they apply
   # (sm_90), so that both paths pass them (auto takes them from some hundreds or thousands of keys: few
   # test calls are that big). Tests about a path's selection set the variables themselves.
   FLASHTRITON_FORWARD=gluon FLASHTRITON_BACKWARD=gluon python3 -m pytest -q -p no:cacheprovider -n "$workers" \
-    ${TESTS_K:+-k "$TESTS_K"} tests/test_flash_attention.py tests/test_numerics.py tests/test_interfaces.py \
+    --durations=40 ${TESTS_K:+-k "$TESTS_K"} tests/test_flash_attention.py tests/test_numerics.py tests/test_interfaces.py \
     tests/test_nn.py tests/test_cuda_graph.py tests/test_gluon.py > "$out/pytest_gpu_gluon.log" 2>&1
   echo "pytest (GPU, FLASHTRITON_FORWARD=gluon FLASHTRITON_BACKWARD=gluon): $(tail -n 1 "$out/pytest_gpu_gluon.log")"
   pack
