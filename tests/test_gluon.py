@@ -419,7 +419,8 @@ def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of
     mbarrier arrive, which one thread issues for the warpgroup; and under Triton 3.6, whose barrier analysis
     counts a wait as a write of its mbarrier, one more before each run of waits that follows an arrive or a
     wait on the same ring: one per block in the overlapped and ping-pong forms (K's and V's waits side by
-    side), two in the in-turn form (an arrive between them). Triton 3.9 puts none before waits.
+    side), two in the in-turn form (an arrive between them). Triton 3.9 puts none after an arrive, and in
+    these loops an arrive's barrier stands between one block's waits and the next's.
     benchmarks/gluon_barrier_rule.py shows the rule on a minimal ring; docs/performance.md, entry 116. bf16
     and FP8, D 64 and 128, both masks, every form and flag."""
     release = gluon_forward.installed_release()

@@ -133,7 +133,7 @@ class KernelReport:
     partial_waits: int = 0
     # warpgroup barriers (BAR.SYNC) in the same loops as loop_arrives (--json only): Triton puts one before
     # each single-thread mbarrier arrive, and one before a wait that follows a wait on the same array of
-    # mbarriers or an arrive (benchmarks/gluon_barrier_rule.py; docs/performance.md, entry 116).
+    # mbarriers or (3.6 only) an arrive (benchmarks/gluon_barrier_rule.py; docs/performance.md, entry 116).
     loop_barriers: int = 0
 
 
