@@ -21,7 +21,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtriton.kernels.gluon_barriers import named_barrier_arrive
 from flashtriton.kernels.gluon_releases import tma_load
-from flashtriton.tools.inspect import loops, offline_sass
+from flashtriton.tools.inspect import innermost_wgmma_loop_opcodes, offline_sass
 
 BLOCK_M, BLOCK_N, BLOCK_K, KEYS = 128, 128, 64, 1024
 NAMED_RELEASE = gl.constexpr(15)  # the named barrier's id (kernels/gluon_barriers.py counts down from 15)
@@ -98,7 +98,7 @@ def ring_kernel(a_desc, b_desc, c_ptr, num_k, RELEASE: gl.constexpr, TWO_RINGS: 
 
 
 def barriers_per_stage(release: str, two_rings: bool) -> float:
-    """BAR.SYNCs in the consumer's loop (the innermost loop that issues wgmma) per ring stage it consumes."""
+    """BAR.SYNCs in the consumer's loop (the one innermost loop that issues wgmma) per ring stage it consumes."""
     a = torch.randn(BLOCK_M, KEYS, dtype=torch.bfloat16)
     b = torch.randn(KEYS, BLOCK_N, dtype=torch.bfloat16)
     a_desc = TensorDescriptor.from_tensor(a, [BLOCK_M, BLOCK_K],
@@ -107,9 +107,8 @@ def barriers_per_stage(release: str, two_rings: bool) -> float:
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.bfloat16))
     sass = offline_sass(ring_kernel, (1, ), (a_desc, b_desc, torch.empty(BLOCK_M, BLOCK_N), KEYS // BLOCK_K),
                         dict(RELEASE=release, TWO_RINGS=two_rings, num_warps=4))
-    lines = sass.splitlines()
-    first, last = next((f, t) for f, t in loops(lines) if any("HGMMA" in line for line in lines[f:t + 1]))
-    return sum("BAR.SYNC" in line for line in lines[first:last + 1]) / (2 if two_rings else 1)
+    opcodes = innermost_wgmma_loop_opcodes(sass.splitlines())
+    return sum(opcode.startswith("BAR.SYNC") for opcode in opcodes) / (2 if two_rings else 1)
 
 
 def main() -> None:

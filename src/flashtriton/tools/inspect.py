@@ -181,6 +181,8 @@ _NAMED_BARRIER = re.compile(r"\bBAR\.(?:SYNC|ARV|RED)[\w.]*\s+(0x[0-9a-f]+|\d+)\
 def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool, config: str) -> KernelReport:
     usage = _resource_usage(compiled.asm["cubin"])
     sass = _sass(compiled.asm["cubin"])
+    lines = sass.splitlines()
+    loop_opcodes = innermost_wgmma_loop_opcodes(lines)
     return KernelReport(name, head_dim, str(dtype).removeprefix("torch."), causal, config,
                         usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
                         compiled.metadata.shared, len(re.findall(r"\b[HQ]GMMA\.", sass)),
@@ -189,10 +191,11 @@ def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool
                         len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
-                        _shared_stores(sass), sass.count(";"), skippable_fmuls(sass.splitlines()),
-                        len(re.findall(r"\bUTMASTG\b", sass)), loop_arrives(sass.splitlines()),
+                        _shared_stores(sass), sass.count(";"), skippable_fmuls(lines),
+                        len(re.findall(r"\bUTMASTG\b", sass)),
+                        sum(opcode.startswith("SYNCS.ARRIVE") for opcode in loop_opcodes),
                         len(re.findall(r"\bWARPGROUP\.DEPBAR\.LE gsb0, 0x0*[1-9a-f]", sass)),
-                        loop_barriers(sass.splitlines()))
+                        sum(opcode.startswith("BAR.SYNC") for opcode in loop_opcodes))
 
 
 def branch_target(line: str) -> int | None:
@@ -208,7 +211,7 @@ def loops(lines: list[str]) -> list[tuple[int, int]]:
     return [(target, i) for target, i in targets if target is not None and target < i]
 
 
-def _innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
+def innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
     """The opcodes of the loops of a listing that issue wgmma ([HQ]GMMA) and hold no other loop (ptxas puts
     an mbarrier wait's retry at the kernel's end, branching back: a span that holds the loops between)."""
     spans = loops(lines)
@@ -218,15 +221,6 @@ def _innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
     return [line.split()[1 if line.startswith("@") else 0] for first, last in innermost
             for line in lines[first:last + 1]]
 
-
-def loop_arrives(lines: list[str]) -> int:
-    """mbarrier arrives (SYNCS.ARRIVE) in the innermost loops of a listing that issue wgmma."""
-    return sum(opcode.startswith("SYNCS.ARRIVE") for opcode in _innermost_wgmma_loop_opcodes(lines))
-
-
-def loop_barriers(lines: list[str]) -> int:
-    """Warpgroup barriers (BAR.SYNC) in the innermost loops of a listing that issue wgmma."""
-    return sum(opcode.startswith("BAR.SYNC") for opcode in _innermost_wgmma_loop_opcodes(lines))
 
 
 def skippable_fmuls(lines: list[str], first: int = 0, last: int | None = None) -> int:
