@@ -785,7 +785,7 @@ def test_forward_options_match_float64_reference(head_dim, is_causal, seqlens, f
     and paired_stages need the overlapped loop (the in-turn form refuses them). o_by_tma once faulted on the
     causal tiles that start before row 0 (130 x 700, 1 x 513: docs/performance.md, entry 92)."""
     if form == "in-turn" and any(getattr(FORWARD_OPTIONS[options], name) for name in gluon_forward.OVERLAP_ONLY):
-        pytest.skip("sums_by_mma, paired_stages and own_end need overlap (test_options_that_need_overlap)")
+        pytest.skip(f"{', '.join(gluon_forward.OVERLAP_ONLY)} need overlap (test_options_that_need_overlap)")
     if not gluon_forward.options_fit(FORWARD_OPTIONS[options], head_dim):
         pytest.skip("O's staging tiles do not fit beside D = 256's rings (test_launch_refuses_what_it_cannot_hold)")
     torch.manual_seed(sum(seqlens) + head_dim)
