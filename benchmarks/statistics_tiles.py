@@ -53,8 +53,8 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
     line = ab_runs.shape_line(batch, heads, n, head_dim, False, 0.0, ms, wrong=wrong)
     line.pop("tflops")
     line["us"] = {name: round(t * 1e3, 1) for name, t in line.pop("ms").items()}
+    # (copy_o's on the same bytes: the copy reads O and writes as many)
     line["gb_per_s"] = {name: round(read / t / 1e6) for name, t in ms.items()}
-    line["gb_per_s"]["copy_o"] = round(read / ms["copy_o"] / 1e6)  # (the copy moves as many bytes: O read, written)
     return line
 
 
