@@ -235,10 +235,12 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     if LAZY_RESCALE:
         m_new = keep_max(m_i, m_new)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
-    alpha = gl.exp2(m_i - m_safe)
+    p_max = m_safe
     if SCALED_P:  # (one subtraction per row, not per score)
-        m_safe = m_safe - P_LOG2_SCALE
-    p = gl.exp2(qk * qk_scale_log2 - m_safe[:, None])
+        p_max = m_safe - P_LOG2_SCALE
+    # P before alpha: the order the H200 timed (docs/performance.md, entry 118)
+    p = gl.exp2(qk * qk_scale_log2 - p_max[:, None])
+    alpha = gl.exp2(m_i - m_safe)
     if SUMS_BY_MMA:
         return p, alpha, m_new, l_i
     return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
