@@ -238,7 +238,8 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     p_max = m_safe
     if SCALED_P:  # (one subtraction per row, not per score)
         p_max = m_safe - P_LOG2_SCALE
-    # P before alpha: the order the H200 timed (docs/performance.md, entry 118)
+    # P's exp2 before alpha's: ptxas schedules the block by this order, and this is the one the H200 timed
+    # (docs/performance.md, entry 118)
     p = gl.exp2(qk * qk_scale_log2 - p_max[:, None])
     alpha = gl.exp2(m_i - m_safe)
     if SUMS_BY_MMA:
