@@ -222,7 +222,6 @@ def innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
             for line in lines[first:last + 1]]
 
 
-
 def skippable_fmuls(lines: list[str], first: int = 0, last: int | None = None) -> int:
     """FMULs in runs of nothing else that a predicated branch forward jumps over, among lines[first:last + 1]
     of a SASS listing: the Gluon forward's O rescale behind its warp's vote (kernels/gluon_rescale.py)."""
