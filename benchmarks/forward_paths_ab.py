@@ -17,12 +17,16 @@ from flashtriton.launch import gluon_forward
 
 ROUNDS = 5
 # (batch, heads, N, head dim, causal): D = 64, causal and not, around auto's bounds; then D = 256 (9-13)
-# and shorter (14, 15), where auto's bounds come from (docs/performance.md, entries 93 and 98)
+# and shorter (14, 15), where auto's bounds come from (docs/performance.md, entries 93 and 98); then small calls
 SHAPES = [(16, 16, 1024, 64, True), (8, 16, 2048, 64, True), (4, 32, 4096, 64, True), (2, 16, 8192, 64, True),
           (1, 16, 16384, 64, True), (8, 16, 2048, 64, False), (4, 32, 4096, 64, False), (16, 32, 1024, 64, False),
           (8, 32, 2048, 64, False),
           (8, 16, 1024, 256, False), (4, 16, 2048, 256, True), (4, 16, 4096, 256, False), (4, 16, 4096, 256, True),
-          (1, 16, 16384, 256, True), (16, 16, 512, 256, False), (8, 16, 1024, 256, True)]
+          (1, 16, 16384, 256, True), (16, 16, 512, 256, False), (8, 16, 1024, 256, True),
+          # below AUTO_MIN_WORK (16-21), where auto keeps the Triton kernel: set when only the Triton launch
+          # replayed (launch/gluon_forward.py); a prefill of one short prompt lands here
+          (1, 16, 1024, 128, False), (1, 16, 1024, 128, True), (1, 8, 2048, 128, True), (2, 16, 1024, 64, False),
+          (1, 16, 2048, 64, True), (4, 8, 512, 128, False)]
 
 
 def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
