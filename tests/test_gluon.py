@@ -414,6 +414,19 @@ def test_paired_stages_release_each_block_once(reports):
         assert r["shared_bytes"] <= twin["shared_bytes"] and not r["wgmma_serialized"], (r, twin)
 
 
+def test_named_release_hands_stages_back_without_mbarrier_arrives(reports):
+    """With named_release the softmax warpgroups hand the rings' stages back through named barriers (the
+    kernel's EMPTY_BARRIER - ring * NUM_STAGES - stage, ids in registers), where the loader syncs: no
+    mbarrier arrive left in the overlapped loop, one warpgroup barrier per key block and warpgroup
+    (before its waits), the same products, no spill beyond the form's without it, wgmma still asynchronous.
+    bf16 and FP8, D 64 and 128, both masks (docs/performance.md, entry 120)."""
+    for r, warpgroups, twin in option_forms(reports, "-named"):
+        assert (r["loop_arrives"], twin["loop_arrives"]) == (0, 2 * warpgroups), (r, twin)
+        assert r["loop_barriers"] == warpgroups < twin["loop_barriers"], (r, twin)
+        assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
+        assert spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
+
+
 def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of_waits(reports):
     """The warpgroup barriers (BAR.SYNC) in each softmax warpgroup's key-block loop: one before each
     mbarrier arrive, which one thread issues for the warpgroup; and under Triton 3.6, whose barrier analysis
@@ -422,7 +435,8 @@ def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of
     side), two in the in-turn form (an arrive between them). Triton 3.9 puts none after an arrive, and in
     these loops an arrive's barrier stands between one block's waits and the next's.
     benchmarks/gluon_barrier_rule.py shows the rule on a minimal ring; docs/performance.md, entry 116. bf16
-    and FP8, D 64 and 128, both masks, every form and flag."""
+    and FP8, D 64 and 128, both masks, every form and flag. With named_release a loop has no mbarrier arrive,
+    so under 3.9 too one barrier per block stands before its waits (a wait after a wait on the same ring)."""
     release = gluon_forward.installed_release()
     if release not in ("3.6", "3.9"):
         pytest.skip(f"the barriers are counted under Triton 3.6 and 3.9, not {release}")
@@ -430,7 +444,9 @@ def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of
     assert len(forward) > 60
     for r in forward:
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
-        waits_barriers = 0 if release == "3.9" else warpgroups * (2 if r["config"].endswith("-in-turn") else 1)
+        waits_barriers = warpgroups * (2 if r["config"].endswith("-in-turn") else 1)
+        if release == "3.9" and r["loop_arrives"]:
+            waits_barriers = 0
         assert r["loop_barriers"] == r["loop_arrives"] + waits_barriers, r
 
 
@@ -814,7 +830,15 @@ def test_o_by_tma_in_flash_attn_layout(is_causal):
         assert_matches_reference(q, k, v, is_causal, 128 ** -0.5, o, lse)
 
 
-@pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages", "own_end"])
+# ForwardOptions' fields that the kernel takes as its last arguments (o_by_tma is O's descriptor instead)
+KERNEL_FLAGS = tuple(f for f in gluon_forward.ForwardOptions._fields if f != "o_by_tma")
+
+
+def kernel_flags(options):
+    return tuple(getattr(options, f) for f in KERNEL_FLAGS)
+
+
+@pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages", "own_end", "named_release"])
 def test_options_that_need_overlap(option):
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
@@ -826,16 +850,15 @@ def test_options_that_need_overlap(option):
 @pytest.mark.parametrize("form", list(gluon_forward.FORMS))
 def test_default_options_fit_each_form(form):
     """A launch without options takes the library's (DEFAULT_OPTIONS), less those that need the overlapped
-    loop in the in-turn form, which would refuse them: the kernel's last five flags are lazy_rescale,
-    sums_by_mma, paired_stages, scaled_p and own_end."""
+    loop in the in-turn form, which would refuse them: the kernel's last flags are ForwardOptions' but
+    o_by_tma (O's descriptor), in order."""
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)
     args = gluon_forward.gluon_forward_launch(q, q, q, o, lse, False, 0.1, *gluon_forward.FORMS[form])[2]
     expected = gluon_forward.DEFAULT_OPTIONS
     if form == "in-turn":
         expected = expected._replace(**dict.fromkeys(gluon_forward.OVERLAP_ONLY, False))
-    assert args[-5:] == (expected.lazy_rescale, expected.sums_by_mma, expected.paired_stages, expected.scaled_p,
-                         expected.own_end)
+    assert args[-len(KERNEL_FLAGS):] == kernel_flags(expected)
     assert gluon_forward.default_options(form != "in-turn") == expected
     assert args[7] is None  # bf16 leaves o_by_tma off: O's descriptor is None
 
@@ -852,8 +875,7 @@ def test_fp8_default_options_store_o_by_tma():
                                               descale=torch.ones(3, 1, 2))[2]
     expected = gluon_forward.FP8_DEFAULT_OPTIONS
     assert expected.o_by_tma and expected._replace(o_by_tma=False) == gluon_forward.DEFAULT_OPTIONS
-    assert args[7] is not None and args[-5:] == (expected.lazy_rescale, expected.sums_by_mma,
-                                                 expected.paired_stages, expected.scaled_p, expected.own_end)
+    assert args[7] is not None and args[-len(KERNEL_FLAGS):] == kernel_flags(expected)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -35,15 +35,16 @@ keys are masked, and no row past the count is ever read.
 Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
 whose last dim is contiguous works, (B, N, H, D) included.
 
-Six changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
+Seven changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
 FP8_DEFAULT_OPTIONS name those the library runs, raced on the H200; docs/performance.md, entries 86, 87,
-89-92, 99 and 115): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's
+89-92, 99, 115 and 120): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's
 rescale (gluon_rescale.py); SUMS_BY_MMA, each row's sum of P by the tensor cores beside P V (_issue_pv); an
 o_desc, O written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default
 in FP8); and PAIRED_STAGES (on by default), K of block j + 1 and V of block j in one stage of the rings,
 released together (_load_partition); in FP8, SCALED_P, P made 2^8 times larger before its rounding to
 e4m3 (_online_softmax); and OWN_END, each softmax warpgroup of a causal tile stopping at its own rows' last
-key block and handing the stages past it back unread (_release_unread).
+key block and handing the stages past it back unread (_release_unread); and NAMED_RELEASE, the stages
+handed back to the loader through named barriers, every thread arriving, instead of mbarriers (_release).
 """
 
 from triton.experimental import gluon
@@ -56,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .gluon_barriers import named_barrier_arrive, named_barrier_sync
 from .gluon_masks import columns_at_most
 from .gluon_releases import reinterpret, thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
@@ -63,6 +65,9 @@ from .gluon_rescale import keep_max, rescale_where_needed
 LN2 = gl.constexpr(0.6931471805599453)
 # SCALED_P's factor on P, in log2 units: P <= 2^8 = 256, within e4m3's largest finite value (448)
 P_LOG2_SCALE = gl.constexpr(8.0)
+# With NAMED_RELEASE, ring r's stage s (K's ring 0, V's 1) goes back to the loader at named barrier
+# EMPTY_BARRIER - r * NUM_STAGES - s (_empty_barrier_id)
+EMPTY_BARRIER = gl.constexpr(14)
 
 
 @gluon.jit
@@ -134,28 +139,63 @@ def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED: 
 
 
 @gluon.jit
-def _claim_stage(empty, count, NUM_STAGES: gl.constexpr):
+def _empty_barrier_id(stage, NUM_STAGES: gl.constexpr, RING: gl.constexpr):
+    """The named barrier at which ring RING's (0: K's, 1: V's) `stage` is handed back (NAMED_RELEASE)."""
+    return EMPTY_BARRIER - RING * NUM_STAGES - stage
+
+
+@gluon.jit
+def _claim_stage(empty, count, NUM_STAGES: gl.constexpr, RING: gl.constexpr = 0, NAMED: gl.constexpr = False,
+                 CONSUMERS: gl.constexpr = 0):
     """The ring's stage count % NUM_STAGES (`count`: the ring's fills so far, over every tile of the program),
     once every softmax partition has released its previous fill. A fresh mbarrier counts as having
-    completed the phase before its first, so the first pass through the ring does not wait."""
+    completed the phase before its first, so the first pass through the ring does not wait. NAMED: the
+    releases are every softmax thread's arrive at the stage's named barrier (_release), where the loader
+    syncs, from the second pass on; CONSUMERS: the softmax warpgroups."""
     stage = count % NUM_STAGES
-    mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+    if NAMED:
+        if count >= NUM_STAGES:
+            named_barrier_sync(_empty_barrier_id(stage, NUM_STAGES, RING), (CONSUMERS + 1) * 128)
+    else:
+        mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
     return stage
 
 
 @gluon.jit
+def _meet_last_releases(fills, NUM_STAGES: gl.constexpr, RING: gl.constexpr, CONSUMERS: gl.constexpr):
+    """NAMED_RELEASE: the loader syncs on the releases of the ring's last NUM_STAGES fills too, which no
+    claim met, so that every named barrier ends balanced."""
+    for last in range(gl.maximum(fills - NUM_STAGES, 0), fills):
+        named_barrier_sync(_empty_barrier_id(last % NUM_STAGES, NUM_STAGES, RING), (CONSUMERS + 1) * 128)
+
+
+@gluon.jit
+def _release(empty, stage, RING: gl.constexpr, NAMED: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Hand ring RING's `stage` back to the loader: one mbarrier arrive for the warpgroup, before which Gluon
+    puts a barrier across its four warps; or with NAMED each thread's arrive at the stage's named barrier,
+    once its own warp is past the wait for the products that read the stage (kernels/gluon_barriers.py)."""
+    if NAMED:
+        named_barrier_arrive(_empty_barrier_id(stage, empty.type.shape[0], RING), (CONSUMERS + 1) * 128)
+    else:
+        mbarrier.arrive(empty.index(stage), count=1)
+
+
+@gluon.jit
 def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SHIFTED: gl.constexpr,
-                TRANSPOSED: gl.constexpr = False):
+                TRANSPOSED: gl.constexpr = False, RING: gl.constexpr = 0, NAMED: gl.constexpr = False,
+                CONSUMERS: gl.constexpr = 0):
     """_copy_block into the stage _claim_stage gives for the ring's fill `count`."""
-    stage = _claim_stage(empty, count, smem.type.shape[0])
+    stage = _claim_stage(empty, count, smem.type.shape[0], RING, NAMED, CONSUMERS)
     _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED, TRANSPOSED)
 
 
 @gluon.jit
-def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr):
+def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr,
+                    NAMED: gl.constexpr = False):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j; with PAIRED the
-    two into one stage of both rings, whose K barrier (k_empty) releases both. `loads`: the
+    two into one stage of both rings, whose K barrier (k_empty) releases both. NAMED: the stages come back
+    through named barriers (_claim_stage), not k_empty and v_empty. `loads`: the
     kernel's arguments this partition takes (the flags come apart: in a tuple the kernel names, a flag
     becomes a run-time value, and both sides of each `if` on it would be compiled)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, num_tiles,
@@ -174,7 +214,8 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                                                                 SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
             off_hkv = off_h // group
             if n_blocks > 0:  # the first K does not wait on Q's stage
-                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED)
+                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED, False, 0, NAMED,
+                            WARPGROUPS)
                 if PAIRED:  # the tile's first stage holds no V: its V barrier completes a phase without bytes
                     mbarrier.arrive(v_ready.index(fills % NUM_STAGES), count=1)
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
@@ -183,7 +224,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                 tma_load(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready, q_smem.index(wg))
             for j in range(n_blocks):
                 if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
-                    stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES)
+                    stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES, 0, NAMED, WARPGROUPS)
                     if j + 1 < n_blocks:
                         _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, SHIFTED)
                     else:  # the tile's last stage holds no K
@@ -192,13 +233,18 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                 else:
                     if j + 1 < n_blocks:
                         _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys,
-                                    SHIFTED)
-                    _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8)
+                                    SHIFTED, False, 0, NAMED, WARPGROUPS)
+                    _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8, 1,
+                                NAMED, WARPGROUPS)
             fills += n_blocks
             if PAIRED:
                 if n_blocks > 0:
                     fills += 1
             tiles_done += 1
+    if NAMED:
+        _meet_last_releases(fills, NUM_STAGES, 0, WARPGROUPS)
+        if not PAIRED:
+            _meet_last_releases(fills, NUM_STAGES, 1, WARPGROUPS)
 
 
 @gluon.jit
@@ -304,21 +350,22 @@ def _issue_pv(p_op, v_smem, stage, acc, block_sums, ones, FP8: gl.constexpr, SUM
 
 
 @gluon.jit
-def _release_unread(k_ready, v_ready, k_empty, v_empty, fills, first, end, PAIRED: gl.constexpr):
+def _release_unread(k_ready, v_ready, k_empty, v_empty, fills, first, end, PAIRED: gl.constexpr, NAMED: gl.constexpr,
+                    WARPGROUPS: gl.constexpr):
     """Hand back the rings' fills `fills + first` to `fills + end - 1` without reading them (OWN_END: the
     key blocks past a warpgroup's own last one). Each fill is waited for first, so that the arrival counts
     toward its release and not toward that of the fill NUM_STAGES before it in the same stage, which another
     warpgroup may still be reading. With PAIRED one barrier (k_empty) releases a stage's K and V; without,
-    each ring's stage of a block has its own."""
+    each ring's stage of a block has its own. NAMED: as _release."""
     NUM_STAGES: gl.constexpr = k_ready.type.shape[0]
     for i in range(first, end):
         stage = (fills + i) % NUM_STAGES
         phase = ((fills + i) // NUM_STAGES) & 1
         mbarrier.wait(k_ready.index(stage), phase)
         mbarrier.wait(v_ready.index(stage), phase)
-        mbarrier.arrive(k_empty.index(stage), count=1)
+        _release(k_empty, stage, 0, NAMED, WARPGROUPS)
         if not PAIRED:
-            mbarrier.arrive(v_empty.index(stage), count=1)
+            _release(v_empty, stage, 1, NAMED, WARPGROUPS)
 
 
 @gluon.jit
@@ -326,7 +373,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
             IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
             SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
-            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False):
+            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
+            NAMED_RELEASE: gl.constexpr = False):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
     saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
@@ -350,7 +398,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     ignored otherwise): the warpgroup stops at its own rows' last key block instead of the tile's, and hands
     back the stages of the blocks past it unread (_release_unread): in a tile of 192 rows and 128-key
     blocks the first warpgroup's last block is one before the tile's, the second's one before in half the
-    tiles."""
+    tiles. NAMED_RELEASE (OVERLAP only): the stages go back to the loader through named barriers, each
+    thread arriving (_release), instead of one thread's arrive on k_empty or v_empty."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -389,6 +438,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     PAIRED: gl.constexpr = PAIRED_STAGES and OVERLAP
     V_SHIFT: gl.constexpr = 1 if PAIRED else 0  # block i's V is in stage fills + i + V_SHIFT
     v_free = k_empty if PAIRED else v_empty  # the barrier that releases a V stage
+    V_RING: gl.constexpr = 0 if PAIRED else 1  # ... and its ring, for NAMED's barrier ids
+    NAMED: gl.constexpr = NAMED_RELEASE and OVERLAP
     used = n_blocks  # the stages this tile takes
     OWN: gl.constexpr = OWN_END and IS_CAUSAL and OVERLAP and not PINGPONG
     if OVERLAP:
@@ -405,7 +456,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-            mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)  # (with PAIRED, the stage holds no V)
+            _release(k_empty, fills % NUM_STAGES, 0, NAMED, WARPGROUPS)  # (with PAIRED, the stage holds no V)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
@@ -424,11 +475,11 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                 # this block's scores; P V (and the sums) may run on
                 qk = warpgroup_mma_wait(num_outstanding=2 if SUMS else 1, deps=(qk, ))
                 if not PAIRED:
-                    mbarrier.arrive(k_empty.index(stage), count=1)
+                    _release(k_empty, stage, 0, NAMED, WARPGROUPS)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                      qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P)
                 acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
-                mbarrier.arrive(v_free.index(prev), count=1)
+                _release(v_free, prev, V_RING, NAMED, WARPGROUPS)
                 if LAZY_RESCALE:
                     acc = rescale_where_needed(acc, gl.convert_layout(alpha, o_rows))
                 else:
@@ -447,7 +498,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
             if SUMS:
                 sums = sums + block_sums
-            mbarrier.arrive(v_free.index(last), count=1)
+            _release(v_free, last, V_RING, NAMED, WARPGROUPS)
             turn += n_blocks + 1
             used = n_blocks + V_SHIFT
         else:
@@ -456,7 +507,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             if n_blocks > 0:
                 used = n_blocks + V_SHIFT
                 _release_unread(k_ready, v_ready, k_empty, v_empty, fills, n_run + V_SHIFT * gl.minimum(n_run, 1),
-                                used, PAIRED)
+                                used, PAIRED, NAMED, WARPGROUPS)
     else:
         for j in range(n_blocks):
             stage = (fills + j) % NUM_STAGES
@@ -553,7 +604,7 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
                        SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
-                       OWN_END: gl.constexpr):
+                       OWN_END: gl.constexpr, NAMED_RELEASE: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
@@ -586,7 +637,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
                                           turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
                                           WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
-                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)
+                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)
             _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
                         off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
@@ -608,6 +659,7 @@ def attn_fwd_gluon_kernel(
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
+    NAMED_RELEASE: gl.constexpr = False,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -620,7 +672,8 @@ def attn_fwd_gluon_kernel(
     cores, P times ones (_issue_pv). PAIRED_STAGES (with OVERLAP): K of block j + 1 and V of block j share a
     stage and its release (_load_partition). SCALED_P (FP8 without LAZY_RESCALE): P rounded to e4m3 as 2^8 P
     (_attend). OWN_END (causal, OVERLAP without PINGPONG): each warpgroup stops at its own last key block
-    (_attend)."""
+    (_attend). NAMED_RELEASE (with OVERLAP): the stages go back to the loader through named barriers
+    (_release)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -666,20 +719,20 @@ def attn_fwd_gluon_kernel(
     if SUMS_BY_MMA:
         thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

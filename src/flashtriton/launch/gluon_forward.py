@@ -95,6 +95,11 @@ class ForwardOptions(NamedTuple):
     # tiles skip 1.5 blocks of 128 keys per tile (~0.8% of the work at 16384 keys), D = 256's 64-key blocks
     # one per tile (~1.5% at 4096); 128-row tiles of 128-key blocks none (entry 115)
     own_end: bool = False
+    # overlapped loop only: the rings' stages handed back to the loader through named barriers (bar.arrive by
+    # every softmax thread, bar.sync in the loader: the kernel's NAMED_RELEASE) instead of one thread's
+    # mbarrier arrive, before which Triton puts a warpgroup barrier: under Triton 3.6, one BAR.SYNC per key
+    # block and warpgroup instead of two with paired_stages (entry 120)
+    named_release: bool = False
 
     def suffix(self) -> str:
         """For logs: e.g. "-lazy-ostore", "" when all are off."""
@@ -102,7 +107,7 @@ class ForwardOptions(NamedTuple):
 
 
 # ForwardOptions' fields as logs and A/B runs name them
-FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled", "own")
+FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled", "own", "named")
 
 
 # The flags that only an FP8 call takes, and why (why_options_refused).
@@ -154,7 +159,8 @@ FP8_WITHOUT_LSE_OPTIONS = FP8_DEFAULT_OPTIONS._replace(sums_by_mma=True)
 # The flags that need the overlapped loop, and why (the in-turn form refuses them).
 OVERLAP_ONLY = {"sums_by_mma": "the sums are taken beside the overlapped loop's P V",
                 "paired_stages": "a stage pairs the K and V that the overlapped loop's products read together",
-                "own_end": "the stages a warpgroup skips are handed back in the overlapped loop's order"}
+                "own_end": "the stages a warpgroup skips are handed back in the overlapped loop's order",
+                "named_release": "the named barriers' counts follow the overlapped loop's releases"}
 
 
 def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
@@ -396,7 +402,8 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
-            options.lazy_rescale, options.sums_by_mma, options.paired_stages, options.scaled_p, options.own_end)
+            options.lazy_rescale, options.sums_by_mma, options.paired_stages, options.scaled_p, options.own_end,
+            options.named_release)
     grid = (programs, )
     # (at Nk = 1 the kernel not specialised on it, whose FP8 P ptxas packs right: kernels/gluon_forward.py)
     kernel = attn_fwd_gluon_kernel_any_keys if seqlen_k == 1 else attn_fwd_gluon_kernel
