@@ -13,7 +13,8 @@ table made once, outside the timing), and with each flag turned over from the li
 `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the tensor cores,
 `fp8_kernel_sums` (sums_by_mma), O through pointers instead of TMA stores, `fp8_kernel_no_ostore` (o_by_tma
 off), K and V not paired in one stage, `fp8_kernel_no_paired` (paired_stages off), P rounded to e4m3 as
-2^8 P, `fp8_kernel_scaled` (scaled_p), and every flag FP8 takes (all but lazy_rescale:
+2^8 P, `fp8_kernel_scaled` (scaled_p), the stages handed back through named barriers, `fp8_kernel_named`
+(named_release), and every flag FP8 takes (all but lazy_rescale:
 launch/gluon_forward.py's FP8_ALL_FLAGS), `fp8_kernel_all`;
 last in each round `fp8_kernel` again, `fp8_kernel_again`, whose gap to the first says what a provider's
 place in the round is worth (entry 92).
