@@ -1066,7 +1066,8 @@ def test_forward_auto_selection_follows_its_table(monkeypatch):
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("path, batch, head_dim, seqlen, variant, gluon", [
-    ("auto", 16, 128, 1041, {}, True), ("auto", 1, 128, 1041, {}, False), ("auto", 32, 128, 529, {}, False),
+    ("auto", 16, 128, 1041, {}, True), ("auto", 4, 128, 1041, {}, True), ("auto", 1, 128, 1041, {}, False),
+    ("auto", 32, 128, 529, {}, False),
     ("auto", 64, 128, 529, {"is_causal": False}, True),
     ("auto", 8, 64, 4113, {}, True), ("auto", 64, 64, 1000, {}, False),
     ("auto", 8, 64, 4113, {"is_causal": False}, True),
@@ -1079,8 +1080,8 @@ def test_api_selects_path(monkeypatch, path, batch, head_dim, seqlen, variant, g
     """flash_attention takes the Gluon forward where FLASHTRITON_FORWARD and gluon_forward_selected say so
     (auto, AUTO_MIN_KEYS: D = 128 from 1024 keys, 512 without a mask, D = 64 from 1024, 2048 without a mask,
     D = 256 from 1024, 512 without a mask; and
-    B·Hq·Nq·Nk·D >= AUTO_MIN_WORK: 16 x 4 x 1024 x 1041 x 128 and 64 x 4 x 512 x 529 x 128 are over it,
-    1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
+    B·Hq·Nq·Nk·D >= AUTO_MIN_WORK (2^31): 4 x 4 x 1024 x 1041 x 128 and 64 x 4 x 512 x 529 x 128 are over
+    it, 1 x 4 x ... under), and the Triton kernels for every variant; either way O, L and the gradients (the
     Triton backward on the Gluon forward's O and L) match the float64 reference. Causal unless the variant
     says otherwise."""
     from flashtriton import flash_attention

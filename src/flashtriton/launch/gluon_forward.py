@@ -268,14 +268,16 @@ PATHS = ("auto", "triton", "gluon")  # what FLASHTRITON_FORWARD and FLASHTRITON_
 # immediates and with the grids below (entry 84, through the API), 1.03-1.10x at 1024 and 2048 keys,
 # 0.98-1.02x at 4096, 1.005-1.06x at 8192 (the Gluon kernel's speed there moves by ~5% between
 # processes), and 1.02-1.12x from 16384, one program per tile (entries 72, 81, 84). And only for
-# calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D (about 75 µs of GPU time), set when only the Triton
-# path replayed a recorded launch. The Gluon launch replays one too since entry 67 (a call's host time 65-75 -> 26 µs);
-# where the two paths now cross for small calls is not re-measured, so the bound stays. D = 256 (on an H100
+# calls with at least AUTO_MIN_WORK = B·Hq·Nq·Nk·D: 2^33 (about 75 µs of GPU time) while only the Triton
+# path replayed a recorded launch; since the Gluon launch replays too (entry 67), raced again through the
+# API on an H100 (entry 121, two runs): at 2^31, B1 H16 N1024 D128 1.06-1.09x without a mask and 1.15-1.17x
+# causal; B1 H8 N2048 D128 causal 1.25x and B1 H16 N2048 D64 causal 1.10x (2^32); at 2^30, B4 H8 N512 D128
+# 0.89-0.91x. So 2^31: about 20 µs of GPU work. D = 256 (on an H100
 # through the API, entry 98): 1.33x at 512 keys without a mask, 1.40x at 1024 with one, the shortest raced,
 # and 1.49-1.64x from there to 16384.
 AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, True): 1024, (256, False): 512,
                  (256, True): 1024}
-AUTO_MIN_WORK = 2 ** 33
+AUTO_MIN_WORK = 2 ** 31
 # A causal call's grid is persistent up to this many keys, by head dim: at D = 128 in bf16, 1.02-1.08x one
 # program per tile from 1024 to 8192 keys and 0.69x at 16384 (entry 55); in FP8, 1.01x at 8192 and 0.66x at
 # 16384. At D = 64, 0.91x at 16384 in FP8 (entry 60) and in bf16 0.94x at 8192 (two warpgroups against one
