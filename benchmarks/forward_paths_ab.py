@@ -23,8 +23,8 @@ SHAPES = [(16, 16, 1024, 64, True), (8, 16, 2048, 64, True), (4, 32, 4096, 64, T
           (8, 32, 2048, 64, False),
           (8, 16, 1024, 256, False), (4, 16, 2048, 256, True), (4, 16, 4096, 256, False), (4, 16, 4096, 256, True),
           (1, 16, 16384, 256, True), (16, 16, 512, 256, False), (8, 16, 1024, 256, True),
-          # below AUTO_MIN_WORK (16-21), where auto keeps the Triton kernel: set when only the Triton launch
-          # replayed (launch/gluon_forward.py); a prefill of one short prompt lands here
+          # small calls (16-21), around AUTO_MIN_WORK: 2^30-2^32 of B·H·N²·D, where it moved from 2^33 to 2^31
+          # (docs/performance.md, entry 121); a prefill of one short prompt lands here
           (1, 16, 1024, 128, False), (1, 16, 1024, 128, True), (1, 8, 2048, 128, True), (2, 16, 1024, 64, False),
           (1, 16, 2048, 64, True), (4, 8, 512, 128, False)]
 
