@@ -830,14 +830,6 @@ def test_o_by_tma_in_flash_attn_layout(is_causal):
         assert_matches_reference(q, k, v, is_causal, 128 ** -0.5, o, lse)
 
 
-# ForwardOptions' fields that the kernel takes as its last arguments (o_by_tma is O's descriptor instead)
-KERNEL_FLAGS = tuple(f for f in gluon_forward.ForwardOptions._fields if f != "o_by_tma")
-
-
-def kernel_flags(options):
-    return tuple(getattr(options, f) for f in KERNEL_FLAGS)
-
-
 @pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages", "own_end", "named_release"])
 def test_options_that_need_overlap(option):
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
@@ -858,8 +850,11 @@ def test_default_options_fit_each_form(form):
     expected = gluon_forward.DEFAULT_OPTIONS
     if form == "in-turn":
         expected = expected._replace(**dict.fromkeys(gluon_forward.OVERLAP_ONLY, False))
-    assert args[-len(KERNEL_FLAGS):] == kernel_flags(expected)
+    assert args[-len(gluon_forward.KERNEL_FLAGS):] == gluon_forward.kernel_flags(expected)
     assert gluon_forward.default_options(form != "in-turn") == expected
+    from flashtriton.kernels.gluon_forward import attn_fwd_gluon_kernel
+    kernel_names = attn_fwd_gluon_kernel.arg_names[-len(gluon_forward.KERNEL_FLAGS):]
+    assert kernel_names == [field.upper() for field in gluon_forward.KERNEL_FLAGS], kernel_names
     assert args[7] is None  # bf16 leaves o_by_tma off: O's descriptor is None
 
 
@@ -875,7 +870,7 @@ def test_fp8_default_options_store_o_by_tma():
                                               descale=torch.ones(3, 1, 2))[2]
     expected = gluon_forward.FP8_DEFAULT_OPTIONS
     assert expected.o_by_tma and expected._replace(o_by_tma=False) == gluon_forward.DEFAULT_OPTIONS
-    assert args[7] is not None and args[-len(KERNEL_FLAGS):] == kernel_flags(expected)
+    assert args[7] is not None and args[-len(gluon_forward.KERNEL_FLAGS):] == gluon_forward.kernel_flags(expected)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -109,6 +109,13 @@ class ForwardOptions(NamedTuple):
 
 # ForwardOptions' fields as logs and A/B runs name them
 FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled", "own", "named")
+# ... and those the kernel takes as its last arguments, in this order: o_by_tma is O's descriptor instead
+KERNEL_FLAGS = tuple(field for field in ForwardOptions._fields if field != "o_by_tma")
+
+
+def kernel_flags(options: ForwardOptions) -> tuple[bool, ...]:
+    """`options` as the kernel's last arguments (KERNEL_FLAGS)."""
+    return tuple(getattr(options, field) for field in KERNEL_FLAGS)
 
 
 # The flags that only an FP8 call takes, and why (why_options_refused).
@@ -405,8 +412,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
-            options.lazy_rescale, options.sums_by_mma, options.paired_stages, options.scaled_p, options.own_end,
-            options.named_release)
+            *kernel_flags(options))
     grid = (programs, )
     # (at Nk = 1 the kernel not specialised on it, whose FP8 P ptxas packs right: kernels/gluon_forward.py)
     kernel = attn_fwd_gluon_kernel_any_keys if seqlen_k == 1 else attn_fwd_gluon_kernel
