@@ -6,7 +6,9 @@ shape. docs/performance.md, entry 59.
 
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE [--base-options default]]
 
-`fp8` is flash_attention_fp8 without L, which takes FP8_WITHOUT_LSE_OPTIONS (sums_by_mma too, entry 103).
+`fp8` is flash_attention_fp8 without L, which takes FP8_WITHOUT_LSE_OPTIONS (sums_by_mma too, entry 103);
+`fp8_vt` the same call with V transposed inside the kernel instead of copied first (transpose_v,
+kernels/gluon_transpose.py), through fp8_forward_gluon with the descale table made as the API makes it.
 The kernel alone also runs, `fp8_kernel` (the library's flags for calls that return L; V^T and the descale
 table made once, outside the timing), and with each flag turned over from the library's FP8 setting
 (gluon_kernel_ab.flags_turned_over: the sets FP8 takes): O's rescale skipped where the maxima held,
@@ -14,7 +16,7 @@ table made once, outside the timing), and with each flag turned over from the li
 `fp8_kernel_sums` (sums_by_mma), O through pointers instead of TMA stores, `fp8_kernel_no_ostore` (o_by_tma
 off), K and V not paired in one stage, `fp8_kernel_no_paired` (paired_stages off), P rounded to e4m3 as
 2^8 P, `fp8_kernel_scaled` (scaled_p), the stages handed back through named barriers, `fp8_kernel_named`
-(named_release), and every flag FP8 takes (all but lazy_rescale:
+(named_release), V^T made in the kernel, `fp8_kernel_vt` (transpose_v), and every flag FP8 takes (all but lazy_rescale:
 launch/gluon_forward.py's FP8_ALL_FLAGS), `fp8_kernel_all`;
 last in each round `fp8_kernel` again, `fp8_kernel_again`, whose gap to the first says what a provider's
 place in the round is worth (entry 92).
@@ -33,6 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton import flash_attention, flash_attention_fp8
+from flashtriton.api import descale_table
 from flashtriton.launch import gluon_forward
 from flashtriton.reference import attention_ref
 from gluon_kernel_ab import base_arguments, flags_turned_over, load_kernel
@@ -57,7 +60,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and `options`
     (ForwardOptions) as gluon_forward_launch takes them (warpgroups None: its rule)."""
     batch, heads_kv = k8.shape[:2]
-    vt = gluon_forward.fp8_values_operand(v8)
+    vt = v8 if options is not None and options.transpose_v else gluon_forward.fp8_values_operand(v8)
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv).contiguous()
     o = torch.empty(q8.shape, device=q8.device, dtype=torch.bfloat16)
     lse = torch.empty(q8.shape[:3], device=q8.device)
@@ -81,8 +84,12 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
     q, k, v = (x8.float() * d for x8, d in zip((q8, k8, v8), descales, strict=True))  # what the FP8 inputs hold
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
     qd, kd, vd = descales
+    without_lse_vt = gluon_forward.FP8_WITHOUT_LSE_OPTIONS._replace(transpose_v=True)
     providers = {
         "fp8": lambda: flash_attention_fp8(q8, k8, v8, is_causal=causal, q_descale=qd, k_descale=kd, v_descale=vd),
+        "fp8_vt": lambda: gluon_forward.fp8_forward_gluon(q8, k8, v8, causal, head_dim ** -0.5,
+                                                          descale_table(descales, batch, k8.shape[1], q8.device),
+                                                          torch.bfloat16, without_lse_vt)[0],
         "bf16": lambda: flash_attention(qb, kb, vb, is_causal=causal),
         "cudnn": lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal),
     }

@@ -427,6 +427,28 @@ def test_named_release_hands_stages_back_without_mbarrier_arrives(reports):
         assert spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
 
 
+def test_transpose_v_writes_v_t_in_the_loader(reports):
+    """With transpose_v (FP8 only) the loader's warps make V^T from V's blocks in shared memory
+    (kernels/gluon_transpose.py): each byte of a block's V^T written once by stmatrix, 16 bytes per thread and
+    store (D x 128 / 2048 stores), the raw stages' 2 x 128 x D bytes more shared memory, and the softmax
+    warpgroups' loop as without it (the same arrives, barriers and products); no spill beyond the form's
+    without it. Alone and with the library's FP8 flags (the candidate), D 64 and 128, both masks."""
+    fp8 = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "float8_e4m3fn"]
+    pairs = [(r, next(t for t in fp8 if t["config"] == r["config"].removesuffix("-vt")
+                      and (t["head_dim"], t["causal"]) == (r["head_dim"], r["causal"])))
+             for r in fp8 if r["config"].endswith("-vt")]
+    assert sorted((r["config"].split("-", 4)[4], r["head_dim"], r["causal"]) for r, _ in pairs) == sorted(
+        (form, head_dim, causal) for form in ("overlap-fp8-vt", "overlap-fp8-ostore-paired-vt")
+        for head_dim in (64, 128) for causal in (False, True))
+    for r, twin in pairs:
+        head_dim = r["head_dim"]
+        assert r["matrix_stores"] - twin["matrix_stores"] == head_dim * gluon_forward.BLOCK_N[head_dim] // 2048, r
+        assert 0 <= r["shared_bytes"] - twin["shared_bytes"] - 2 * 128 * head_dim <= 64, (r, twin)
+        assert [r[key] for key in ("loop_arrives", "loop_barriers", "hgmma")] == \
+            [twin[key] for key in ("loop_arrives", "loop_barriers", "hgmma")], (r, twin)
+        assert not r["wgmma_serialized"] and spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
+
+
 def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of_waits(reports):
     """The warpgroup barriers (BAR.SYNC) in each softmax warpgroup's key-block loop: one before each
     mbarrier arrive, which one thread issues for the warpgroup; and under Triton 3.6, whose barrier analysis
@@ -713,13 +735,22 @@ def test_launch_refuses_what_it_cannot_hold():
     """gluon_forward_launch, called directly (A/B scripts, inspect), names the head dims it takes, and refuses
     O by TMA at D = 256 in 16-bit, where O's staging tiles would not fit beside the rings in shared memory
     (FP8's do), scaled_p
-    outside FP8, and in FP8 lazy_rescale with sums_by_mma or with scaled_p (FP8_ALL_FLAGS says why)."""
-    def launch(head_dim, dtype=torch.bfloat16, **kwargs):
+    and transpose_v outside FP8, in FP8 lazy_rescale with sums_by_mma or with scaled_p (FP8_ALL_FLAGS says
+    why), and a V^T where transpose_v takes V."""
+    def launch(head_dim, dtype=torch.bfloat16, v=None, **kwargs):
         q = torch.randn(1, 2, 64, head_dim).to(dtype)
-        v = torch.randn(1, 2, head_dim, 64).to(dtype) if dtype == torch.float8_e4m3fn else q  # (FP8: V^T)
+        options = kwargs.get("options", gluon_forward.ForwardOptions())
+        if v is None:  # (FP8: V^T, unless the kernel makes it)
+            transposed = dtype == torch.float8_e4m3fn and not options.transpose_v
+            v = torch.randn(1, 2, head_dim, 64).to(dtype) if transposed else q
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, 64)
         return gluon_forward.gluon_forward_launch(q, q, v, o, lse, False, 0.1, overlap=True, **kwargs)
     assert launch(256)[1] == (2, )  # 2 x 2 heads' 64 rows: one tile each
+    # transpose_v takes V itself, like K, not the V^T that the copy makes
+    with pytest.raises(ValueError, match=r"with transpose_v=True takes V like K, \(1, 2, 64, 128\), got "
+                                         r"\(1, 2, 128, 64\)"):
+        launch(128, torch.float8_e4m3fn, v=torch.randn(1, 2, 128, 64).to(torch.float8_e4m3fn),
+               descale=torch.ones(3, 1, 2), options=gluon_forward.ForwardOptions(transpose_v=True))
     with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\), got 96; the Triton kernels"):
         launch(96)
     with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\) in FP8, got 96"):
@@ -738,6 +769,8 @@ def test_launch_refuses_what_it_cannot_hold():
                    options=gluon_forward.ForwardOptions(lazy_rescale=True, scaled_p=True))
         with pytest.raises(ValueError, match=r"scaled_p=True is for FP8 calls only: it keeps small probabilities"):
             launch(head_dim, options=gluon_forward.ForwardOptions(scaled_p=True))
+        with pytest.raises(ValueError, match=r"transpose_v=True is for FP8 calls only: bf16 and fp16 wgmma read V"):
+            launch(head_dim, options=gluon_forward.ForwardOptions(transpose_v=True))
         assert launch(head_dim, options=gluon_forward.ALL_FLAGS)[1] == (2, )  # (bf16 takes both)
         assert launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
                       options=gluon_forward.FP8_ALL_FLAGS)[1] == (2, )

@@ -35,16 +35,18 @@ keys are masked, and no row past the count is ever read.
 Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
 whose last dim is contiguous works, (B, N, H, D) included.
 
-Seven changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
+Eight changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
 FP8_DEFAULT_OPTIONS name those the library runs, raced on the H200; docs/performance.md, entries 86, 87,
-89-92, 99, 115 and 120): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's
+89-92, 99, 115, 120 and 122): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's
 rescale (gluon_rescale.py); SUMS_BY_MMA, each row's sum of P by the tensor cores beside P V (_issue_pv); an
 o_desc, O written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default
 in FP8); and PAIRED_STAGES (on by default), K of block j + 1 and V of block j in one stage of the rings,
 released together (_load_partition); in FP8, SCALED_P, P made 2^8 times larger before its rounding to
 e4m3 (_online_softmax); and OWN_END, each softmax warpgroup of a causal tile stopping at its own rows' last
 key block and handing the stages past it back unread (_release_unread); and NAMED_RELEASE, the stages
-handed back to the loader through named barriers, every thread arriving, instead of mbarriers (_release).
+handed back to the loader through named barriers, every thread arriving, instead of mbarriers (_release);
+and in FP8, TRANSPOSE_V, V^T made in shared memory by the loader's warps from V's blocks as TMA brings them
+(_values_block, gluon_transpose.py) instead of read from a copy made before the kernel.
 """
 
 from triton.experimental import gluon
@@ -61,6 +63,7 @@ from .gluon_barriers import named_barrier_arrive, named_barrier_sync
 from .gluon_masks import columns_at_most
 from .gluon_releases import reinterpret, thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
+from .gluon_transpose import transpose_values, values_layout
 
 LN2 = gl.constexpr(0.6931471805599453)
 # SCALED_P's factor on P, in log2 units: P <= 2^8 = 256, within e4m3's largest finite value (448)
@@ -68,6 +71,8 @@ P_LOG2_SCALE = gl.constexpr(8.0)
 # With NAMED_RELEASE, ring r's stage s (K's ring 0, V's 1) goes back to the loader at named barrier
 # EMPTY_BARRIER - r * NUM_STAGES - s (_empty_barrier_id)
 EMPTY_BARRIER = gl.constexpr(14)
+# With TRANSPOSE_V, V's blocks are brought this many ahead of the loader's transposes (_values_block)
+RAW_STAGES = gl.constexpr(2)
 
 
 @gluon.jit
@@ -190,22 +195,49 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
 
 
 @gluon.jit
+def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws, keys,
+                  SHIFTED: gl.constexpr, FP8: gl.constexpr, TRANSPOSE_V: gl.constexpr):
+    """V of key block j into its ring's `stage`: by TMA (in FP8 V^T, copied before the kernel), or with
+    TRANSPOSE_V made here from V's block in the raw stages (gluon_transpose.py), the raw stage then
+    refilled with block j + RAW_STAGES of the tile. `raws`: the raw stages' fills before this tile's."""
+    if TRANSPOSE_V:
+        RAW_STAGES: gl.constexpr = raw_smem.type.shape[0]
+        BLOCK_N: gl.constexpr = raw_smem.type.shape[3]
+        HEAD_DIM: gl.constexpr = raw_smem.type.shape[4]
+        raw = (raws + j) % RAW_STAGES
+        mbarrier.wait(raw_ready.index(raw), ((raws + j) // RAW_STAGES) & 1)
+        transpose_values(raw_smem.index(raw).reshape([BLOCK_N, HEAD_DIM]),
+                         v_smem.index(stage).reshape([HEAD_DIM, BLOCK_N]))
+        fence_async_shared()  # each thread's writes, before the tensor cores read them
+        # (Gluon puts a barrier across the partition's warps before the arrive: every warp has read the raw
+        # stage before TMA refills it)
+        mbarrier.arrive(v_ready.index(stage), count=1)
+        if j + RAW_STAGES < n_blocks:
+            _copy_block(v_desc, raw_smem, raw_ready, raw, off_b, off_hkv, j + RAW_STAGES, keys, SHIFTED)
+    else:
+        _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, SHIFTED, FP8)
+
+
+@gluon.jit
 def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr,
-                    NAMED: gl.constexpr = False):
+                    NAMED: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j; with PAIRED the
     two into one stage of both rings, whose K barrier (k_empty) releases both. NAMED: the stages come back
-    through named barriers (_claim_stage), not k_empty and v_empty. `loads`: the
+    through named barriers (_claim_stage), not k_empty and v_empty. TRANSPOSE_V: V's blocks come by TMA
+    into RAW_STAGES raw stages, the tile's first ones with its first K, and this partition writes each
+    into the V ring transposed (_values_block). `loads`: the
     kernel's arguments this partition takes (the flags come apart: in a tuple the kernel names, a flag
     becomes a run-time value, and both sides of each `if` on it would be compiled)."""
-    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, num_tiles,
-     rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K) = loads
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, raw_smem, q_ready, q_empty, k_ready, v_ready, raw_ready, k_empty,
+     v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K) = loads
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
     SHIFTED: gl.constexpr = SEQUSED_K is not None
     fills = 0  # blocks loaded into each ring so far (with PAIRED: stages filled, one more per tile)
+    raws = 0  # V blocks brought into the raw stages so far (TRANSPOSE_V)
     tiles_done = 0
     for r in range(rounds):
         tile = _program_tile(r, IS_CAUSAL)
@@ -218,6 +250,12 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                             WARPGROUPS)
                 if PAIRED:  # the tile's first stage holds no V: its V barrier completes a phase without bytes
                     mbarrier.arrive(v_ready.index(fills % NUM_STAGES), count=1)
+                if TRANSPOSE_V:  # (the previous tile's transposes have read the raw stages)
+                    RAW_STAGES: gl.constexpr = raw_smem.type.shape[0]
+                    for i in gl.static_range(RAW_STAGES):
+                        if i < n_blocks:
+                            _copy_block(v_desc, raw_smem, raw_ready, (raws + i) % RAW_STAGES, off_b, off_hkv, i,
+                                        keys, SHIFTED)
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
             mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WARPGROUPS):
@@ -229,14 +267,16 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                         _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, SHIFTED)
                     else:  # the tile's last stage holds no K
                         mbarrier.arrive(k_ready.index(stage), count=1)
-                    _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, SHIFTED, FP8)
                 else:
                     if j + 1 < n_blocks:
                         _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys,
                                     SHIFTED, False, 0, NAMED, WARPGROUPS)
-                    _load_block(v_desc, v_smem, v_ready, v_empty, off_b, off_hkv, j, fills + j, keys, SHIFTED, FP8, 1,
-                                NAMED, WARPGROUPS)
+                    stage = _claim_stage(v_empty, fills + j, NUM_STAGES, 1, NAMED, WARPGROUPS)
+                _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws,
+                              keys, SHIFTED, FP8, TRANSPOSE_V)
             fills += n_blocks
+            if TRANSPOSE_V:
+                raws += n_blocks
             if PAIRED:
                 if n_blocks > 0:
                     fills += 1
@@ -659,7 +699,7 @@ def attn_fwd_gluon_kernel(
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
-    NAMED_RELEASE: gl.constexpr = False,
+    NAMED_RELEASE: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -673,7 +713,8 @@ def attn_fwd_gluon_kernel(
     stage and its release (_load_partition). SCALED_P (FP8 without LAZY_RESCALE): P rounded to e4m3 as 2^8 P
     (_attend). OWN_END (causal, OVERLAP without PINGPONG): each warpgroup stops at its own last key block
     (_attend). NAMED_RELEASE (with OVERLAP): the stages go back to the loader through named barriers
-    (_release)."""
+    (_release). TRANSPOSE_V (FP8): v_desc is over V itself, (B, Hkv, Nk, D) with a (1, 1, BLOCK_N, D) box, and
+    the loader makes V^T in shared memory (gluon_transpose.py) instead of reading a copy made before."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -681,9 +722,15 @@ def attn_fwd_gluon_kernel(
 
     q_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    V_ROWS: gl.constexpr = v_desc.block_type.shape[2]  # BLOCK_N keys, or in FP8 (V^T) the D dims
-    V_COLS: gl.constexpr = v_desc.block_type.shape[3]
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
+    if TRANSPOSE_V:  # V's blocks as TMA brings them, and the ring of V^T that the loader makes of them
+        raw_smem = gl.allocate_shared_memory(dtype, [RAW_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, HEAD_DIM, BLOCK_N],
+                                           values_layout(HEAD_DIM, BLOCK_N))
+    else:
+        V_ROWS: gl.constexpr = v_desc.block_type.shape[2]  # BLOCK_N keys, or in FP8 (V^T) the D dims
+        V_COLS: gl.constexpr = v_desc.block_type.shape[3]
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
+        raw_smem = v_smem  # unused (a stand-in, as ones_smem is)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -692,6 +739,9 @@ def attn_fwd_gluon_kernel(
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [WARPGROUPS, 1], mbarrier.MBarrierLayout())
     ones_smem = q_smem  # unused without SUMS_BY_MMA (a stand-in: Gluon's tuples cannot hold None)
+    raw_ready = v_ready  # likewise without TRANSPOSE_V
+    if TRANSPOSE_V:
+        raw_ready = gl.allocate_shared_memory(gl.int64, [RAW_STAGES, 1], mbarrier.MBarrierLayout())
     o_smem = q_smem  # likewise without o_desc
     if o_desc is not None:  # each softmax warpgroup's O on its way out by TMA
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
@@ -701,6 +751,9 @@ def attn_fwd_gluon_kernel(
     mbarrier.init(q_empty, count=WARPGROUPS)  # released once every softmax partition is done with it
     for wg in gl.static_range(WARPGROUPS):
         mbarrier.init(turns.index(wg), count=1)
+    if TRANSPOSE_V:
+        for raw in gl.static_range(RAW_STAGES):
+            mbarrier.init(raw_ready.index(raw), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
@@ -711,15 +764,16 @@ def attn_fwd_gluon_kernel(
     # loader what the softmax partitions' SOFTMAX_REGS leave of the register file. Triton 3.6 takes the
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
-    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-             num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K)
+    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, raw_smem, q_ready, q_empty, k_ready, v_ready, raw_ready,
+             k_empty, v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K)
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
               stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
               qk_scale_log2, DESCALE, SEQUSED_K, ones_smem, o_desc, o_smem)
     if SUMS_BY_MMA:
         thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
+                                               TRANSPOSE_V)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
                                                   SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
@@ -728,7 +782,8 @@ def attn_fwd_gluon_kernel(
                                                   SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
+                                               TRANSPOSE_V)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
                                                   SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
@@ -739,6 +794,9 @@ def attn_fwd_gluon_kernel(
     mbarrier.invalidate(q_empty)
     for wg in gl.static_range(WARPGROUPS):
         mbarrier.invalidate(turns.index(wg))
+    if TRANSPOSE_V:
+        for raw in gl.static_range(RAW_STAGES):
+            mbarrier.invalidate(raw_ready.index(raw))
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(stage))
         mbarrier.invalidate(v_ready.index(stage))

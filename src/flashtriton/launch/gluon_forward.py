@@ -101,6 +101,11 @@ class ForwardOptions(NamedTuple):
     # block and warpgroup instead of two with paired_stages (entry 120); within the spread on an H100 in bf16
     # and FP8 (entry 121)
     named_release: bool = False
+    # FP8 only: V^T made inside the kernel, by the loader's warps from V's blocks as TMA brings them
+    # (FlashAttention-3's; the kernel's TRANSPOSE_V, kernels/gluon_transpose.py), instead of a copy of V
+    # before the kernel: the copy was 5-8% of the call at 4096 keys (entry 121); the loader's warps run
+    # about 100 more instructions per key block and thread for it
+    transpose_v: bool = False
 
     def suffix(self) -> str:
         """For logs: e.g. "-lazy-ostore", "" when all are off."""
@@ -108,7 +113,7 @@ class ForwardOptions(NamedTuple):
 
 
 # ForwardOptions' fields as logs and A/B runs name them
-FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled", "own", "named")
+FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled", "own", "named", "vt")
 # ... and those the kernel takes as its last arguments, in this order: o_by_tma is O's descriptor instead
 KERNEL_FLAGS = tuple(field for field in ForwardOptions._fields if field != "o_by_tma")
 
@@ -120,7 +125,8 @@ def kernel_flags(options: ForwardOptions) -> tuple[bool, ...]:
 
 # The flags that only an FP8 call takes, and why (why_options_refused).
 FP8_ONLY = {"scaled_p": "it keeps small probabilities out of e4m3's subnormals; bf16 and fp16 round P "
-                        "relative to its size at every magnitude it takes"}
+                        "relative to its size at every magnitude it takes",
+            "transpose_v": "bf16 and fp16 wgmma read V as it is; only 8-bit operands need the keys contiguous"}
 
 
 def single_flags(fp8: bool = False) -> dict[str, ForwardOptions]:
@@ -248,6 +254,13 @@ def gluon_ran() -> bool:
     return installed_release() in GLUON_RELEASES_RUN
 
 
+def tma_readable(x: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can read `x` as it is: its last dim contiguous, its start and every other
+    dim's stride multiples of 16 bytes."""
+    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0
+                                                                 for s in x.stride()[:-1])
+
+
 def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple = _DTYPES) -> bool:
     """Whether the Gluon forward takes this (B, H, N, D) call with no variant flag: a dtype of `dtypes` (bf16
     or fp16; the FP8 form float8 e4m3, fp8_gluon_supports), D in HEAD_DIMS (FP8: FP8_HEAD_DIMS), at least one
@@ -256,9 +269,8 @@ def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dt
     head_dims = forward_head_dims(q.dtype == torch.float8_e4m3fn)
     if q.dtype not in dtypes or q.dim() != 4 or q.shape[-1] not in head_dims or k.shape[2] == 0:
         return False
-    for x in (q, k, v):
-        if x.stride(-1) != 1 or x.data_ptr() % 16 or any(s * x.element_size() % 16 for s in x.stride()[:-1]):
-            return False
+    if not all(tma_readable(x) for x in (q, k, v)):
+        return False
     if q.device.type == "cuda":
         properties = cuda_properties(q.device.index)
         if (properties.major, properties.minor) != (9, 0):
@@ -391,9 +403,12 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     refused = why_options_refused(options, head_dim, fp8)
     if refused is not None:
         raise ValueError(refused)
-    if fp8 and (descale is None or v.shape[2] != head_dim):
+    if fp8 and options.transpose_v and (descale is None or v.shape != k.shape):
+        raise ValueError(f"an FP8 call with transpose_v=True takes V like K, {tuple(k.shape)}, got "
+                         f"{tuple(v.shape)}, and descale factors (fp8_forward_gluon prepares them)")
+    if fp8 and not options.transpose_v and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
-                         "(fp8_forward_gluon prepares both)")
+                         "(fp8_forward_gluon prepares both), unless transpose_v=True")
     for name, why in OVERLAP_ONLY.items():
         if getattr(options, name) and not overlap:
             raise ValueError(f"{name}=True needs overlap=True: {why}")
@@ -408,7 +423,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
     programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
     args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
-            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
+            descriptor(v, head_dim, block_n) if fp8 and not options.transpose_v else descriptor(v, block_n),
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
@@ -494,12 +509,16 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
                       descale: torch.Tensor, out_dtype: torch.dtype,
                       options: ForwardOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
-    conditions), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in `out_dtype`
-    and lse (B, Hq, Nq) float32. V is copied into the kernel's layout (fp8_values_operand). `options`: as
-    gluon_forward_launch's."""
+    conditions for q and k), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in
+    `out_dtype` and lse (B, Hq, Nq) float32. `options`: as gluon_forward_launch's (None: FP8_DEFAULT_OPTIONS).
+    V is copied into the kernel's layout first (fp8_values_operand), unless options.transpose_v asks the
+    kernel to transpose it and TMA can read it as it is (tma_readable)."""
     from .forward import empty_in_order
 
-    vt = fp8_values_operand(v)
+    options = FP8_DEFAULT_OPTIONS if options is None else options
+    if options.transpose_v and not tma_readable(v):
+        options = options._replace(transpose_v=False)
+    vt = v if options.transpose_v else fp8_values_operand(v)
     o = empty_in_order(q, dtype=out_dtype)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
