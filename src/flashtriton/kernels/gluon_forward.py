@@ -35,18 +35,18 @@ keys are masked, and no row past the count is ever read.
 Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
 whose last dim is contiguous works, (B, N, H, D) included.
 
-Eight changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and
-FP8_DEFAULT_OPTIONS name those the library runs, raced on the H200; docs/performance.md, entries 86, 87,
-89-92, 99, 115, 120 and 122): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept
-theirs skips O's rescale (gluon_rescale.py); SUMS_BY_MMA, each row's sum of P by the tensor cores beside
-P V (_issue_pv); an o_desc, O written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default
-in FP8); and PAIRED_STAGES (on by default), K of block j + 1 and V of block j in one stage of the rings,
-released together (_load_partition); in FP8, SCALED_P, P made 2^8 times larger before its rounding to
-e4m3 (_online_softmax); and OWN_END, each softmax warpgroup of a causal tile stopping at its own rows' last
-key block and handing the stages past it back unread (_release_unread); and NAMED_RELEASE, the stages
-handed back to the loader through named barriers, every thread arriving, instead of mbarriers (_release);
-and in FP8, TRANSPOSE_V, V^T made in shared memory by the loader's warps from V's blocks as TMA brings them
-(_values_block, gluon_transpose.py) instead of read from a copy made before the kernel.
+Eight changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and FP8_DEFAULT_OPTIONS
+name those the library runs, raced on the H200; docs/performance.md, entries 86, 87, 89-92, 99, 115, 120 and
+122): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's rescale
+(gluon_rescale.py); SUMS_BY_MMA, each row's sum of P by the tensor cores beside P V (_issue_pv); an o_desc, O
+written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default in FP8); and
+PAIRED_STAGES (on by default), K of block j + 1 and V of block j in one stage of the rings, released together
+(_load_partition); in FP8, SCALED_P, P made 2^8 times larger before its rounding to e4m3 (_online_softmax);
+and OWN_END, each softmax warpgroup of a causal tile stopping at its own rows' last key block and handing the
+stages past it back unread (_release_unread); and NAMED_RELEASE, the stages handed back to the loader through
+named barriers, every thread arriving, instead of mbarriers (_release); and in FP8, TRANSPOSE_V, V^T made in
+shared memory by the loader's warps from V's blocks as TMA brings them (_values_block, gluon_transpose.py)
+instead of read from a copy made before the kernel.
 """
 
 from triton.experimental import gluon
