@@ -103,8 +103,8 @@ class ForwardOptions(NamedTuple):
     named_release: bool = False
     # FP8 only: V^T made inside the kernel, by the loader's warps from V's blocks as TMA brings them
     # (FlashAttention-3's; the kernel's TRANSPOSE_V, kernels/gluon_transpose.py), instead of a copy of V
-    # before the kernel: the copy was 5-8% of the call at 4096 keys (entry 121); the loader's warps run
-    # about 100 more instructions per key block and thread for it
+    # before the kernel: the copy was 5-8% of the call at 4096 keys (entry 121); the loader's loop takes
+    # 166 instructions per key block and thread for it at D = 128 (entry 122)
     transpose_v: bool = False
 
     def suffix(self) -> str:
