@@ -23,7 +23,9 @@ place in the round is worth (entry 92).
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
 earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments (without flags, or
 with --base-options default the library's FP8 ones, as `fp8_kernel` runs); and at D = 64 this
-tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`.
+tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`. With --vt-forms, the
+library's kernel with three stages, `fp8_kernel_s3`, that with transpose_v, `fp8_kernel_vt_s3`, and
+transpose_v with K and V in rings of their own, `fp8_kernel_vt_unpaired` (entry 122).
 """
 
 import argparse
@@ -55,10 +57,12 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
 
 
 def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None,
-                  options: gluon_forward.ForwardOptions | None = None) -> callable:
+                  options: gluon_forward.ForwardOptions | None = None,
+                  stages: int = gluon_forward.NUM_STAGES) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
-    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs; `warpgroups` and `options`
-    (ForwardOptions) as gluon_forward_launch takes them (warpgroups None: its rule)."""
+    on inputs prepared once: V^T (or V, with transpose_v), the (3, B, Hkv) descale table, the outputs;
+    `warpgroups`, `options` (ForwardOptions) and `stages` as gluon_forward_launch takes them (warpgroups
+    None: its rule)."""
     batch, heads_kv = k8.shape[:2]
     vt = v8 if options is not None and options.transpose_v else gluon_forward.fp8_values_operand(v8)
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv).contiguous()
@@ -66,7 +70,8 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     lse = torch.empty(q8.shape[:3], device=q8.device)
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5,
                                                                     overlap=True, descale=descale,
-                                                                    warpgroups=warpgroups, options=options)
+                                                                    warpgroups=warpgroups, options=options,
+                                                                    stages=stages)
     args = base_arguments(kernel_fn, kernel, args)
 
     def run():
@@ -76,7 +81,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
 
 
 def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None, skip: tuple = (),
-         base_options: gluon_forward.ForwardOptions | None = None) -> dict:
+         base_options: gluon_forward.ForwardOptions | None = None, vt_forms: bool = False) -> dict:
     torch.manual_seed(0)
     exact = [torch.randn(batch, heads, n, head_dim, device="cuda") for _ in range(3)]
     descales = [x.abs().amax().reshape(1) / 448 for x in exact]
@@ -98,6 +103,12 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
     for name, options in flags_turned_over(gluon_forward.FP8_DEFAULT_OPTIONS, head_dim, fp8=True).items():
         providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
                                                         options=options)
+    if vt_forms:  # transpose_v with more slack for the loader: three stages, or K and V in rings of their own
+        vt = gluon_forward.FP8_DEFAULT_OPTIONS._replace(transpose_v=True)
+        for name, options, stages in (("s3", gluon_forward.FP8_DEFAULT_OPTIONS, 3), ("vt_s3", vt, 3),
+                                      ("vt_unpaired", vt._replace(paired_stages=False), 2)):
+            providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
+                                                            options=options, stages=stages)
     if base is not None:
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales,
                                                      options=base_options or gluon_forward.ForwardOptions())
@@ -127,9 +138,12 @@ if __name__ == "__main__":
     parser.add_argument("--skip", default="", help="providers to leave out, e.g. fp8_kernel_ostore,fp8_kernel_all")
     parser.add_argument("--base-options", choices=("none", "default"), default="none",
                         help="the earlier kernel's flags: none, or the library's FP8 defaults")
+    parser.add_argument("--vt-forms", action="store_true",
+                        help="also the library's kernel with three stages, with transpose_v too, and "
+                             "transpose_v without paired stages")
     cli = parser.parse_args()
     base_options = gluon_forward.FP8_DEFAULT_OPTIONS if cli.base_options == "default" else None
     earlier = None if cli.base is None else load_kernel(cli.base, "attn_fwd_gluon_kernel")
     for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
-        print(json.dumps(race(*shape, base=earlier, skip=tuple(cli.skip.split(",")), base_options=base_options)),
-              flush=True)
+        print(json.dumps(race(*shape, base=earlier, skip=tuple(cli.skip.split(",")), base_options=base_options,
+                              vt_forms=cli.vt_forms)), flush=True)
