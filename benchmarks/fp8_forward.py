@@ -25,9 +25,7 @@ earlier kernel alone too, `fp8_kernel_base`, given the current launcher's argume
 with --base-options default the library's FP8 ones, as `fp8_kernel` runs); and at D = 64 this
 tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`. With --vt-forms, the
 library's kernel with three stages, `fp8_kernel_s3`, that with transpose_v, `fp8_kernel_vt_s3`, and
-transpose_v with K and V in rings of their own, `fp8_kernel_vt_unpaired`, and transpose_v with the
-registers of the forms without it (240 per softmax thread, 24 per loader thread), `fp8_kernel_vt_r240`
-(entry 122).
+transpose_v with K and V in rings of their own, `fp8_kernel_vt_unpaired` (entry 122).
 """
 
 import argparse
@@ -60,7 +58,7 @@ def _errors(o: torch.Tensor, o64: torch.Tensor) -> dict:
 
 def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int | None = None,
                   options: gluon_forward.ForwardOptions | None = None,
-                  stages: int = gluon_forward.NUM_STAGES, registers: tuple[int, int] | None = None) -> callable:
+                  stages: int = gluon_forward.NUM_STAGES) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
     on inputs prepared once: V^T (or V, with transpose_v), the (3, B, Hkv) descale table, the outputs;
     `warpgroups`, `options` (ForwardOptions) and `stages` as gluon_forward_launch takes them (warpgroups
@@ -73,7 +71,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
     kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(q8, k8, vt, o, lse, causal, q8.shape[-1] ** -0.5,
                                                                     overlap=True, descale=descale,
                                                                     warpgroups=warpgroups, options=options,
-                                                                    stages=stages, registers=registers)
+                                                                    stages=stages)
     args = base_arguments(kernel_fn, kernel, args)
 
     def run():
@@ -107,11 +105,10 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
                                                         options=options)
     if vt_forms:  # transpose_v with more slack for the loader: three stages, or K and V in rings of their own
         vt = gluon_forward.FP8_DEFAULT_OPTIONS._replace(transpose_v=True)
-        for name, options, stages, registers in (
-                ("s3", gluon_forward.FP8_DEFAULT_OPTIONS, 3, None), ("vt_s3", vt, 3, None),
-                ("vt_unpaired", vt._replace(paired_stages=False), 2, None), ("vt_r240", vt, 2, (168, 240))):
+        for name, options, stages in (("s3", gluon_forward.FP8_DEFAULT_OPTIONS, 3), ("vt_s3", vt, 3),
+                                      ("vt_unpaired", vt._replace(paired_stages=False), 2)):
             providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
-                                                            options=options, stages=stages, registers=registers)
+                                                            options=options, stages=stages)
     if base is not None:
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales,
                                                      options=base_options or gluon_forward.ForwardOptions())
@@ -142,8 +139,8 @@ if __name__ == "__main__":
     parser.add_argument("--base-options", choices=("none", "default"), default="none",
                         help="the earlier kernel's flags: none, or the library's FP8 defaults")
     parser.add_argument("--vt-forms", action="store_true",
-                        help="also the library's kernel with three stages, with transpose_v too, "
-                             "transpose_v without paired stages, and with 240 registers per softmax thread")
+                        help="also the library's kernel with three stages, with transpose_v too, and "
+                             "transpose_v without paired stages")
     cli = parser.parse_args()
     base_options = gluon_forward.FP8_DEFAULT_OPTIONS if cli.base_options == "default" else None
     earlier = None if cli.base is None else load_kernel(cli.base, "attn_fwd_gluon_kernel")

@@ -196,11 +196,10 @@ def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SH
 
 @gluon.jit
 def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws, keys,
-                  SHIFTED: gl.constexpr, FP8: gl.constexpr, TRANSPOSE_V: gl.constexpr, VT_PIECE: gl.constexpr):
+                  SHIFTED: gl.constexpr, FP8: gl.constexpr, TRANSPOSE_V: gl.constexpr):
     """V of key block j into its ring's `stage`: by TMA (in FP8 V^T, copied before the kernel), or with
     TRANSPOSE_V made here from V's block in the raw stages (gluon_transpose.py), the raw stage then
-    refilled with block j + RAW_STAGES of the tile. `raws`: the raw stages' fills before this tile's;
-    VT_PIECE: the bytes transposed at a time (launch/gluon_forward.py, transpose_piece_bytes)."""
+    refilled with block j + RAW_STAGES of the tile. `raws`: the raw stages' fills before this tile's."""
     if TRANSPOSE_V:
         RAW_STAGES: gl.constexpr = raw_smem.type.shape[0]
         BLOCK_N: gl.constexpr = raw_smem.type.shape[3]
@@ -208,7 +207,7 @@ def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, of
         raw = (raws + j) % RAW_STAGES
         mbarrier.wait(raw_ready.index(raw), ((raws + j) // RAW_STAGES) & 1)
         transpose_values(raw_smem.index(raw).reshape([BLOCK_N, HEAD_DIM]),
-                         v_smem.index(stage).reshape([HEAD_DIM, BLOCK_N]), VT_PIECE)
+                         v_smem.index(stage).reshape([HEAD_DIM, BLOCK_N]))
         fence_async_shared()  # each thread's writes, before the tensor cores read them
         # (Gluon puts a barrier across the partition's warps before the arrive: every warp has read the raw
         # stage before TMA refills it)
@@ -221,7 +220,7 @@ def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, of
 
 @gluon.jit
 def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr,
-                    NAMED: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False, VT_PIECE: gl.constexpr = 4096):
+                    NAMED: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j; with PAIRED the
     two into one stage of both rings, whose K barrier (k_empty) releases both. NAMED: the stages come back
@@ -274,7 +273,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                                     SHIFTED, False, 0, NAMED, WARPGROUPS)
                     stage = _claim_stage(v_empty, fills + j, NUM_STAGES, 1, NAMED, WARPGROUPS)
                 _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws,
-                              keys, SHIFTED, FP8, TRANSPOSE_V, VT_PIECE)
+                              keys, SHIFTED, FP8, TRANSPOSE_V)
             fills += n_blocks
             if TRANSPOSE_V:
                 raws += n_blocks
@@ -700,7 +699,7 @@ def attn_fwd_gluon_kernel(
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
     SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
-    NAMED_RELEASE: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False, VT_PIECE: gl.constexpr = 4096,
+    NAMED_RELEASE: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -715,8 +714,7 @@ def attn_fwd_gluon_kernel(
     (_attend). OWN_END (causal, OVERLAP without PINGPONG): each warpgroup stops at its own last key block
     (_attend). NAMED_RELEASE (with OVERLAP): the stages go back to the loader through named barriers
     (_release). TRANSPOSE_V (FP8): v_desc is over V itself, (B, Hkv, Nk, D) with a (1, 1, BLOCK_N, D) box, and
-    the loader makes V^T in shared memory (gluon_transpose.py) instead of reading a copy made before, VT_PIECE
-    bytes at a time."""
+    the loader makes V^T in shared memory (gluon_transpose.py) instead of reading a copy made before."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -775,7 +773,7 @@ def attn_fwd_gluon_kernel(
         thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
-                                               TRANSPOSE_V, VT_PIECE)),
+                                               TRANSPOSE_V)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
                                                   SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
@@ -785,7 +783,7 @@ def attn_fwd_gluon_kernel(
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
-                                               TRANSPOSE_V, VT_PIECE)),
+                                               TRANSPOSE_V)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
                                                   SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,

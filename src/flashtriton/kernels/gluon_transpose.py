@@ -9,12 +9,12 @@ registers and write it back transposed into the ring's V stage, its keys relabel
 softmax relabels P's (gluon_forward.py, _probabilities_operand): column 16h + 4t + 2n + j holds key
 16h + 8n + 2t + j.
 
-The bytes move as 32-bit words. A thread reads the words of keys k, k + 1, k + 8 and k + 9 (k = 16h + 2t) at
-four consecutive dims, whose bytes, transposed as a 4 x 4 matrix (eight byte permutes, _TRANSPOSE), are the
-words of V^T's four dims at relabeled columns 16h + 4t to 16h + 4t + 3. A block goes through registers a
-piece of keys at a time, 32 bytes per thread where the loader keeps 24 registers, 64 where it keeps 40
-(launch/gluon_forward.py, TRANSPOSE_V_REGISTERS); lanes run over t and over dims (piece_layout), which makes
-the loads conflict-free and lets Triton store the words with stmatrix: at D = 128, per block and thread, 16
+The bytes move as 32-bit words. A thread reads the words of keys k, k + 1, k + 8 and k + 9 (k = 16h + 2t)
+at four consecutive dims, whose bytes, transposed as a 4 x 4 matrix (eight byte permutes, _TRANSPOSE),
+are the words of V^T's four dims at relabeled columns 16h + 4t to 16h + 4t + 3. A block goes through
+registers a piece of keys at a time, 32 bytes per thread (the loader keeps 24 registers:
+launch/gluon_forward.py, REGISTERS); lanes run over t and over dims (piece_layout), which makes the
+loads conflict-free and lets Triton store the words with stmatrix: at D = 128, per block and thread, 16
 8-byte loads, 64 permutes and 8 stmatrix stores.
 """
 
@@ -24,6 +24,7 @@ from triton.experimental.gluon import language as gl
 
 from .gluon_releases import reinterpret
 
+PIECE_BYTES = gl.constexpr(4096)  # per piece of a block: 32 bytes per thread of the loader's 128
 # Four words w(n, j) -> four words o(i), byte 2n + j of o(i) being byte i of w(n, j): $4..$7 are w(0, 0),
 # w(0, 1), w(1, 0), w(1, 1); the first two permutes pair bytes 0 and 1 of the j's, the next two bytes 2 and 3.
 _TRANSPOSE = gl.constexpr("""{
@@ -68,15 +69,14 @@ def values_layout(dims, keys):
 
 
 @gluon.jit
-def transpose_values(raw, vt, PIECE_BYTES: gl.constexpr):
+def transpose_values(raw, vt):
     """raw (keys, D), V's block as TMA brought it -> vt (D, keys), V^T with its keys relabeled (the module
-    docstring), through the calling partition's registers, PIECE_BYTES at a time (4096: 32 per thread of
-    four warps). The caller fences the writes for the tensor cores (fence_async_shared) before it hands vt
-    on."""
+    docstring), through the calling partition's registers. The caller fences the writes for the tensor
+    cores (fence_async_shared) before it hands vt on."""
     KEYS: gl.constexpr = raw.shape[0]
     D: gl.constexpr = raw.shape[1]
     WORDS: gl.constexpr = D // 4
-    PIECE: gl.constexpr = PIECE_BYTES // D  # keys per piece (4 KB: 64, 32 or 16 at D = 64, 128 or 256)
+    PIECE: gl.constexpr = PIECE_BYTES // D  # keys per piece: 64, 32 or 16 at D = 64, 128 or 256
     raw_words = reinterpret(raw, gl.int32, [KEYS, WORDS], as_words(raw.layout))
     vt_words = reinterpret(vt, gl.int32, [D, KEYS // 4], as_words(vt.layout))
     for i in gl.static_range(KEYS // PIECE):

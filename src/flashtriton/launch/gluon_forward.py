@@ -62,18 +62,6 @@ PERSISTENT_CAUSAL_WARPGROUPS = {64: 2, 128: 2, 256: 2}
 # then 240 per softmax thread and what is left (24) per loader thread; with three (16 warps), 128, then
 # 160 and 32, as FlashAttention-3 runs D = 64 (S is 64 x 128 fp32 and O 64 x 64: 96 registers).
 REGISTERS = {2: (168, 240), 3: (128, 160)}
-# ... and with transpose_v, where the loader transposes V through its registers: with two softmax
-# warpgroups 232 each leaves the loader 40 (the softmax still spills none at 232, offline), enough for
-# V's block in two pieces of 8 KB rather than four of 4 KB (kernels/gluon_transpose.py; entry 122)
-TRANSPOSE_V_REGISTERS = {2: (168, 232), 3: (128, 160)}
-
-
-def transpose_piece_bytes(registers: tuple[int, int], warpgroups: int) -> int:
-    """The bytes of V the loader transposes at a time (the kernel's VT_PIECE): 32 per thread of its 128, or
-    64 where it keeps 40 registers or more of the file that (launch, softmax) `registers` leave it."""
-    launch, softmax = registers
-    loader = launch * (warpgroups + 1) - softmax * warpgroups
-    return 8192 if loader >= 40 else 4096
 _DTYPES = (torch.bfloat16, torch.float16)
 # The kernel's schedules, as (overlap, pingpong): each block's products and softmax in turn; block j's Q K^T
 # issued with block j-1's P V (the softmax written between their waits, which ptxas runs first: the
@@ -379,7 +367,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          block_n: int | None = None, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
                          seqused_k: torch.Tensor | None = None,
-                         options: ForwardOptions | None = None, registers: tuple[int, int] | None = None) -> tuple:
+                         options: ForwardOptions | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -429,9 +417,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     if warpgroups not in REGISTERS:
         raise ValueError(f"warpgroups must be one of {tuple(REGISTERS)} (softmax warpgroups per tile), "
                          f"got {warpgroups}")
-    registers = (TRANSPOSE_V_REGISTERS if options.transpose_v else REGISTERS)[warpgroups] if registers is None \
-        else registers
-    max_registers, softmax_registers = registers
+    max_registers, softmax_registers = REGISTERS[warpgroups]
     num_m_blocks = cdiv(seqlen_q, warpgroups * BLOCK_M)
     num_tiles = batch * heads * num_m_blocks
     # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
@@ -441,7 +427,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
-            *kernel_flags(options), transpose_piece_bytes(registers, warpgroups))
+            *kernel_flags(options))
     grid = (programs, )
     # (at Nk = 1 the kernel not specialised on it, whose FP8 P ptxas packs right: kernels/gluon_forward.py)
     kernel = attn_fwd_gluon_kernel_any_keys if seqlen_k == 1 else attn_fwd_gluon_kernel
