@@ -201,7 +201,6 @@ def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, of
     TRANSPOSE_V made here from V's block in the raw stages (gluon_transpose.py), the raw stage then
     refilled with block j + RAW_STAGES of the tile. `raws`: the raw stages' fills before this tile's."""
     if TRANSPOSE_V:
-        RAW_STAGES: gl.constexpr = raw_smem.type.shape[0]
         BLOCK_N: gl.constexpr = raw_smem.type.shape[3]
         HEAD_DIM: gl.constexpr = raw_smem.type.shape[4]
         raw = (raws + j) % RAW_STAGES
@@ -251,7 +250,6 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                 if PAIRED:  # the tile's first stage holds no V: its V barrier completes a phase without bytes
                     mbarrier.arrive(v_ready.index(fills % NUM_STAGES), count=1)
                 if TRANSPOSE_V:  # (the previous tile's transposes have read the raw stages)
-                    RAW_STAGES: gl.constexpr = raw_smem.type.shape[0]
                     for i in gl.static_range(RAW_STAGES):
                         if i < n_blocks:
                             _copy_block(v_desc, raw_smem, raw_ready, (raws + i) % RAW_STAGES, off_b, off_hkv, i,
