@@ -8,7 +8,9 @@ shape. docs/performance.md, entry 59.
 
 `fp8` is flash_attention_fp8 without L, which takes FP8_WITHOUT_LSE_OPTIONS (sums_by_mma too, entry 103);
 `fp8_vt` the same call with V transposed inside the kernel instead of copied first (transpose_v,
-kernels/gluon_transpose.py), through fp8_forward_gluon with the descale table made as the API makes it.
+kernels/gluon_transpose.py), through fp8_forward_gluon with the descale table made as the API makes it;
+`fp8_vcol` the same call as `fp8` with V's keys contiguous (a transposed copy of V made once, outside the
+timing, as a KV cache would hold it): V read as it is and K loaded interleaved, no copy (entry 123).
 The kernel alone also runs, `fp8_kernel` (the library's flags for calls that return L; V^T and the descale
 table made once, outside the timing), and with each flag turned over from the library's FP8 setting
 (gluon_kernel_ab.flags_turned_over: the sets FP8 takes): O's rescale skipped where the maxima held,
@@ -90,8 +92,11 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
     qd, kd, vd = descales
     without_lse_vt = gluon_forward.FP8_WITHOUT_LSE_OPTIONS._replace(transpose_v=True)
+    v8_keys_contiguous = v8.transpose(2, 3).contiguous().transpose(2, 3)
     providers = {
         "fp8": lambda: flash_attention_fp8(q8, k8, v8, is_causal=causal, q_descale=qd, k_descale=kd, v_descale=vd),
+        "fp8_vcol": lambda: flash_attention_fp8(q8, k8, v8_keys_contiguous, is_causal=causal, q_descale=qd,
+                                                k_descale=kd, v_descale=vd),
         "fp8_vt": lambda: gluon_forward.fp8_forward_gluon(q8, k8, v8, causal, head_dim ** -0.5,
                                                           descale_table(descales, batch, k8.shape[1], q8.device),
                                                           torch.bfloat16, without_lse_vt)[0],

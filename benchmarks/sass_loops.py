@@ -9,7 +9,7 @@ the loop with the predicated branches taken that jump over runs of FMULs only (O
 warp's vote, kernels/gluon_rescale.py): the path a block takes when no row's max grew by much.
 
     PYTHONPATH=src python benchmarks/sass_loops.py fwd [--dtype bf16|fp8] [--head-dim 128] [--causal]
-        [--options default|none|lazy,sums,ostore,...] [--block-n 256] [--kernel FILE]
+        [--options default|none|lazy,sums,ostore,...] [--block-n 256] [--kernel FILE] [--interleaved]
     PYTHONPATH=src python benchmarks/sass_loops.py bwd [--head-dim 64] [--causal]
 """
 
@@ -55,7 +55,8 @@ def forward(args) -> None:
     options = forward_options(args.options, fp8)
     if fp8:
         q = torch.randn(1, 2, 4096, args.head_dim).to(torch.float8_e4m3fn)
-        # V^T, as fp8_values_operand makes it, or V itself for the kernel to transpose (transpose_v)
+        # V^T, as fp8_values_operand makes it or as a V with contiguous keys is (--interleaved: the same
+        # tensor, read in another order), or V itself for the kernel to transpose (transpose_v)
         v = q if options.transpose_v else torch.randn(1, 2, args.head_dim, 4096).to(torch.float8_e4m3fn)
         o = torch.empty(q.shape, dtype=torch.bfloat16)
     else:
@@ -63,7 +64,8 @@ def forward(args) -> None:
         o = torch.empty_like(q)
     kernel, grid, launch_args, kwargs = gluon_forward.gluon_forward_launch(
         q, q, v, o, torch.empty(1, 2, 4096), args.causal, args.head_dim ** -0.5, overlap=True,
-        descale=torch.ones(3, 1, 2) if fp8 else None, options=options, block_n=args.block_n)
+        descale=torch.ones(3, 1, 2) if fp8 else None, options=options, block_n=args.block_n,
+        keys_interleaved=args.interleaved)
     if args.kernel:
         earlier = load_kernel(args.kernel, "attn_fwd_gluon_kernel")
         kernel, launch_args = earlier, base_arguments(earlier, kernel, launch_args)
@@ -106,6 +108,9 @@ def main() -> None:
                         help=f"fwd only: default (the library's flags), none, or some of {', '.join(OPTIONS)}")
     parser.add_argument("--block-n", type=int, default=None, help="fwd only: keys per block (default: the launcher's)")
     parser.add_argument("--kernel", help="fwd only: a kernel file with attn_fwd_gluon_kernel (default: the tree's)")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="fwd, FP8 only: K loaded interleaved, V^T read in its keys' own order "
+                             "(V's keys contiguous)")
     args = parser.parse_args()
     (forward if args.kernel_kind == "fwd" else backward)(args)
 

@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .gluon_barriers import named_barrier_arrive, named_barrier_sync
-from .gluon_masks import columns_at_most
+from .gluon_masks import columns_at_most, columns_before
 from .gluon_releases import reinterpret, thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
 from .gluon_transpose import transpose_values, values_layout
@@ -125,11 +125,14 @@ def _block_start(j, keys, BLOCK_N: gl.constexpr, SHIFTED: gl.constexpr):
 
 
 @gluon.jit
-def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED: gl.constexpr,
+def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED: gl.constexpr,
                 TRANSPOSED: gl.constexpr = False):
     """Key block `block` of K or V (its first key: _block_start's) into its ring's `stage`, arriving on
     `ready` when the bytes have landed. TRANSPOSED: the tensor is V^T, (B, Hkv, D, Nk), keys last (FP8,
-    launch/gluon_forward.py's fp8_values_operand)."""
+    launch/gluon_forward.py's fp8_values_operand). A 5-D `desc` is K's interleaved (FP8 with V's keys
+    contiguous: launch/gluon_forward.py, interleaved_keys_map), its box (BLOCK_N / 16, 2, 4, 2, D) over
+    16-key groups counted across the (batch, head) rows; `k_map` = (groups per batch, groups per head, head's
+    offset in the last dim) places a (batch, head) there (ignored for 4-D descriptors)."""
     BLOCK_N: gl.constexpr = smem.type.shape[4] if TRANSPOSED else smem.type.shape[3]
     # _block_start's, inline: called from the load partition with the constant block 0, Triton 3.6 failed
     # to compile it ("value defined outside the region")
@@ -137,7 +140,11 @@ def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED: 
     if SHIFTED:
         start = gl.minimum(start, keys - BLOCK_N)
     mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
-    if TRANSPOSED:
+    if len(desc.block_type.shape) == 5:
+        groups_b, groups_h, inner_h = k_map
+        tma_load(desc, [off_b * groups_b + off_hkv * groups_h + start // 16, 0, 0, 0, off_hkv * inner_h],
+                 ready.index(stage), smem.index(stage).reshape(desc.block_type.shape))
+    elif TRANSPOSED:
         tma_load(desc, [off_b, off_hkv, 0, start], ready.index(stage), smem.index(stage))
     else:
         tma_load(desc, [off_b, off_hkv, start, 0], ready.index(stage), smem.index(stage))
@@ -186,16 +193,16 @@ def _release(empty, stage, RING: gl.constexpr, NAMED: gl.constexpr, CONSUMERS: g
 
 
 @gluon.jit
-def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, SHIFTED: gl.constexpr,
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, k_map, SHIFTED: gl.constexpr,
                 TRANSPOSED: gl.constexpr = False, RING: gl.constexpr = 0, NAMED: gl.constexpr = False,
                 CONSUMERS: gl.constexpr = 0):
     """_copy_block into the stage _claim_stage gives for the ring's fill `count`."""
     stage = _claim_stage(empty, count, smem.type.shape[0], RING, NAMED, CONSUMERS)
-    _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, SHIFTED, TRANSPOSED)
+    _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED, TRANSPOSED)
 
 
 @gluon.jit
-def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws, keys,
+def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws, keys, k_map,
                   SHIFTED: gl.constexpr, FP8: gl.constexpr, TRANSPOSE_V: gl.constexpr):
     """V of key block j into its ring's `stage`: by TMA (in FP8 V^T, copied before the kernel), or with
     TRANSPOSE_V made here from V's block in the raw stages (gluon_transpose.py), the raw stage then
@@ -212,9 +219,9 @@ def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, of
         # stage before TMA refills it)
         mbarrier.arrive(v_ready.index(stage), count=1)
         if j + RAW_STAGES < n_blocks:
-            _copy_block(v_desc, raw_smem, raw_ready, raw, off_b, off_hkv, j + RAW_STAGES, keys, SHIFTED)
+            _copy_block(v_desc, raw_smem, raw_ready, raw, off_b, off_hkv, j + RAW_STAGES, keys, k_map, SHIFTED)
     else:
-        _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, SHIFTED, FP8)
+        _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, k_map, SHIFTED, FP8)
 
 
 @gluon.jit
@@ -229,7 +236,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
     kernel's arguments this partition takes (the flags come apart: in a tuple the kernel names, a flag
     becomes a run-time value, and both sides of each `if` on it would be compiled)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, raw_smem, q_ready, q_empty, k_ready, v_ready, raw_ready, k_empty,
-     v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K) = loads
+     v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, k_map) = loads
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
@@ -245,15 +252,15 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                                                                 SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
             off_hkv = off_h // group
             if n_blocks > 0:  # the first K does not wait on Q's stage
-                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, SHIFTED, False, 0, NAMED,
-                            WARPGROUPS)
+                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, k_map, SHIFTED, False, 0,
+                            NAMED, WARPGROUPS)
                 if PAIRED:  # the tile's first stage holds no V: its V barrier completes a phase without bytes
                     mbarrier.arrive(v_ready.index(fills % NUM_STAGES), count=1)
                 if TRANSPOSE_V:  # (the previous tile's transposes have read the raw stages)
                     for i in gl.static_range(RAW_STAGES):
                         if i < n_blocks:
                             _copy_block(v_desc, raw_smem, raw_ready, (raws + i) % RAW_STAGES, off_b, off_hkv, i,
-                                        keys, SHIFTED)
+                                        keys, k_map, SHIFTED)
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
             mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WARPGROUPS):
@@ -262,16 +269,16 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                 if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
                     stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES, 0, NAMED, WARPGROUPS)
                     if j + 1 < n_blocks:
-                        _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, SHIFTED)
+                        _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, k_map, SHIFTED)
                     else:  # the tile's last stage holds no K
                         mbarrier.arrive(k_ready.index(stage), count=1)
                 else:
                     if j + 1 < n_blocks:
                         _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys,
-                                    SHIFTED, False, 0, NAMED, WARPGROUPS)
+                                    k_map, SHIFTED, False, 0, NAMED, WARPGROUPS)
                     stage = _claim_stage(v_empty, fills + j, NUM_STAGES, 1, NAMED, WARPGROUPS)
                 _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws,
-                              keys, SHIFTED, FP8, TRANSPOSE_V)
+                              keys, k_map, SHIFTED, FP8, TRANSPOSE_V)
             fills += n_blocks
             if TRANSPOSE_V:
                 raws += n_blocks
@@ -288,7 +295,8 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
 @gluon.jit
 def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
                     IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-                    SUMS_BY_MMA: gl.constexpr = False, SCALED_P: gl.constexpr = False):
+                    SUMS_BY_MMA: gl.constexpr = False, SCALED_P: gl.constexpr = False,
+                    KEYS_INTERLEAVED: gl.constexpr = False):
     """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
     running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
     masked: the others skip the comparisons in the softmax's critical path. SHIFTED: the block that
@@ -296,7 +304,8 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     block's, are masked too. LAZY_RESCALE: a row keeps its max while the block's is not far above it
     (gluon_rescale.py); its factor is then exactly 1. SUMS_BY_MMA: the sum is not taken here but by the
     tensor cores (_attend), and l_i comes back as it went in. SCALED_P: P and its sum come out 2^P_LOG2_SCALE
-    times the probabilities (the running max stays unscaled; _attend takes the scale out of L)."""
+    times the probabilities (the running max stays unscaled; _attend takes the scale out of L).
+    KEYS_INTERLEAVED: K was loaded interleaved, column c holding key key_of_column(c) (FP8, gluon_masks.py)."""
     BLOCK_N: gl.constexpr = qk.type.shape[1]
     block_end = (j + 1) * BLOCK_N
     partial = block_end > seqlen_k
@@ -306,12 +315,14 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
         start = _block_start(j, seqlen_k, BLOCK_N, SHIFTED)
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))  # keys from `start`
         if IS_CAUSAL:
-            visible = columns_at_most(cols, last_key - start)
+            visible = columns_at_most(cols, last_key - start, KEYS_INTERLEAVED)
             if SHIFTED:
                 visible = visible & (cols[None, :] >= j * BLOCK_N - start)
         elif SHIFTED:  # (the block ends at Nk)
             visible = cols[None, :] >= j * BLOCK_N - start
-        else:
+        elif KEYS_INTERLEAVED:
+            visible = columns_before(cols, seqlen_k - start, KEYS_INTERLEAVED)
+        else:  # (compared as it is, ptxas takes 9 comparisons where columns_before takes 33)
             visible = cols[None, :] < seqlen_k - start
         qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
@@ -412,7 +423,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
             SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
             PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
-            NAMED_RELEASE: gl.constexpr = False):
+            NAMED_RELEASE: gl.constexpr = False, KEYS_INTERLEAVED: gl.constexpr = False):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
     saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
@@ -437,7 +448,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     back the stages of the blocks past it unread (_release_unread): in a tile of 192 rows and 128-key
     blocks the first warpgroup's last block is one before the tile's, the second's one before in half the
     tiles. NAMED_RELEASE (OVERLAP only): the stages go back to the loader through named barriers, each
-    thread arriving (_release), instead of one thread's arrive on k_empty or v_empty."""
+    thread arriving (_release), instead of one thread's arrive on k_empty or v_empty. KEYS_INTERLEAVED (FP8): K's
+    stages hold each block's keys interleaved (_online_softmax), V^T's in their own order."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -496,7 +508,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             _release(k_empty, fills % NUM_STAGES, 0, NAMED, WARPGROUPS)  # (with PAIRED, the stage holds no V)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P)
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P,
+                                                 KEYS_INTERLEAVED)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_run):
                 stage = (fills + j) % NUM_STAGES
@@ -515,7 +528,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                 if not PAIRED:
                     _release(k_empty, stage, 0, NAMED, WARPGROUPS)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P)
+                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P,
+                                                     KEYS_INTERLEAVED)
                 acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
                 _release(v_free, prev, V_RING, NAMED, WARPGROUPS)
                 if LAZY_RESCALE:
@@ -557,7 +571,7 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE,
-                                                 SCALED_P=SCALED_P)
+                                                 SCALED_P=SCALED_P, KEYS_INTERLEAVED=KEYS_INTERLEAVED)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             mbarrier.wait(v_ready.index(stage), phase)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
@@ -642,7 +656,7 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
                        SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
-                       OWN_END: gl.constexpr, NAMED_RELEASE: gl.constexpr):
+                       OWN_END: gl.constexpr, NAMED_RELEASE: gl.constexpr, KEYS_INTERLEAVED: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
@@ -675,7 +689,8 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
                                           turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
                                           WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
-                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)
+                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
+                                          KEYS_INTERLEAVED)
             _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
                         off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
@@ -688,11 +703,14 @@ def attn_fwd_gluon_kernel(
     # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv);
     # SEQUSED_K (B,) int32 or None; q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA
     # descriptors with a (1, 1, rows, D) box (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N)
-    # box); o_desc (or None) over O (B, Hq, Nq, D) with a (1, 1, 64, D) box: O leaves by TMA stores.
-    # Tensors before descriptors, as launch/replay.py replays a recorded launch.
+    # box; with V^T's keys in their own order, k_desc 5-D, K interleaved: _copy_block, and k_groups_b,
+    # k_groups_h and k_inner_h place a (batch, head) in it); o_desc (or None) over O (B, Hq, Nq, D) with a
+    # (1, 1, 64, D) box: O leaves by TMA stores. Tensors before descriptors, as launch/replay.py replays a
+    # recorded launch.
     O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc, o_desc,
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles, rounds,
+    k_groups_b, k_groups_h, k_inner_h,
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
@@ -715,11 +733,18 @@ def attn_fwd_gluon_kernel(
     the loader makes V^T in shared memory (gluon_transpose.py) instead of reading a copy made before."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
+    # a 5-D K descriptor loads each block's keys interleaved (_copy_block); its stages are the 4-D ones reshaped
+    KEYS_INTERLEAVED: gl.constexpr = len(k_desc.block_type.shape) == 5
+    if KEYS_INTERLEAVED:
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0] * 16
+        k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_N, HEAD_DIM], dtype)
+    else:
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+        k_layout: gl.constexpr = k_desc.layout
 
     q_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_layout)
     if TRANSPOSE_V:  # V's blocks as TMA brings them, and the ring of V^T that the loader makes of them
         raw_smem = gl.allocate_shared_memory(dtype, [RAW_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, HEAD_DIM, BLOCK_N],
@@ -763,7 +788,8 @@ def attn_fwd_gluon_kernel(
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
     loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, raw_smem, q_ready, q_empty, k_ready, v_ready, raw_ready,
-             k_empty, v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K)
+             k_empty, v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
+             (k_groups_b, k_groups_h, k_inner_h))
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
               stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
               qk_scale_log2, DESCALE, SEQUSED_K, ones_smem, o_desc, o_smem)
@@ -773,19 +799,24 @@ def attn_fwd_gluon_kernel(
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
                                                TRANSPOSE_V)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
+                                                  KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
+                                                  KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
+                                                  KEYS_INTERLEAVED))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
         gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
                                                TRANSPOSE_V)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
+                                                  KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
+                                                  KEYS_INTERLEAVED))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

@@ -261,6 +261,49 @@ def tma_readable(x: torch.Tensor) -> bool:
                                                                  for s in x.stride()[:-1])
 
 
+def interleaved_keys_map(k: torch.Tensor) -> tuple[int, int, int] | None:
+    """Where a 5-D TMA descriptor over k (B, Hkv, Nk, D) finds each (batch, KV head)'s keys in groups of 16, as
+    the kernel's (k_groups_b, k_groups_h, k_inner_h): groups per batch, groups per head, and the head's offset
+    in the descriptor's last dim; or None where no such descriptor exists. The descriptor's outer dim counts
+    16-key groups over all rows, so the rows must follow one another at one stride: the heads one after the
+    other along the keys ((B, Hkv, Nk, D) in order), or side by side in each key's row ((B, Nk, Hkv, D) in
+    order); and Nk must be a multiple of 16, or a group would straddle two heads or sequences."""
+    batch, heads_kv, seqlen_k, head_dim = k.shape
+    if seqlen_k % 16 or not tma_readable(k):
+        return None
+    stride_b, stride_h, stride_n, _ = k.stride()
+    groups = seqlen_k // 16
+    heads_along_keys = heads_kv == 1 or stride_h == seqlen_k * stride_n
+    if heads_along_keys and (batch == 1 or stride_b == heads_kv * seqlen_k * stride_n):
+        return heads_kv * groups, groups, 0
+    if (heads_kv == 1 or stride_h == head_dim) and (batch == 1 or stride_b == seqlen_k * stride_n):
+        return groups, 0, head_dim
+    return None
+
+
+def interleaved_keys_descriptor(k: torch.Tensor, k_map: tuple[int, int, int], block_n: int):
+    """The 5-D TMA descriptor that loads a block of k's keys interleaved (the kernel's _copy_block): box
+    (block_n / 16, 2, 4, 2, D) over (16-key groups, n, t, j, the last dim), so that shared-memory row
+    16h + 8n + 2t + j of a block holds key 16h + 4t + 2n + j; `k_map` from interleaved_keys_map. FP8's P V
+    then reads V^T with its keys in their own order (kernels/gluon_masks.py, key_of_column)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, heads_kv, _, head_dim = k.shape
+    groups_b, _, inner_h = k_map
+    stride_n = k.stride(2)
+    box = [block_n // 16, 2, 4, 2, head_dim]
+    layout = gl.NVMMASharedLayout.get_default_for(box, gl.float8e4nv)
+    return TensorDescriptor(k, [batch * groups_b, 2, 4, 2, heads_kv * head_dim if inner_h else head_dim],
+                            [16 * stride_n, 2 * stride_n, 4 * stride_n, stride_n, 1], box, layout)
+
+
+def keys_contiguous(v: torch.Tensor) -> bool:
+    """Whether v (B, Hkv, Nk, D) has its keys contiguous (a transposed view of a (B, Hkv, D, Nk) tensor, say)
+    and TMA can read its V^T view as it is: what an FP8 call needs to skip V's copy."""
+    return v.stride(2) == 1 and tma_readable(v.transpose(2, 3))
+
+
 def gluon_forward_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple = _DTYPES) -> bool:
     """Whether the Gluon forward takes this (B, H, N, D) call with no variant flag: a dtype of `dtypes` (bf16
     or fp16; the FP8 form float8 e4m3, fp8_gluon_supports), D in HEAD_DIMS (FP8: FP8_HEAD_DIMS), at least one
@@ -367,7 +410,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
                          block_n: int | None = None, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
                          seqused_k: torch.Tensor | None = None,
-                         options: ForwardOptions | None = None) -> tuple:
+                         options: ForwardOptions | None = None, keys_interleaved: bool = False) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
@@ -379,7 +422,9 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     float32 (3, B, Hkv) contiguous holds Q's, K's and V's factors (fp8_forward_gluon prepares both).
     `seqused_k` (B,) int32: each sequence's count of keys on the padded k and v (attention_forward's).
     `options`: ForwardOptions (None: default_options(overlap, fp8); with o_by_tma, O's descriptor sits among the
-    descriptors, after V's, else its None is among the scalars)."""
+    descriptors, after V's, else its None is among the scalars). `keys_interleaved` (FP8): `v` is V^T with its
+    keys in their own order (a view of V whose keys are contiguous, keys_contiguous), and K is loaded
+    interleaved to match (interleaved_keys_descriptor) instead."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -409,6 +454,13 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     if fp8 and not options.transpose_v and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
                          "(fp8_forward_gluon prepares both), unless transpose_v=True")
+    k_map = (0, 0, 0)
+    if keys_interleaved:
+        k_map = interleaved_keys_map(k) if fp8 and not options.transpose_v and seqused_k is None else None
+        if k_map is None:
+            raise ValueError("keys_interleaved=True takes an FP8 call without transpose_v or seqused_k, and k whose "
+                             "rows follow one another at one stride with Nk a multiple of 16 (interleaved_keys_map), "
+                             f"got k of shape {tuple(k.shape)} and strides {k.stride()}")
     for name, why in OVERLAP_ONLY.items():
         if getattr(options, name) and not overlap:
             raise ValueError(f"{name}=True needs overlap=True: {why}")
@@ -422,10 +474,11 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     num_tiles = batch * heads * num_m_blocks
     # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
     programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
-    args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), descriptor(k, block_n),
+    k_desc = interleaved_keys_descriptor(k, k_map, block_n) if keys_interleaved else descriptor(k, block_n)
+    args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), k_desc,
             descriptor(v, head_dim, block_n) if fp8 and not options.transpose_v else descriptor(v, block_n),
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
-            heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs),
+            heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs), *k_map,
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
             *kernel_flags(options))
     grid = (programs, )
@@ -511,19 +564,26 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions for q and k), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in
     `out_dtype` and lse (B, Hq, Nq) float32. `options`: as gluon_forward_launch's (None: FP8_DEFAULT_OPTIONS).
-    V is copied into the kernel's layout first (fp8_values_operand), unless options.transpose_v asks the
-    kernel to transpose it and TMA can read it as it is (tma_readable)."""
+    V is copied into the kernel's layout first (fp8_values_operand), unless its keys are contiguous and K's
+    layout lets the kernel load K interleaved (keys_contiguous, interleaved_keys_map): then V is read as it is,
+    FlashAttention-3's column-major V; or unless options.transpose_v asks the kernel to transpose it and TMA
+    can read it as it is (tma_readable)."""
     from .forward import empty_in_order
 
     options = FP8_DEFAULT_OPTIONS if options is None else options
     if options.transpose_v and not tma_readable(v):
         options = options._replace(transpose_v=False)
-    vt = v if options.transpose_v else fp8_values_operand(v)
+    keys_interleaved = (not options.transpose_v and keys_contiguous(v) and interleaved_keys_map(k) is not None)
+    if options.transpose_v:
+        vt = v
+    else:
+        vt = v.transpose(2, 3) if keys_interleaved else fp8_values_operand(v)
     o = empty_in_order(q, dtype=out_dtype)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
-                                                      descale=descale, options=options)
+                                                      descale=descale, options=options,
+                                                      keys_interleaved=keys_interleaved)
     kernel[grid](*args, **kwargs)
     return o, lse
