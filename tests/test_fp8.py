@@ -321,6 +321,128 @@ def test_gluon_fp8_transpose_v_matches_the_copy_bitwise(monkeypatch, head_dim, i
             assert all(c.ok for c in checks), checks
 
 
+needs_gluon = pytest.mark.skipif(not gluon_forward.gluon_available(), reason="Gluon's kernels and descriptors")
+
+
+@needs_gluon
+def test_key_of_column_is_the_probabilities_relabeling():
+    """With K loaded interleaved, accumulator column c holds key key_of_column(c) (kernels/gluon_masks.py, its
+    formula run on CPU tensors): the operand column that _probabilities_operand makes of column c, so that P V
+    reads V^T's keys in their own order. And the masks' split of it (_parts) into a constant per register and
+    the lane's part adds up to it."""
+    from flashtriton.kernels.gluon_masks import key_of_column
+    cols = torch.arange(256)
+    keys = key_of_column.fn(cols)
+    # operand column a takes accumulator column relabel[a] (_probabilities_operand's reshape and permute)
+    relabel = torch.arange(256).view(-1, 2, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(-1)
+    assert torch.equal(keys[relabel], torch.arange(256))
+    lane = cols & 6
+    assert torch.equal(key_of_column.fn(cols - lane) + (lane << 1), keys)
+
+
+@needs_gluon
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_interleaved_keys_descriptor_puts_key_of_column_in_each_row(layout, head_dim):
+    """interleaved_keys_descriptor's 5-D box, read as TMA reads it (each element at the descriptor's strides
+    from the (batch, head)'s coordinates that interleaved_keys_map gives the kernel; groups past the
+    descriptor's rows zero): row c of every key block holds key block start + key_of_column(c), for K laid
+    out (B, Hkv, Nk, D) or (B, Nk, Hkv, D), every batch and head, the last block past Nk included."""
+    from flashtriton.kernels.gluon_masks import key_of_column
+    batch, heads_kv, seqlen_k = 2, 3, 400
+    block_n = gluon_forward.BLOCK_N[head_dim]
+    torch.manual_seed(head_dim)
+    shape = (batch, heads_kv, seqlen_k, head_dim) if layout == "bhnd" else (batch, seqlen_k, heads_kv, head_dim)
+    k = torch.randint(0, 256, shape, dtype=torch.uint8)
+    k = (k if layout == "bhnd" else k.transpose(1, 2)).view(E4M3)
+    k_map = gluon_forward.interleaved_keys_map(k)
+    assert k_map == ((heads_kv * 25, 25, 0) if layout == "bhnd" else (25, 0, head_dim))
+    desc = gluon_forward.interleaved_keys_descriptor(k, k_map, block_n)
+    assert desc.block_shape == [block_n // 16, 2, 4, 2, head_dim]
+    flat = torch.as_strided(k.view(torch.uint8), (k.untyped_storage().nbytes(), ), (1, ), 0)
+    groups_b, groups_h, inner_h = k_map
+    keys = key_of_column.fn(torch.arange(block_n))
+    for b in range(batch):
+        for h in range(heads_kv):
+            for start in range(0, seqlen_k, block_n):
+                first = b * groups_b + h * groups_h + start // 16
+                rows = []
+                for g in range(first, first + block_n // 16):
+                    if g >= desc.shape[0]:
+                        rows.append(torch.zeros(16, head_dim, dtype=torch.uint8))
+                        continue
+                    assert h * inner_h + head_dim <= desc.shape[4]
+                    box = torch.as_strided(flat, (2, 4, 2, head_dim), desc.strides[1:],
+                                           g * desc.strides[0] + h * inner_h)
+                    rows.append(box.reshape(16, head_dim))
+                tile = torch.cat(rows)
+                held = start + keys
+                inside = held < seqlen_k
+                assert torch.equal(tile[inside], k[b, h, held[inside]].view(torch.uint8)), (b, h, start)
+
+
+@needs_gluon
+def test_interleaved_keys_only_where_one_descriptor_reaches_every_head():
+    """interleaved_keys_map: None for Nk not a multiple of 16 (a group would straddle two heads), for rows at
+    no single stride (heads outermost) and for rows not 16 bytes apart (TMA); keys_contiguous: a V whose keys
+    are contiguous and TMA-readable. A launch asked for interleaved keys it cannot have is refused, naming
+    what it needs."""
+    k = torch.empty(2, 3, 96, 64, dtype=E4M3)
+    assert gluon_forward.interleaved_keys_map(k) == (18, 6, 0)
+    assert gluon_forward.interleaved_keys_map(torch.empty(2, 3, 97, 64, dtype=E4M3)) is None
+    assert gluon_forward.interleaved_keys_map(torch.empty(3, 2, 96, 64, dtype=E4M3).transpose(0, 1)) is None
+    assert gluon_forward.interleaved_keys_map(torch.empty(1, 1, 96, 72, dtype=E4M3)[:, :, :, :64]) is None  # TMA
+    v_t = torch.empty(2, 3, 64, 96, dtype=E4M3)
+    assert gluon_forward.keys_contiguous(v_t.transpose(2, 3)) and not gluon_forward.keys_contiguous(k)
+    assert not gluon_forward.keys_contiguous(torch.empty(2, 3, 64, 97, dtype=E4M3).transpose(2, 3))
+    q = torch.empty(2, 6, 32, 64, dtype=E4M3)
+    o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(2, 6, 32)
+    bad_k = torch.empty(2, 3, 97, 64, dtype=E4M3)
+    with pytest.raises(ValueError, match="keys_interleaved=True takes .* Nk a multiple of 16"):
+        gluon_forward.gluon_forward_launch(q, bad_k, torch.empty(2, 3, 64, 97, dtype=E4M3), o, lse, False, 0.125,
+                                           overlap=True, descale=torch.ones(3, 2, 3), keys_interleaved=True)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
+@pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1, 16), (2, 4, 2, 17, 64), (2, 4, 2, 130, 96), (2, 4, 2, 97, 144),
+                                   (1, 8, 2, 640, 704), (1, 2, 1, 300, 2112), (2, 4, 2, 63, 97)])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_gluon_fp8_reads_a_v_with_contiguous_keys_as_it_is(monkeypatch, head_dim, is_causal, shape, layout):
+    """A V whose keys are contiguous (FlashAttention-3's column-major V) is read as it is, K loaded interleaved
+    to match (interleaved_keys_map: K (B, Hkv, Nk, D) or (B, Nk, Hkv, D) in order, Nk a multiple of 16): no
+    copy of V, and O and L as the copy's up to the order of the rows' sums and of P V's products inside a
+    wgmma (the same products of the same keys), without flags and with the library's two FP8 sets; the
+    library's FP8 result (with L) within twice plain FP8 attention's errors. At Nk = 97 V is copied."""
+    quantized, descales, exact = _quantized(*shape, head_dim, per_head=True, seed=shape[3])
+    q8, k8, v8 = quantized
+    if layout == "bnhd":
+        k8 = k8.transpose(1, 2).contiguous().transpose(1, 2)
+    v_keys_contiguous = v8.transpose(2, 3).contiguous().transpose(2, 3)
+    descale = descale_table(tuple(descales), shape[0], shape[2], DEVICE)
+    scale = head_dim ** -0.5
+    copies = []
+    copy = gluon_forward.fp8_values_operand
+    monkeypatch.setattr(gluon_forward, "fp8_values_operand", lambda v: copies.append(v.shape) or copy(v))
+    interleaved = shape[4] % 16 == 0
+    for options in (gluon_forward.ForwardOptions(), gluon_forward.FP8_DEFAULT_OPTIONS,
+                    gluon_forward.FP8_WITHOUT_LSE_OPTIONS):
+        o_copy, lse_copy = gluon_forward.fp8_forward_gluon(q8, k8, v8, is_causal, scale, descale, torch.bfloat16,
+                                                           options)
+        o, lse = gluon_forward.fp8_forward_gluon(q8, k8, v_keys_contiguous, is_causal, scale, descale,
+                                                 torch.bfloat16, options)
+        assert len(copies) == (1 if interleaved else 2), (options, copies)
+        copies.clear()
+        assert not o.isnan().any()
+        torch.testing.assert_close(o.float(), o_copy.float(), rtol=2 ** -6, atol=2 ** -6 * o_copy.abs().max().item())
+        torch.testing.assert_close(lse, lse_copy, rtol=0, atol=1e-4)
+        if options == gluon_forward.FP8_DEFAULT_OPTIONS:
+            checks = _checks(o, lse, exact, is_causal, scale, _plain_fp8_attention(exact, is_causal, scale,
+                                                                                  (quantized, descales)))
+            assert all(c.ok for c in checks), checks
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
