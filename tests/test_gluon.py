@@ -402,6 +402,42 @@ def test_fp8_probabilities_packed_without_unrelated_halves(tmp_path):
             assert form[4:] == ["['RZ']"], lines
 
 
+INTERLEAVED_KEYS_SCRIPT = """
+import re
+
+import torch
+
+from flashtriton.launch import gluon_forward
+from flashtriton.tools import inspect
+
+# FP8 with V's keys contiguous, as fp8_forward_gluon launches it: K loaded interleaved, V^T read as it is
+for head_dim in (64, 128, 256):
+    for causal in (False, True):
+        q = torch.randn(2, 4, 1024, head_dim).to(torch.float8_e4m3fn)
+        k = torch.randn(2, 2, 1024, head_dim).to(torch.float8_e4m3fn)
+        v_t = torch.randn(2, 2, head_dim, 1024).to(torch.float8_e4m3fn)
+        o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(2, 4, 1024)
+        launch = gluon_forward.gluon_forward_launch(q, k, v_t, o, lse, causal, head_dim ** -0.5, overlap=True,
+                                                    descale=torch.ones(3, 2, 2), keys_interleaved=True)
+        sass = inspect.offline_sass(*launch)
+        print(head_dim, causal, len(re.findall(r"UTMALDG\\.5D", sass)), len(re.findall(r"\\b(?:STL|LDL)\\b", sass)),
+              len(re.findall(r"WARPGROUP\\.DEPBAR\\.LE gsb0, 0x[12]\\b", sass)), len(re.findall(r"QGMMA", sass)))
+"""
+
+
+def test_fp8_interleaved_keys_compile_to_5d_loads_without_spills(tmp_path):
+    """The FP8 form with K loaded interleaved (a V with contiguous keys read as it is, fp8_forward_gluon): at
+    D 64, 128 and 256, both masks, K's blocks come by 5-D TMA loads (UTMALDG.5D), no register spills (no
+    local loads or stores), the products on e4m3 wgmma and still overlapped (partial waits)."""
+    script = tmp_path / "interleaved_keys.py"
+    script.write_text(INTERLEAVED_KEYS_SCRIPT)
+    forms = [line.split() for line in compiling(str(script)).split("\n") if line]
+    assert [(f[0], f[1]) for f in forms] == [(d, c) for d in ("64", "128", "256") for c in ("False", "True")]
+    for _, _, loads, spills, partial_waits, products in forms:
+        assert int(loads) >= 1 and int(partial_waits) >= 1 and int(products) > 0, forms
+        assert int(spills) == 0 or not EXACT, forms
+
+
 def test_paired_stages_release_each_block_once(reports):
     """With paired_stages, K of block j + 1 and V of block j share a stage: each softmax warpgroup's
     overlapped loop arrives on one mbarrier per key block, where the same form without it arrives on two

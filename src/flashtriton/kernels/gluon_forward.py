@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .gluon_barriers import named_barrier_arrive, named_barrier_sync
-from .gluon_masks import columns_at_most, columns_before
+from .gluon_masks import columns_at_most, key_of_column
 from .gluon_releases import reinterpret, thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
 from .gluon_transpose import transpose_values, values_layout
@@ -314,15 +314,19 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     if partial:
         start = _block_start(j, seqlen_k, BLOCK_N, SHIFTED)
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))  # keys from `start`
-        if IS_CAUSAL:
-            visible = columns_at_most(cols, last_key - start, KEYS_INTERLEAVED)
+        if KEYS_INTERLEAVED:  # (never SHIFTED: the launcher refuses key counts with it)
+            keys = key_of_column(cols)[None, :]
+            if IS_CAUSAL:
+                visible = keys <= (last_key - start)[:, None]
+            else:
+                visible = keys < seqlen_k - start
+        elif IS_CAUSAL:
+            visible = columns_at_most(cols, last_key - start)
             if SHIFTED:
                 visible = visible & (cols[None, :] >= j * BLOCK_N - start)
         elif SHIFTED:  # (the block ends at Nk)
             visible = cols[None, :] >= j * BLOCK_N - start
-        elif KEYS_INTERLEAVED:
-            visible = columns_before(cols, seqlen_k - start, KEYS_INTERLEAVED)
-        else:  # (compared as it is, ptxas takes 9 comparisons where columns_before takes 33)
+        else:
             visible = cols[None, :] < seqlen_k - start
         qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.

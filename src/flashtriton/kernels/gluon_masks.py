@@ -9,11 +9,34 @@ side folds to each register's constant and the right side to one value per row, 
 with an immediate (docs/performance.md, entry 84). Both spellings give the same booleans in any layout.
 
 An FP8 call whose V has its keys contiguous loads K interleaved (launch/gluon_forward.py,
-interleaved_keys_map): the accumulator's column 16h + 8n + 2t + j then holds key 16h + 4t + 2n + j
-(key_of_column), and the lane's part of a key is `keys & 12`."""
+interleaved_keys_map): the accumulator's column 16h + 8n + 2t + j then holds key 16h + 4t + 2n + j,
+key_of_column. Its masks compare those keys as they are: folded like the above, the keys' comparisons
+spilled registers in the three-warpgroup form at D = 64 (docs/performance.md, entry 123)."""
 
 from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def _folded(cols, bound):
+    """(cols, bound) as the comparison takes them: each side less the lane's part of the column index, the
+    left a constant per register, the right one value per row and lane part."""
+    lane = cols & 6
+    return (cols - lane)[None, :], bound[:, None] - lane[None, :]
+
+
+@gluon.jit
+def columns_at_most(cols, last):
+    """cols[None, :] <= last[:, None]: `cols` a tile's column indices (SliceLayout(0, accumulator)),
+    `last` each row's last visible column (SliceLayout(1, accumulator))."""
+    left, right = _folded(cols, last)
+    return left <= right
+
+
+@gluon.jit
+def columns_at_least(cols, first):
+    """cols[None, :] >= first[:, None], as columns_at_most."""
+    left, right = _folded(cols, first)
+    return left >= right
 
 
 @gluon.jit
@@ -22,47 +45,3 @@ def key_of_column(cols):
     holds key 16h + 4t + 2n + j, the column of P V's A operand that the column's probability becomes in FP8
     (gluon_forward.py, _probabilities_operand), so that V^T is read in its own order."""
     return (cols & -16) | ((cols & 6) << 1) | ((cols & 8) >> 2) | (cols & 1)
-
-
-@gluon.jit
-def _parts(cols, INTERLEAVED: gl.constexpr):
-    """A tile's column indices (or with INTERLEAVED their keys, key_of_column) as the sum of a constant per
-    register and the lane's part (2t, or 4t): the constant taken from `cols - (cols & 6)`, which the compiler
-    folds, rather than from the index, which it does not."""
-    lane = cols & 6
-    register = cols - lane
-    if INTERLEAVED:
-        register = key_of_column(register)
-        lane = lane << 1
-    return register, lane
-
-
-@gluon.jit
-def _folded(cols, bound, INTERLEAVED: gl.constexpr):
-    """(cols, bound) as the comparison takes them: each side less the lane's part of the column index (_parts),
-    the left a constant per register, the right one value per row and lane part."""
-    register, lane = _parts(cols, INTERLEAVED)
-    return register[None, :], bound[:, None] - lane[None, :]
-
-
-@gluon.jit
-def columns_at_most(cols, last, INTERLEAVED: gl.constexpr = False):
-    """cols[None, :] <= last[:, None]: `cols` a tile's column indices (SliceLayout(0, accumulator)),
-    `last` each row's last visible column (SliceLayout(1, accumulator)); INTERLEAVED: the columns' keys
-    (key_of_column) compared instead."""
-    left, right = _folded(cols, last, INTERLEAVED)
-    return left <= right
-
-
-@gluon.jit
-def columns_at_least(cols, first, INTERLEAVED: gl.constexpr = False):
-    """cols[None, :] >= first[:, None], as columns_at_most."""
-    left, right = _folded(cols, first, INTERLEAVED)
-    return left >= right
-
-
-@gluon.jit
-def columns_before(cols, end, INTERLEAVED: gl.constexpr = False):
-    """cols[None, :] < end, one bound for every row, as columns_at_most."""
-    register, lane = _parts(cols, INTERLEAVED)
-    return register[None, :] < end - lane[None, :]
