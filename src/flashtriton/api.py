@@ -193,7 +193,12 @@ def flash_attention_fp8(
     TMA-aligned strides (launch/gluon_forward.py: fp8_gluon_selected; FLASHTRITON_FORWARD=triton turns it
     off), the Gluon kernel runs with its products in FP8 (wgmma's e4m3 form; the probabilities rounded to
     e4m3 for P V, as FlashAttention-3 does). Without `return_lse` the rows' sums come from the tensor cores
-    too (FP8_WITHOUT_LSE_OPTIONS: O as accurate, the kernel faster; L, not returned, less accurate).
+    too (FP8_WITHOUT_LSE_OPTIONS: O as accurate, the kernel faster; L, not returned, less accurate). The
+    kernel reads V with its keys contiguous (8-bit wgmma reduces over a contiguous dim), so a row-major v is
+    copied into that layout first, 5-8% of the call at 4096 keys. A v whose keys are already contiguous,
+    FlashAttention-3's column-major V (e.g. `v_t.transpose(2, 3)` of a (B, Hkv, D, Nk) tensor, as a KV
+    cache can keep it), is read as it is where k is (B, Hkv, Nk, D) or (B, Nk, Hkv, D) in memory order and
+    Nk is a multiple of 16 (launch/gluon_forward.py, interleaved_keys_map); elsewhere it is copied too.
     Where that kernel does not run, `flash_attention` does: in bf16 on the e4m3 values as they are (exact in
     bf16), the descales folded into the scale and O, when q's and k's descales are one element each (their
     product is read on the host); else (per-head factors, a CUDA graph being captured, torch.compile
