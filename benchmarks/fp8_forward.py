@@ -11,9 +11,6 @@ shape. docs/performance.md, entry 59.
 kernels/gluon_transpose.py), through fp8_forward_gluon with the descale table made as the API makes it;
 `fp8_vcol` the same call as `fp8` with V's keys contiguous (a transposed copy of V made once, outside the
 timing, as a KV cache would hold it): V read as it is and K loaded interleaved, no copy (entry 123).
-`fp8_nolse_lazy` is `fp8`'s call (which writes no L since entry 125) with lazy_rescale too, which FP8 takes
-beside sums_by_mma only where no L is written (fp8_forward_gluon, with_lse=False), and `fp8_vcol_nolse_lazy`
-that with `fp8_vcol`'s V.
 The kernel alone also runs, `fp8_kernel` (the library's flags for calls that return L; V^T and the descale
 table made once, outside the timing), and with each flag turned over from the library's FP8 setting
 (gluon_kernel_ab.flags_turned_over: the sets FP8 takes): O's rescale skipped where the maxima held,
@@ -96,20 +93,13 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
     qd, kd, vd = descales
     without_lse_vt = gluon_forward.FP8_WITHOUT_LSE_OPTIONS._replace(transpose_v=True)
     v8_keys_contiguous = v8.transpose(2, 3).contiguous().transpose(2, 3)
-    table = descale_table(descales, batch, k8.shape[1], q8.device)
-    without_lse_lazy = gluon_forward.FP8_WITHOUT_LSE_OPTIONS._replace(lazy_rescale=True)
-
-    def without_lse(v, options):
-        return lambda: gluon_forward.fp8_forward_gluon(q8, k8, v, causal, head_dim ** -0.5, table, torch.bfloat16,
-                                                       options, with_lse=False)[0]
     providers = {
         "fp8": lambda: flash_attention_fp8(q8, k8, v8, is_causal=causal, q_descale=qd, k_descale=kd, v_descale=vd),
         "fp8_vcol": lambda: flash_attention_fp8(q8, k8, v8_keys_contiguous, is_causal=causal, q_descale=qd,
                                                 k_descale=kd, v_descale=vd),
-        "fp8_vt": lambda: gluon_forward.fp8_forward_gluon(q8, k8, v8, causal, head_dim ** -0.5, table,
+        "fp8_vt": lambda: gluon_forward.fp8_forward_gluon(q8, k8, v8, causal, head_dim ** -0.5,
+                                                          descale_table(descales, batch, k8.shape[1], q8.device),
                                                           torch.bfloat16, without_lse_vt)[0],
-        "fp8_nolse_lazy": without_lse(v8, without_lse_lazy),
-        "fp8_vcol_nolse_lazy": without_lse(v8_keys_contiguous, without_lse_lazy),
         "bf16": lambda: flash_attention(qb, kb, vb, is_causal=causal),
         "cudnn": lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal),
     }

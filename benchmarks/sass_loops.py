@@ -9,7 +9,7 @@ the loop with the predicated branches taken that jump over runs of FMULs only (O
 warp's vote, kernels/gluon_rescale.py): the path a block takes when no row's max grew by much.
 
     PYTHONPATH=src python benchmarks/sass_loops.py fwd [--dtype bf16|fp8] [--head-dim 128] [--causal]
-        [--options default|none|lazy,sums,ostore,...] [--block-n 256] [--kernel FILE] [--interleaved] [--no-lse]
+        [--options default|none|lazy,sums,ostore,...] [--block-n 256] [--kernel FILE] [--interleaved]
     PYTHONPATH=src python benchmarks/sass_loops.py bwd [--head-dim 64] [--causal]
 """
 
@@ -63,7 +63,7 @@ def forward(args) -> None:
         q = v = torch.randn(1, 2, 4096, args.head_dim, dtype=torch.bfloat16)
         o = torch.empty_like(q)
     kernel, grid, launch_args, kwargs = gluon_forward.gluon_forward_launch(
-        q, q, v, o, None if args.no_lse else torch.empty(1, 2, 4096), args.causal, args.head_dim ** -0.5, overlap=True,
+        q, q, v, o, torch.empty(1, 2, 4096), args.causal, args.head_dim ** -0.5, overlap=True,
         descale=torch.ones(3, 1, 2) if fp8 else None, options=options, block_n=args.block_n,
         keys_interleaved=args.interleaved)
     if args.kernel:
@@ -108,8 +108,6 @@ def main() -> None:
                         help=f"fwd only: default (the library's flags), none, or some of {', '.join(OPTIONS)}")
     parser.add_argument("--block-n", type=int, default=None, help="fwd only: keys per block (default: the launcher's)")
     parser.add_argument("--kernel", help="fwd only: a kernel file with attn_fwd_gluon_kernel (default: the tree's)")
-    parser.add_argument("--no-lse", action="store_true",
-                        help="fwd only: the kernel writes no L (as flash_attention_fp8 without return_lse can)")
     parser.add_argument("--interleaved", action="store_true",
                         help="fwd, FP8 only: K loaded interleaved, V^T read in its keys' own order "
                              "(V's keys contiguous)")

@@ -224,9 +224,9 @@ def test_gluon_fp8_matches_float64_reference(monkeypatch, head_dim, is_causal, p
     from flashtriton import api
     calls = []
 
-    def counted(*args, **kwargs):
+    def counted(*args):
         calls.append((args[0].dtype, args[-1]))
-        return gluon_forward.fp8_forward_gluon(*args, **kwargs)
+        return gluon_forward.fp8_forward_gluon(*args)
     monkeypatch.setattr(api, "fp8_forward_gluon", counted)
     # auto, which takes the kernel under a Triton release it ran on; under another it must be asked for
     if gluon_forward.gluon_ran() and head_dim in gluon_forward.FP8_AUTO_HEAD_DIMS:
@@ -440,39 +440,6 @@ def test_gluon_fp8_reads_a_v_with_contiguous_keys_as_it_is(monkeypatch, head_dim
             assert all(c.ok for c in checks), checks
 
 
-def test_lazy_rescale_beside_the_sums_only_where_no_l_is_written():
-    """FP8 refuses lazy_rescale beside sums_by_mma where the kernel writes L (the sums of the e4m3 P carry each
-    row's largest P's rounding into L, entry 97) and takes it where it writes none."""
-    options = gluon_forward.FP8_WITHOUT_LSE_OPTIONS._replace(lazy_rescale=True)
-    assert "write no L" in gluon_forward.why_options_refused(options, 128, fp8=True)
-    assert gluon_forward.why_options_refused(options, 128, fp8=True, writes_lse=False) is None
-    assert "448" in gluon_forward.why_options_refused(options._replace(scaled_p=True), 128, fp8=True,
-                                                      writes_lse=False)
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
-@pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("growing", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 130, 700), (1, 8, 2, 640, 640), (2, 4, 2, 17, 63)])
-def test_gluon_fp8_without_l_takes_lazy_rescale_beside_the_sums(head_dim, is_causal, growing, shape):
-    """Writing no L (with_lse=False), the FP8 kernel takes lazy_rescale beside sums_by_mma: O within twice
-    plain FP8 attention's errors on broad scores and on scores whose row maxima grow across key blocks,
-    some by more than the rescale's threshold; no L comes back; asked to write L too, it is refused."""
-    quantized, descales, exact = _quantized(*shape, head_dim, per_head=False, growing=growing)
-    descale = descale_table(tuple(descales), shape[0], shape[2], DEVICE)
-    scale = head_dim ** -0.5
-    options = gluon_forward.FP8_WITHOUT_LSE_OPTIONS._replace(lazy_rescale=True)
-    o, lse = gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale, torch.bfloat16, options,
-                                             with_lse=False)
-    assert lse is None
-    low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
-    check = bounded("O", o, attention_ref(*exact, is_causal=is_causal, scale=scale)[0], low[0], torch.bfloat16)
-    assert check.ok, check
-    with pytest.raises(ValueError, match="write no L"):
-        gluon_forward.fp8_forward_gluon(*quantized, is_causal, scale, descale, torch.bfloat16, options)
-
-
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -509,16 +476,14 @@ def test_gluon_fp8_scaled_p_on_broad_scores(head_dim, is_causal):
 def test_sums_by_the_tensor_cores_only_where_l_is_not_returned(monkeypatch, return_lse):
     """Where the FP8 kernel runs, a call that returns L takes FP8_DEFAULT_OPTIONS (exact sums of P), one that
     does not FP8_WITHOUT_LSE_OPTIONS (the sums of the e4m3 P by the tensor cores, which cost L its accuracy:
-    docs/performance.md, entry 98) and asks the kernel to write no L; what the kernel returns is what the
-    call returns."""
+    docs/performance.md, entry 98); what the kernel returns is what the call returns."""
     from flashtriton import api
     (q8, k8, v8), (qd, kd, vd), _ = _quantized(1, 4, 2, 9, 11, 16, per_head=False)
     seen = []
     outputs = torch.randn(q8.shape, device=DEVICE), torch.randn(q8.shape[:3], device=DEVICE)
 
-    def kernel(q, k, v, is_causal, scale, descale, out_dtype, options, with_lse):
+    def kernel(q, k, v, is_causal, scale, descale, out_dtype, options):
         seen.append(options)
-        assert with_lse == return_lse
         return outputs
     monkeypatch.setattr(api, "fp8_gluon_selected", lambda *args: True)
     monkeypatch.setattr(api, "fp8_forward_gluon", kernel)

@@ -219,7 +219,7 @@ def flash_attention_fp8(
     descale = descale_table((q_descale, k_descale, v_descale), batch, heads_kv, q.device)
     if fp8_gluon_selected(q, k, v):
         options = FP8_DEFAULT_OPTIONS if return_lse else FP8_WITHOUT_LSE_OPTIONS
-        o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype, options, with_lse=return_lse)
+        o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype, options)
     else:
         o, lse = _fp8_without_its_kernel(q, k, v, is_causal, scale, (q_descale, k_descale), descale, out_dtype)
     return (o, lse) if return_lse else o

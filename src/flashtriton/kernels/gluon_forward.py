@@ -639,8 +639,7 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
     epilogue: the tile leaves as one bulk copy while the warpgroup goes on to the next, and TMA drops the
     rows past Nq, where the pointer stores take 16 bytes per row and instruction and a mask. A causal
     tile that overhangs row 0 (_tile) stores through pointers: a TMA store at a negative row stopped the
-    kernel with an illegal instruction on the H200 (docs/performance.md, entry 92). L through pointers,
-    unless LSE is None (a call that does not return it)."""
+    kernel with an illegal instruction on the H200 (docs/performance.md, entry 92). L through pointers."""
     BLOCK_M: gl.constexpr = o.type.shape[0]
     HEAD_DIM: gl.constexpr = o.type.shape[1]
     if o_desc is not None:
@@ -653,9 +652,8 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
             _store_rows(o, O, o_base, stride_om, rows0, seqlen_q)
     else:
         _store_rows(o, O, o_base, stride_om, rows0, seqlen_q)
-    if LSE is not None:
-        rows = rows0 + gl.arange(0, BLOCK_M, layout=lse.type.layout)
-        gl.store(LSE + lse_base + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
+    rows = rows0 + gl.arange(0, BLOCK_M, layout=lse.type.layout)
+    gl.store(LSE + lse_base + rows, lse, mask=(rows >= 0) & (rows < seqlen_q))
 
 
 @gluon.jit
@@ -706,13 +704,13 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
 
 @gluon.jit
 def attn_fwd_gluon_kernel(
-    # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous or None (not written); DESCALE (FP8
-    # only) float32 (3, B, Hkv); SEQUSED_K (B,) int32 or None; q_desc (B, Hq, Nq, D), k_desc and v_desc
-    # (B, Hkv, Nk, D): TMA descriptors with a (1, 1, rows, D) box (FP8: v_desc over V^T (B, Hkv, D, Nk), a
-    # (1, 1, D, BLOCK_N) box; with V^T's keys in their own order, k_desc 5-D, K interleaved: _copy_block, and
-    # k_groups_b, k_groups_h and k_inner_h place a (batch, head) in it); o_desc (or None) over O (B, Hq, Nq,
-    # D) with a (1, 1, 64, D) box: O leaves by TMA stores. Tensors before descriptors, as launch/replay.py
-    # replays a recorded launch.
+    # O like q (strides given), LSE (B, Hq, Nq) float32 contiguous; DESCALE (FP8 only) float32 (3, B, Hkv);
+    # SEQUSED_K (B,) int32 or None; q_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv, Nk, D): TMA
+    # descriptors with a (1, 1, rows, D) box (FP8: v_desc over V^T (B, Hkv, D, Nk), a (1, 1, D, BLOCK_N)
+    # box; with V^T's keys in their own order, k_desc 5-D, K interleaved: _copy_block, and k_groups_b,
+    # k_groups_h and k_inner_h place a (batch, head) in it); o_desc (or None) over O (B, Hq, Nq, D) with a
+    # (1, 1, 64, D) box: O leaves by TMA stores. Tensors before descriptors, as launch/replay.py replays a
+    # recorded launch.
     O, LSE, DESCALE, SEQUSED_K, q_desc, k_desc, v_desc, o_desc,
     stride_ob, stride_oh, stride_om,
     num_heads, group, seqlen_q, seqlen_k, num_m_blocks, num_tiles, rounds,

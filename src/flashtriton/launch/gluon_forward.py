@@ -184,12 +184,11 @@ def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
     return options if overlap else options._replace(**dict.fromkeys(OVERLAP_ONLY, False))
 
 
-def why_options_refused(options: ForwardOptions, head_dim: int, fp8: bool = False,
-                        writes_lse: bool = True) -> str | None:
+def why_options_refused(options: ForwardOptions, head_dim: int, fp8: bool = False) -> str | None:
     """Why the kernel at this head dim and precision does not take what `options` ask for, or None: O by TMA
     past O_BY_TMA_HEAD_DIMS in 16-bit (shared memory), FP8_ONLY's flags in bf16 and fp16, and in FP8 lazy_rescale with
-    sums_by_mma (L's accuracy: unless the call `writes_lse` not) or scaled_p (e4m3's range) (FP8_ALL_FLAGS).
-    gluon_forward_launch raises it; inspect and the A/B runs leave such options out."""
+    sums_by_mma (L's accuracy) or scaled_p (e4m3's range) (FP8_ALL_FLAGS). gluon_forward_launch raises it;
+    inspect and the A/B runs leave such options out."""
     if options.o_by_tma and not fp8 and head_dim not in O_BY_TMA_HEAD_DIMS:
         return (f"o_by_tma=True needs a head dim in {O_BY_TMA_HEAD_DIMS} in 16-bit, got {head_dim}: O's staging "
                 "tiles would not fit in shared memory beside the rings (FP8's fit at every head dim)")
@@ -199,9 +198,9 @@ def why_options_refused(options: ForwardOptions, head_dim: int, fp8: bool = Fals
     if fp8 and options.scaled_p and options.lazy_rescale:
         return ("scaled_p=True with lazy_rescale=True is refused: a row's kept max already lets P reach 2^8, "
                 "and scaled by 2^8 more it would pass e4m3's largest value (448); turn one of them off")
-    if fp8 and options.sums_by_mma and options.lazy_rescale and writes_lse:
+    if fp8 and options.sums_by_mma and options.lazy_rescale:
         return ("sums_by_mma=True with lazy_rescale=True is refused in FP8: the sums of the e4m3 P would carry "
-                "the rounding of each row's largest P into L; turn one of them off, or write no L")
+                "the rounding of each row's largest P into L; turn one of them off")
     return None
 
 
@@ -406,14 +405,13 @@ def gluon_forward_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
     return gluon_forward_supports(q, k, v)
 
 
-def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor | None,
+def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                          is_causal: bool, scale: float, overlap: bool = False, pingpong: bool = False,
                          block_n: int | None = None, stages: int = NUM_STAGES, warpgroups: int | None = None,
                          descale: torch.Tensor | None = None, persistent: bool | None = None,
                          seqused_k: torch.Tensor | None = None,
                          options: ForwardOptions | None = None, keys_interleaved: bool = False) -> tuple:
-    """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32 (None: no L,
-    which lets FP8 take lazy_rescale beside sums_by_mma, why_options_refused): launched
+    """(kernel, grid, args, kwargs) of the call that writes o (like q) and lse (B, Hq, Nq) float32: launched
     by attention_forward_gluon, compiled offline by tools/inspect.py. `overlap`: each warpgroup issues a
     block's Q K^T with the previous block's P V (the kernel's OVERLAP); `pingpong` (with overlap): the
     warpgroups take turns on the tensor cores (PINGPONG); `block_n`, `stages` and `warpgroups` (2 or 3): the
@@ -447,7 +445,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
         box = [1, 1, rows, cols]
         layout = gl.NVMMASharedLayout.get_default_for(box, elements[x.dtype])
         return TensorDescriptor.from_tensor(x, box, layout)
-    refused = why_options_refused(options, head_dim, fp8, writes_lse=lse is not None)
+    refused = why_options_refused(options, head_dim, fp8)
     if refused is not None:
         raise ValueError(refused)
     if fp8 and options.transpose_v and (descale is None or v.shape != k.shape):
@@ -561,12 +559,11 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
 
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                      descale: torch.Tensor, out_dtype: torch.dtype, options: ForwardOptions | None = None,
-                      with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      descale: torch.Tensor, out_dtype: torch.dtype,
+                      options: ForwardOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward on the Gluon kernel: q, k, v float8 e4m3 (B, H, N, D) (gluon_forward_supports' layout
     conditions for q and k), `descale` float32 (3, B, Hkv) (Q's, K's and V's factors); returns o like q in
-    `out_dtype` and lse (B, Hq, Nq) float32, or None without `with_lse` (the kernel writes no L). `options`:
-    as gluon_forward_launch's (None: FP8_DEFAULT_OPTIONS).
+    `out_dtype` and lse (B, Hq, Nq) float32. `options`: as gluon_forward_launch's (None: FP8_DEFAULT_OPTIONS).
     V is copied into the kernel's layout first (fp8_values_operand), unless its keys are contiguous and K's
     layout lets the kernel load K interleaved (keys_contiguous, interleaved_keys_map): then V is read as it is,
     FlashAttention-3's column-major V; or unless options.transpose_v asks the kernel to transpose it and TMA
@@ -582,7 +579,7 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     else:
         vt = v.transpose(2, 3) if keys_interleaved else fp8_values_operand(v)
     o = empty_in_order(q, dtype=out_dtype)
-    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32) if with_lse else None
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
