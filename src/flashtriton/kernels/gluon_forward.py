@@ -33,7 +33,9 @@ would cross the count is loaded ending at it instead, overlapping the block befo
 keys are masked, and no row past the count is ever read.
 
 Tensors are read through 4-D TMA descriptors over (B, H, N, D) with a (1, 1, rows, D) box, so any layout
-whose last dim is contiguous works, (B, N, H, D) included.
+whose last dim is contiguous works, (B, N, H, D) included. One exception: an FP8 call whose V^T comes with
+its keys in their own order (a V with contiguous keys, read as it is) gives K a 5-D descriptor that lands
+each block's keys interleaved as P's relabeling needs them (KEYS_INTERLEAVED, _copy_block).
 
 Eight changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and FP8_DEFAULT_OPTIONS
 name those the library runs, raced on the H200; docs/performance.md, entries 86, 87, 89-92, 99, 115, 120 and
