@@ -400,6 +400,22 @@ def test_interleaved_keys_only_where_one_descriptor_reaches_every_head():
                                            overlap=True, descale=torch.ones(3, 2, 3), keys_interleaved=True)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_a_v_with_contiguous_keys_is_the_same_attention(is_causal):
+    """flash_attention_fp8 takes a V whose keys are contiguous (a transposed view of a (B, Hkv, D, Nk) tensor)
+    on every path: on the Gluon kernel it is read as it is (below), elsewhere (CPU: the interpreter's
+    flash_attention) the result is bitwise its row-major copy's."""
+    (q8, k8, v8), (qd, kd, vd), _ = _quantized(1, 4, 2, 17, 32, 64, per_head=True, seed=3)
+    v_keys_contiguous = v8.transpose(2, 3).contiguous().transpose(2, 3)
+    args = dict(is_causal=is_causal, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True)
+    o, lse = flashtriton.flash_attention_fp8(q8, k8, v8, **args)
+    o_t, lse_t = flashtriton.flash_attention_fp8(q8, k8, v_keys_contiguous, **args)
+    if ON_HOPPER:  # (the kernel's two paths sum in another order: the GPU test below bounds them)
+        torch.testing.assert_close(o_t.float(), o.float(), rtol=2 ** -6, atol=2 ** -6 * o.abs().max().item())
+    else:
+        assert torch.equal(o_t, o) and torch.equal(lse_t, lse)
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
 @pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
