@@ -573,11 +573,13 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     options = FP8_DEFAULT_OPTIONS if options is None else options
     if options.transpose_v and not tma_readable(v):
         options = options._replace(transpose_v=False)
-    keys_interleaved = (not options.transpose_v and keys_contiguous(v) and interleaved_keys_map(k) is not None)
+    keys_interleaved = not options.transpose_v and keys_contiguous(v) and interleaved_keys_map(k) is not None
     if options.transpose_v:
         vt = v
+    elif keys_interleaved:
+        vt = v.transpose(2, 3)
     else:
-        vt = v.transpose(2, 3) if keys_interleaved else fp8_values_operand(v)
+        vt = fp8_values_operand(v)
     o = empty_in_order(q, dtype=out_dtype)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
