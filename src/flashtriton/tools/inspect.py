@@ -5,14 +5,17 @@ launchers (`attention_forward`, `attention_backward`) on CPU tensors of the righ
 Triton's driver replaced by one that reports an sm_90 (Hopper) GPU, so every kernel is specialised and
 compiled exactly as on the H200 but not launched. From each compiled kernel it reads:
 
-- registers per thread, stack and local memory (spills) from `cuobjdump --dump-resource-usage`;
+- registers per thread, stack and local memory (spills) from `cuobjdump --dump-resource-usage`, in the
+  same call as the SASS;
 - dynamic shared memory from the kernel's metadata;
 - how many matrix instructions of each kind the SASS holds: HGMMA is Hopper's warp-group MMA (wgmma;
   QGMMA its 8-bit form, counted with it), HMMA the older per-warp tensor-core instruction. A Hopper
   attention kernel should show HGMMA only;
 - how many waits on them (`WARPGROUP.DEPBAR`), and whether ptxas serialised them: its advisory C7515,
-  which Triton does not show, read by running ptxas on the PTX again. A serialised kernel waits after
-  every HGMMA, so no matrix product overlaps anything (docs/performance.md).
+  which Triton shows only when asked (`knobs.nvidia.dump_ptxas_log`): read from the log of Triton's own
+  ptxas run, or, where Triton's cache had the kernel and ran no ptxas, from running ptxas on the PTX
+  again. A serialised kernel waits after every HGMMA, so no matrix product overlaps anything
+  (docs/performance.md).
 
 Triton ships `cuobjdump` and `nvdisasm` with its NVIDIA backend, so this runs on any machine with Triton.
 """
@@ -22,11 +25,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import os
 import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -61,16 +66,31 @@ class _OfflineDriver:
         return torch.device("cpu")
 
 
+class OfflineKernel(NamedTuple):
+    """A kernel compiled offline: Triton's `asm` (ptx, cubin, ...) and `metadata`, and the log of the ptxas
+    run that made its cubin (None where Triton's cache held the kernel, so that no ptxas ran)."""
+    asm: dict
+    metadata: object
+    ptxas_log: str | None
+
+
 class _Capture:
-    """Stands in for a kernel: `kernel[grid](...)` compiles (warmup) and records the result in `sink`."""
+    """Stands in for a kernel: `kernel[grid](...)` compiles (warmup) and records an OfflineKernel in `sink`."""
 
     def __init__(self, name: str, kernel, sink: dict):
         self.name, self.kernel, self.sink = name, kernel, sink
 
     def __getitem__(self, grid):
         def compile_only(*args, **kwargs):
-            compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
-            self.sink[self.name] = compiled.result() if hasattr(compiled, "result") else compiled
+            # Triton prints ptxas's log to stdout when asked: kept, it saves running ptxas again for its
+            # advisories (_wgmma_serialized), a sixth of what compiling and reading a kernel cost.
+            printed = io.StringIO()
+            with triton.knobs.nvidia.scope(), contextlib.redirect_stdout(printed):
+                triton.knobs.nvidia.dump_ptxas_log = True
+                compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
+                compiled = compiled.result() if hasattr(compiled, "result") else compiled
+            log = printed.getvalue()
+            self.sink[self.name] = OfflineKernel(compiled.asm, compiled.metadata, log if "ptxas" in log else None)
         return compile_only
 
 
@@ -140,34 +160,37 @@ class KernelReport:
     matrix_stores: int = 0
 
 
-def _cuobjdump(cubin: bytes, option: str) -> str:
+def _cuobjdump(cubin: bytes, *options: str) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, option, f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, *options, f.name], capture_output=True, text=True, check=True).stdout
 
 
-def _resource_usage(cubin: bytes) -> dict[str, int]:
-    out = _cuobjdump(cubin, "--dump-resource-usage")
-    return {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out)}
+def _resource_usage(listing: str) -> dict[str, int]:
+    """Registers, stack and local bytes from a listing of `cuobjdump --dump-resource-usage`."""
+    return {key: int(value) for key, value in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", listing)}
 
 
 # An instruction of cuobjdump's listing: `/*1a2b0*/   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ ;`
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]+\*/\s+([^;]*;)")
 
 
-def _sass(cubin: bytes) -> str:
-    """The kernel's instructions, one per line. Not Triton's asm["sass"]: its parser reads a four-digit
-    address and stops at the first instruction past 64 KB of code, which the backward's causal kernels
-    pass (two loops over the query blocks per compute warpgroup)."""
-    return "\n".join(_INSTRUCTION.findall(_cuobjdump(cubin, "-sass")))
+def _sass(listing: str) -> str:
+    """The kernel's instructions, one per line, from a listing of `cuobjdump -sass`. Not Triton's
+    asm["sass"]: its parser reads a four-digit address and stops at the first instruction past 64 KB of
+    code, which the backward's causal kernels pass (two loops over the query blocks per compute warpgroup)."""
+    return "\n".join(_INSTRUCTION.findall(listing))
 
 
-def _wgmma_serialized(ptx: str) -> bool:
-    """Whether ptxas serialises the kernel's wgmma instructions (advisory C7515), from a second ptxas run."""
+def _wgmma_serialized(ptx: str, ptxas_log: str | None) -> bool:
+    """Whether ptxas serialises the kernel's wgmma instructions (advisory C7515): from the log of the run
+    that compiled it, or, without one, from a second ptxas run."""
     from triton.backends.nvidia.compiler import get_ptxas
 
+    if ptxas_log is not None:
+        return "C7515" in ptxas_log
     tool = get_ptxas(90).path  # the ptxas Triton itself compiles sm_90 with (3.9: its CUDA 13 one)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
@@ -181,17 +204,18 @@ def _wgmma_serialized(ptx: str) -> bool:
 _NAMED_BARRIER = re.compile(r"\bBAR\.(?:SYNC|ARV|RED)[\w.]*\s+(0x[0-9a-f]+|\d+)\b")
 
 
-def _report(name: str, compiled, head_dim: int, dtype: torch.dtype, causal: bool, config: str) -> KernelReport:
-    usage = _resource_usage(compiled.asm["cubin"])
-    sass = _sass(compiled.asm["cubin"])
+def _report(name: str, compiled: OfflineKernel, head_dim: int, dtype: torch.dtype, causal: bool,
+            config: str) -> KernelReport:
+    listing = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage", "-sass")
+    usage, sass = _resource_usage(listing), _sass(listing)
     lines = sass.splitlines()
     loop_opcodes = innermost_wgmma_loop_opcodes(lines)
     return KernelReport(name, head_dim, str(dtype).removeprefix("torch."), causal, config,
                         usage.get("REG", 0), usage.get("STACK", 0), usage.get("LOCAL", 0),
                         compiled.metadata.shared, len(re.findall(r"\b[HQ]GMMA\.", sass)),
                         len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bWARPGROUP\.DEPBAR", sass)),
-                        _wgmma_serialized(compiled.asm["ptx"]), len(re.findall(r"\bUSETMAXREG\b", sass)),
-                        len(re.findall(r"\bF2F\.", sass)),
+                        _wgmma_serialized(compiled.asm["ptx"], compiled.ptxas_log),
+                        len(re.findall(r"\bUSETMAXREG\b", sass)), len(re.findall(r"\bF2F\.", sass)),
                         hashlib.sha1(sass.encode()).hexdigest()[:12],
                         tuple(sorted({int(i, 0) for i in _NAMED_BARRIER.findall(sass)})),
                         _shared_stores(sass), sass.count(";"), skippable_fmuls(lines),
@@ -328,7 +352,7 @@ def inspect_variants(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: in
 
 def _compile_offline(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPUTarget):
     """A launcher's (kernel, grid, args, kwargs), compiled for `target` as _Capture compiles the Triton
-    kernels; returns the compiled kernel."""
+    kernels; returns its OfflineKernel."""
     sink: dict = {}
     with _offline(target):
         _Capture("kernel", kernel, sink)[grid](*args, **kwargs)
@@ -338,7 +362,7 @@ def _compile_offline(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPU
 def offline_sass(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPUTarget = HOPPER) -> str:
     """The SASS of a launcher's (kernel, grid, args, kwargs) compiled for `target`, on any machine: for
     scripts that read a kernel's instructions themselves (benchmarks/gluon_wait_order.py)."""
-    return _sass(_compile_offline(kernel, grid, args, kwargs, target).asm["cubin"])
+    return _sass(_cuobjdump(_compile_offline(kernel, grid, args, kwargs, target).asm["cubin"], "-sass"))
 
 
 def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen: int = 8192,
