@@ -7,8 +7,6 @@ shape. docs/performance.md, entry 59.
     PYTHONPATH=src python benchmarks/fp8_forward.py [--shapes 0,2] [--base FILE [--base-options default]]
 
 `fp8` is flash_attention_fp8 without L, which takes FP8_WITHOUT_LSE_OPTIONS (sums_by_mma too, entry 103);
-`fp8_vt` the same call with V transposed inside the kernel instead of copied first (transpose_v,
-kernels/gluon_transpose.py), through fp8_forward_gluon with the descale table made as the API makes it;
 `fp8_vcol` the same call as `fp8` with V's keys contiguous (a transposed copy of V made once, outside the
 timing, as a KV cache would hold it): V read as it is and K loaded interleaved, no copy (entry 123).
 The kernel alone also runs, `fp8_kernel` (the library's flags for calls that return L; V^T and the descale
@@ -17,17 +15,15 @@ table made once, outside the timing), and with each flag turned over from the li
 `fp8_kernel_lazy` (lazy_rescale, kernels/gluon_rescale.py), the rows' sums by the tensor cores,
 `fp8_kernel_sums` (sums_by_mma), O through pointers instead of TMA stores, `fp8_kernel_no_ostore` (o_by_tma
 off), K and V not paired in one stage, `fp8_kernel_no_paired` (paired_stages off), P rounded to e4m3 as
-2^8 P, `fp8_kernel_scaled` (scaled_p), the stages handed back through named barriers, `fp8_kernel_named`
-(named_release), V^T made in the kernel, `fp8_kernel_vt` (transpose_v), and every flag FP8 takes (all but lazy_rescale:
-launch/gluon_forward.py's FP8_ALL_FLAGS), `fp8_kernel_all`;
+2^8 P, `fp8_kernel_scaled` (scaled_p), and every flag FP8 takes (all but lazy_rescale: launch/gluon_forward.py's
+FP8_ALL_FLAGS), `fp8_kernel_all`;
 last in each round `fp8_kernel` again, `fp8_kernel_again`, whose gap to the first says what a provider's
 place in the round is worth (entry 92).
 With --base (an earlier commit's kernels/gluon_forward.py, made as gluon_kernel_ab.py's docstring says), the
 earlier kernel alone too, `fp8_kernel_base`, given the current launcher's arguments (without flags, or
 with --base-options default the library's FP8 ones, as `fp8_kernel` runs); and at D = 64 this
-tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`. With --vt-forms, the
-library's kernel with three stages, `fp8_kernel_s3`, that with transpose_v, `fp8_kernel_vt_s3`, and
-transpose_v with K and V in rings of their own, `fp8_kernel_vt_unpaired` (entry 122).
+tree's kernel with two softmax warpgroups instead of three, `fp8_kernel_2wg`. With --stages 3, the
+library's kernel with three stages too, `fp8_kernel_s3`.
 """
 
 import argparse
@@ -39,7 +35,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ab_runs
 from flashtriton import flash_attention, flash_attention_fp8
-from flashtriton.api import descale_table
 from flashtriton.launch import gluon_forward
 from flashtriton.reference import attention_ref
 from gluon_kernel_ab import base_arguments, flags_turned_over, load_kernel
@@ -62,11 +57,11 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
                   options: gluon_forward.ForwardOptions | None = None,
                   stages: int = gluon_forward.NUM_STAGES) -> callable:
     """The FP8 kernel `kernel_fn` (this tree's or an earlier file's) launched with this launcher's arguments
-    on inputs prepared once: V^T (or V, with transpose_v), the (3, B, Hkv) descale table, the outputs;
+    on inputs prepared once: V^T, the (3, B, Hkv) descale table, the outputs;
     `warpgroups`, `options` (ForwardOptions) and `stages` as gluon_forward_launch takes them (warpgroups
     None: its rule)."""
     batch, heads_kv = k8.shape[:2]
-    vt = v8 if options is not None and options.transpose_v else gluon_forward.fp8_values_operand(v8)
+    vt = gluon_forward.fp8_values_operand(v8)
     descale = torch.stack([d.reshape(()) for d in descales]).reshape(3, 1, 1).expand(3, batch, heads_kv).contiguous()
     o = torch.empty(q8.shape, device=q8.device, dtype=torch.bfloat16)
     lse = torch.empty(q8.shape[:3], device=q8.device)
@@ -83,7 +78,7 @@ def _kernel_alone(kernel_fn, q8, k8, v8, causal: bool, descales, warpgroups: int
 
 
 def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None, skip: tuple = (),
-         base_options: gluon_forward.ForwardOptions | None = None, vt_forms: bool = False) -> dict:
+         base_options: gluon_forward.ForwardOptions | None = None, three_stages: bool = False) -> dict:
     torch.manual_seed(0)
     exact = [torch.randn(batch, heads, n, head_dim, device="cuda") for _ in range(3)]
     descales = [x.abs().amax().reshape(1) / 448 for x in exact]
@@ -91,15 +86,11 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
     q, k, v = (x8.float() * d for x8, d in zip((q8, k8, v8), descales, strict=True))  # what the FP8 inputs hold
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
     qd, kd, vd = descales
-    without_lse_vt = gluon_forward.FP8_WITHOUT_LSE_OPTIONS._replace(transpose_v=True)
     v8_keys_contiguous = v8.transpose(2, 3).contiguous().transpose(2, 3)
     providers = {
         "fp8": lambda: flash_attention_fp8(q8, k8, v8, is_causal=causal, q_descale=qd, k_descale=kd, v_descale=vd),
         "fp8_vcol": lambda: flash_attention_fp8(q8, k8, v8_keys_contiguous, is_causal=causal, q_descale=qd,
                                                 k_descale=kd, v_descale=vd),
-        "fp8_vt": lambda: gluon_forward.fp8_forward_gluon(q8, k8, v8, causal, head_dim ** -0.5,
-                                                          descale_table(descales, batch, k8.shape[1], q8.device),
-                                                          torch.bfloat16, without_lse_vt)[0],
         "bf16": lambda: flash_attention(qb, kb, vb, is_causal=causal),
         "cudnn": lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal),
     }
@@ -108,12 +99,9 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None,
     for name, options in flags_turned_over(gluon_forward.FP8_DEFAULT_OPTIONS, head_dim, fp8=True).items():
         providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
                                                         options=options)
-    if vt_forms:  # transpose_v with more slack for the loader: three stages, or K and V in rings of their own
-        vt = gluon_forward.FP8_DEFAULT_OPTIONS._replace(transpose_v=True)
-        for name, options, stages in (("s3", gluon_forward.FP8_DEFAULT_OPTIONS, 3), ("vt_s3", vt, 3),
-                                      ("vt_unpaired", vt._replace(paired_stages=False), 2)):
-            providers[f"fp8_kernel_{name}"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
-                                                            options=options, stages=stages)
+    if three_stages:
+        providers["fp8_kernel_s3"] = _kernel_alone(attn_fwd_gluon_kernel, q8, k8, v8, causal, descales,
+                                                   options=gluon_forward.FP8_DEFAULT_OPTIONS, stages=3)
     if base is not None:
         providers["fp8_kernel_base"] = _kernel_alone(base, q8, k8, v8, causal, descales,
                                                      options=base_options or gluon_forward.ForwardOptions())
@@ -143,12 +131,11 @@ if __name__ == "__main__":
     parser.add_argument("--skip", default="", help="providers to leave out, e.g. fp8_kernel_ostore,fp8_kernel_all")
     parser.add_argument("--base-options", choices=("none", "default"), default="none",
                         help="the earlier kernel's flags: none, or the library's FP8 defaults")
-    parser.add_argument("--vt-forms", action="store_true",
-                        help="also the library's kernel with three stages, with transpose_v too, and "
-                             "transpose_v without paired stages")
+    parser.add_argument("--stages", type=int, choices=(2, 3), default=2,
+                        help="3: also the library's kernel with three stages")
     cli = parser.parse_args()
     base_options = gluon_forward.FP8_DEFAULT_OPTIONS if cli.base_options == "default" else None
     earlier = None if cli.base is None else load_kernel(cli.base, "attn_fwd_gluon_kernel")
     for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
         print(json.dumps(race(*shape, base=earlier, skip=tuple(cli.skip.split(",")), base_options=base_options,
-                              vt_forms=cli.vt_forms)), flush=True)
+                              three_stages=cli.stages == 3)), flush=True)

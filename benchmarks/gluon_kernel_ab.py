@@ -19,8 +19,8 @@ the current one (`current`: the library's DEFAULT_OPTIONS) also with each of fla
 setting: O's rescale skipped where the maxima held (`current_lazy`: lazy_rescale,
 kernels/gluon_rescale.py), the rows' sums by the tensor cores (`current_sums`: sums_by_mma), O by TMA stores
 (`current_ostore`: o_by_tma), each added to the defaults, K and V paired in one stage taken from them
-(`current_no_paired`: paired_stages off), the stages handed back through named barriers (`current_named`:
-named_release), and every flag at once (`current_all`); the Triton forward and cuDNN's; the current
+(`current_no_paired`: paired_stages off), and every flag at once (`current_all`); the Triton forward and
+cuDNN's; the current
 one again, last (`current_again`: its gap to `current`
 is what a provider's place in the round is worth);
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line

@@ -56,8 +56,8 @@ def forward(args) -> None:
     if fp8:
         q = torch.randn(1, 2, 4096, args.head_dim).to(torch.float8_e4m3fn)
         # V^T, as fp8_values_operand makes it or as a V with contiguous keys is (--interleaved: the same
-        # tensor, read in another order), or V itself for the kernel to transpose (transpose_v)
-        v = q if options.transpose_v else torch.randn(1, 2, args.head_dim, 4096).to(torch.float8_e4m3fn)
+        # tensor, read in another order)
+        v = torch.randn(1, 2, args.head_dim, 4096).to(torch.float8_e4m3fn)
         o = torch.empty(q.shape, dtype=torch.bfloat16)
     else:
         q = v = torch.randn(1, 2, 4096, args.head_dim, dtype=torch.bfloat16)

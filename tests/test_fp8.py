@@ -278,49 +278,6 @@ def test_gluon_fp8_options_match_float64_reference(head_dim, is_causal, shape, o
     assert all(c.ok for c in checks), checks
 
 
-@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
-@pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 97, 130), (2, 4, 2, 130, 97),
-                                   (1, 8, 2, 640, 700), (1, 2, 1, 300, 2100)])
-def test_gluon_fp8_transpose_v_matches_the_copy_bitwise(monkeypatch, head_dim, is_causal, shape):
-    """With transpose_v the kernel's loader makes V^T from V's blocks as TMA brings them
-    (kernels/gluon_transpose.py): the same bytes in the V ring as fp8_values_operand's copy (keys past Nk
-    zero either way), so O and L are bitwise the copy's, without flags and with the library's two FP8 sets;
-    2100 keys take more blocks than the raw stages. A V that TMA cannot read as it is (rows 8 bytes apart
-    past D) is copied instead, with the same result. The library's FP8 result (with L) within twice plain FP8
-    attention's errors, as test_gluon_fp8_matches_float64_reference."""
-    quantized, descales, exact = _quantized(*shape, head_dim, per_head=True, seed=shape[3])
-    descale = descale_table(tuple(descales), shape[0], shape[2], DEVICE)
-    scale = head_dim ** -0.5
-    copies = []
-    copy = gluon_forward.fp8_values_operand
-    monkeypatch.setattr(gluon_forward, "fp8_values_operand", lambda v: copies.append(v.shape) or copy(v))
-
-    def run(options, v):
-        return gluon_forward.fp8_forward_gluon(quantized[0], quantized[1], v, is_causal, scale, descale,
-                                               torch.bfloat16, options)
-    # (the library's set without L last: its sums of the e4m3 P miss L's bound on these broad scores, entry 98)
-    for options in (gluon_forward.ForwardOptions(), gluon_forward.FP8_DEFAULT_OPTIONS,
-                    gluon_forward.FP8_WITHOUT_LSE_OPTIONS):
-        o_copy, lse_copy = run(options, quantized[2])
-        assert len(copies) == 1
-        o, lse = run(options._replace(transpose_v=True), quantized[2])
-        assert len(copies) == 1, "transpose_v copied a V that TMA reads as it is"
-        assert torch.equal(o, o_copy) and torch.equal(lse, lse_copy), (options, (o - o_copy).abs().max())
-        padded = torch.zeros(*quantized[2].shape[:3], head_dim + 8, device=DEVICE, dtype=torch.uint8)
-        padded[..., :head_dim] = quantized[2].view(torch.uint8)
-        strided = padded.view(torch.float8_e4m3fn)[..., :head_dim]
-        o_strided, lse_strided = run(options._replace(transpose_v=True), strided)
-        assert len(copies) == 2, "a V that TMA cannot read was not copied"
-        assert torch.equal(o_strided, o_copy) and torch.equal(lse_strided, lse_copy)
-        copies.clear()
-        if options == gluon_forward.FP8_DEFAULT_OPTIONS:
-            checks = _checks(o, lse, exact, is_causal, scale, _plain_fp8_attention(exact, is_causal, scale,
-                                                                                  (quantized, descales)))
-            assert all(c.ok for c in checks), checks
-
-
 needs_gluon = pytest.mark.skipif(not gluon_forward.gluon_available(), reason="Gluon's kernels and descriptors")
 
 

@@ -53,7 +53,7 @@ def reports():
 def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     """Every variant (D 64 and 128, causal and not, each of the kernel's three forms with two softmax
     warpgroups, at D = 64 the overlapped form with three, and the library's form with key counts, with
-    lazy_rescale, with sums_by_mma, with o_by_tma, with paired_stages and with own_end, three warpgroups at
+    lazy_rescale, with sums_by_mma, with o_by_tma and with paired_stages, three warpgroups at
     D = 64 without a mask and two with one): matrix
     products on wgmma, issued asynchronously (ptxas did not serialise them), no spilled registers, the
     partitions trading registers (USETMAXREG), the launch's warps x registers within the SM's 64K, and the
@@ -450,41 +450,6 @@ def test_paired_stages_release_each_block_once(reports):
         assert r["shared_bytes"] <= twin["shared_bytes"] and not r["wgmma_serialized"], (r, twin)
 
 
-def test_named_release_hands_stages_back_without_mbarrier_arrives(reports):
-    """With named_release the softmax warpgroups hand the rings' stages back through named barriers (the
-    kernel's EMPTY_BARRIER - ring * NUM_STAGES - stage, ids in registers), where the loader syncs: no
-    mbarrier arrive left in the overlapped loop, one warpgroup barrier per key block and warpgroup
-    (before its waits), the same products, no spill beyond the form's without it, wgmma still asynchronous.
-    bf16 and FP8, D 64 and 128, both masks (docs/performance.md, entry 120)."""
-    for r, warpgroups, twin in option_forms(reports, "-named"):
-        assert (r["loop_arrives"], twin["loop_arrives"]) == (0, 2 * warpgroups), (r, twin)
-        assert r["loop_barriers"] == warpgroups < twin["loop_barriers"], (r, twin)
-        assert r["hgmma"] == twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
-        assert spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
-
-
-def test_transpose_v_writes_v_t_in_the_loader(reports):
-    """With transpose_v (FP8 only) the loader's warps make V^T from V's blocks in shared memory
-    (kernels/gluon_transpose.py): each byte of a block's V^T written once by stmatrix, 16 bytes per thread and
-    store (D x BLOCK_N / 2048 stores), the raw stages' 2 x BLOCK_N x D bytes more shared memory, and the softmax
-    warpgroups' loop as without it (the same arrives, barriers and products); no spill beyond the form's
-    without it. Alone and with the library's FP8 flags (the candidate), D 64 and 128, both masks."""
-    fp8 = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and r["dtype"] == "float8_e4m3fn"]
-    pairs = [(r, next(t for t in fp8 if t["config"] == r["config"].removesuffix("-vt")
-                      and (t["head_dim"], t["causal"]) == (r["head_dim"], r["causal"])))
-             for r in fp8 if r["config"].endswith("-vt")]
-    assert sorted((r["config"].split("-", 4)[4], r["head_dim"], r["causal"]) for r, _ in pairs) == sorted(
-        (form, head_dim, causal) for form in ("overlap-fp8-vt", "overlap-fp8-ostore-paired-vt")
-        for head_dim in (64, 128) for causal in (False, True))
-    for r, twin in pairs:
-        block_bytes = r["head_dim"] * gluon_forward.BLOCK_N[r["head_dim"]]  # a V block's, in FP8
-        assert r["matrix_stores"] - twin["matrix_stores"] == block_bytes // 2048, r
-        assert 0 <= r["shared_bytes"] - twin["shared_bytes"] - 2 * block_bytes <= 64, (r, twin)
-        assert [r[key] for key in ("loop_arrives", "loop_barriers", "hgmma")] == \
-            [twin[key] for key in ("loop_arrives", "loop_barriers", "hgmma")], (r, twin)
-        assert not r["wgmma_serialized"] and spills_within(r, twin["stack_bytes"] + twin["local_bytes"]), (r, twin)
-
-
 def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of_waits(reports):
     """The warpgroup barriers (BAR.SYNC) in each softmax warpgroup's key-block loop: one before each
     mbarrier arrive, which one thread issues for the warpgroup; and under Triton 3.6, whose barrier analysis
@@ -493,8 +458,7 @@ def test_forward_loop_barriers_are_one_per_arrive_and_under_3_6_one_per_group_of
     side), two in the in-turn form (an arrive between them). Triton 3.9 puts none after an arrive, and in
     these loops an arrive's barrier stands between one block's waits and the next's.
     benchmarks/gluon_barrier_rule.py shows the rule on a minimal ring; docs/performance.md, entry 116. bf16
-    and FP8, D 64 and 128, both masks, every form and flag. With named_release a loop has no mbarrier arrive,
-    so under 3.9 too one barrier per block stands before its waits (a wait after a wait on the same ring)."""
+    and FP8, D 64 and 128, both masks, every form and flag."""
     release = gluon_forward.installed_release()
     if release not in ("3.6", "3.9"):
         pytest.skip(f"the barriers are counted under Triton 3.6 and 3.9, not {release}")
@@ -770,23 +734,19 @@ def test_supports():
 def test_launch_refuses_what_it_cannot_hold():
     """gluon_forward_launch, called directly (A/B scripts, inspect), names the head dims it takes, and refuses
     O by TMA at D = 256 in 16-bit, where O's staging tiles would not fit beside the rings in shared memory
-    (FP8's do), scaled_p
-    and transpose_v outside FP8, in FP8 lazy_rescale with sums_by_mma or with scaled_p (FP8_ALL_FLAGS says
-    why), and a V^T where transpose_v takes V."""
+    (FP8's do), scaled_p outside FP8, in FP8 lazy_rescale with sums_by_mma or with scaled_p (FP8_ALL_FLAGS
+    says why), and in FP8 a V that is not V^T."""
     def launch(head_dim, dtype=torch.bfloat16, v=None, **kwargs):
         q = torch.randn(1, 2, 64, head_dim).to(dtype)
-        options = kwargs.get("options", gluon_forward.ForwardOptions())
-        if v is None:  # (FP8: V^T, unless the kernel makes it)
-            transposed = dtype == torch.float8_e4m3fn and not options.transpose_v
-            v = torch.randn(1, 2, head_dim, 64).to(dtype) if transposed else q
+        if v is None:  # (FP8: V^T)
+            v = torch.randn(1, 2, head_dim, 64).to(dtype) if dtype == torch.float8_e4m3fn else q
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, 64)
         return gluon_forward.gluon_forward_launch(q, q, v, o, lse, False, 0.1, overlap=True, **kwargs)
     assert launch(256)[1] == (2, )  # 2 x 2 heads' 64 rows: one tile each
-    # transpose_v takes V itself, like K, not the V^T that the copy makes
-    with pytest.raises(ValueError, match=r"with transpose_v=True takes V like K, \(1, 2, 64, 128\), got "
-                                         r"\(1, 2, 128, 64\)"):
-        launch(128, torch.float8_e4m3fn, v=torch.randn(1, 2, 128, 64).to(torch.float8_e4m3fn),
-               descale=torch.ones(3, 1, 2), options=gluon_forward.ForwardOptions(transpose_v=True))
+    # FP8 takes V^T, (B, Hkv, D, Nk), as fp8_forward_gluon prepares it, not V
+    with pytest.raises(ValueError, match=r"an FP8 call takes V transposed, \(B, Hkv, D, Nk\), and descale factors"):
+        launch(128, torch.float8_e4m3fn, v=torch.randn(1, 2, 64, 128).to(torch.float8_e4m3fn),
+               descale=torch.ones(3, 1, 2))
     with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\), got 96; the Triton kernels"):
         launch(96)
     with pytest.raises(ValueError, match=r"head dims \(64, 128, 256\) in FP8, got 96"):
@@ -805,8 +765,6 @@ def test_launch_refuses_what_it_cannot_hold():
                    options=gluon_forward.ForwardOptions(lazy_rescale=True, scaled_p=True))
         with pytest.raises(ValueError, match=r"scaled_p=True is for FP8 calls only: it keeps small probabilities"):
             launch(head_dim, options=gluon_forward.ForwardOptions(scaled_p=True))
-        with pytest.raises(ValueError, match=r"transpose_v=True is for FP8 calls only: bf16 and fp16 wgmma read V"):
-            launch(head_dim, options=gluon_forward.ForwardOptions(transpose_v=True))
         assert launch(head_dim, options=gluon_forward.ALL_FLAGS)[1] == (2, )  # (bf16 takes both)
         assert launch(head_dim, torch.float8_e4m3fn, descale=torch.ones(3, 1, 2),
                       options=gluon_forward.FP8_ALL_FLAGS)[1] == (2, )
@@ -899,7 +857,7 @@ def test_o_by_tma_in_flash_attn_layout(is_causal):
         assert_matches_reference(q, k, v, is_causal, 128 ** -0.5, o, lse)
 
 
-@pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages", "own_end", "named_release"])
+@pytest.mark.parametrize("option", ["sums_by_mma", "paired_stages"])
 def test_options_that_need_overlap(option):
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64)

@@ -37,18 +37,16 @@ whose last dim is contiguous works, (B, N, H, D) included. One exception: an FP8
 its keys in their own order (a V with contiguous keys, read as it is) gives K a 5-D descriptor that lands
 each block's keys interleaved as P's relabeling needs them (KEYS_INTERLEAVED, _copy_block).
 
-Eight changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and FP8_DEFAULT_OPTIONS
-name those the library runs, raced on the H200; docs/performance.md, entries 86, 87, 89-92, 99, 115, 120 and
-122): LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's rescale
+Five changes are flags of the kernel (the launcher's ForwardOptions; DEFAULT_OPTIONS and FP8_DEFAULT_OPTIONS
+name those the library runs, raced on the H200; docs/performance.md, entries 86, 87, 89-92 and 99):
+LAZY_RESCALE, rows keep a stale max within 2^8 and a warp whose rows all kept theirs skips O's rescale
 (gluon_rescale.py); SUMS_BY_MMA, each row's sum of P by the tensor cores beside P V (_issue_pv); an o_desc, O
-written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default in FP8); and
+written by TMA stores from shared memory (_store_tile) instead of through pointers (on by default in FP8);
 PAIRED_STAGES (on by default), K of block j + 1 and V of block j in one stage of the rings, released together
-(_load_partition); in FP8, SCALED_P, P made 2^8 times larger before its rounding to e4m3 (_online_softmax);
-and OWN_END, each softmax warpgroup of a causal tile stopping at its own rows' last key block and handing the
-stages past it back unread (_release_unread); and NAMED_RELEASE, the stages handed back to the loader through
-named barriers, every thread arriving, instead of mbarriers (_release); and in FP8, TRANSPOSE_V, V^T made in
-shared memory by the loader's warps from V's blocks as TMA brings them (_values_block, gluon_transpose.py)
-instead of read from a copy made before the kernel.
+(_load_partition); and in FP8, SCALED_P, P made 2^8 times larger before its rounding to e4m3
+(_online_softmax). Three more were raced, found no faster, and removed (docs/performance.md, entries 115-122
+and 126): each warpgroup of a causal tile stopping at its own last key block, the stages handed back through
+named barriers, and in FP8 V^T made in shared memory by the loader's warps.
 """
 
 from triton.experimental import gluon
@@ -61,20 +59,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_barriers import named_barrier_arrive, named_barrier_sync
 from .gluon_masks import columns_at_most, key_of_column
 from .gluon_releases import reinterpret, thread_barrier, tma_load, tma_store
 from .gluon_rescale import keep_max, rescale_where_needed
-from .gluon_transpose import transpose_values, values_layout
 
 LN2 = gl.constexpr(0.6931471805599453)
 # SCALED_P's factor on P, in log2 units: P <= 2^8 = 256, within e4m3's largest finite value (448)
 P_LOG2_SCALE = gl.constexpr(8.0)
-# With NAMED_RELEASE, ring r's stage s (K's ring 0, V's 1) goes back to the loader at named barrier
-# EMPTY_BARRIER - r * NUM_STAGES - s (_empty_barrier_id)
-EMPTY_BARRIER = gl.constexpr(14)
-# With TRANSPOSE_V, V's blocks are brought this many ahead of the loader's transposes (_values_block)
-RAW_STAGES = gl.constexpr(2)
 
 
 @gluon.jit
@@ -153,99 +144,39 @@ def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SH
 
 
 @gluon.jit
-def _empty_barrier_id(stage, NUM_STAGES: gl.constexpr, RING: gl.constexpr):
-    """The named barrier at which ring RING's (0: K's, 1: V's) `stage` is handed back (NAMED_RELEASE)."""
-    return EMPTY_BARRIER - RING * NUM_STAGES - stage
-
-
-@gluon.jit
-def _claim_stage(empty, count, NUM_STAGES: gl.constexpr, RING: gl.constexpr = 0, NAMED: gl.constexpr = False,
-                 CONSUMERS: gl.constexpr = 0):
+def _claim_stage(empty, count, NUM_STAGES: gl.constexpr):
     """The ring's stage count % NUM_STAGES (`count`: the ring's fills so far, over every tile of the program),
     once every softmax partition has released its previous fill. A fresh mbarrier counts as having
-    completed the phase before its first, so the first pass through the ring does not wait. NAMED: the
-    releases are every softmax thread's arrive at the stage's named barrier (_release), where the loader
-    syncs, from the second pass on; CONSUMERS: the softmax warpgroups."""
+    completed the phase before its first, so the first pass through the ring does not wait."""
     stage = count % NUM_STAGES
-    if NAMED:
-        if count >= NUM_STAGES:
-            named_barrier_sync(_empty_barrier_id(stage, NUM_STAGES, RING), (CONSUMERS + 1) * 128)
-    else:
-        mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
+    mbarrier.wait(empty.index(stage), ((count // NUM_STAGES) & 1) ^ 1)
     return stage
 
 
 @gluon.jit
-def _meet_last_releases(fills, NUM_STAGES: gl.constexpr, RING: gl.constexpr, CONSUMERS: gl.constexpr):
-    """NAMED_RELEASE: the loader syncs on the releases of the ring's last NUM_STAGES fills too, which no
-    claim met, so that every named barrier ends balanced."""
-    for last in range(gl.maximum(fills - NUM_STAGES, 0), fills):
-        named_barrier_sync(_empty_barrier_id(last % NUM_STAGES, NUM_STAGES, RING), (CONSUMERS + 1) * 128)
-
-
-@gluon.jit
-def _release(empty, stage, RING: gl.constexpr, NAMED: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Hand ring RING's `stage` back to the loader: one mbarrier arrive for the warpgroup, before which Gluon
-    puts a barrier across its four warps; or with NAMED each thread's arrive at the stage's named barrier,
-    once its own warp is past the wait for the products that read the stage (kernels/gluon_barriers.py)."""
-    if NAMED:
-        named_barrier_arrive(_empty_barrier_id(stage, empty.type.shape[0], RING), (CONSUMERS + 1) * 128)
-    else:
-        mbarrier.arrive(empty.index(stage), count=1)
-
-
-@gluon.jit
 def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, k_map, SHIFTED: gl.constexpr,
-                TRANSPOSED: gl.constexpr = False, RING: gl.constexpr = 0, NAMED: gl.constexpr = False,
-                CONSUMERS: gl.constexpr = 0):
+                TRANSPOSED: gl.constexpr = False):
     """_copy_block into the stage _claim_stage gives for the ring's fill `count`."""
-    stage = _claim_stage(empty, count, smem.type.shape[0], RING, NAMED, CONSUMERS)
+    stage = _claim_stage(empty, count, smem.type.shape[0])
     _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED, TRANSPOSED)
 
 
 @gluon.jit
-def _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws, keys, k_map,
-                  SHIFTED: gl.constexpr, FP8: gl.constexpr, TRANSPOSE_V: gl.constexpr):
-    """V of key block j into its ring's `stage`: by TMA (in FP8 V^T, copied before the kernel), or with
-    TRANSPOSE_V made here from V's block in the raw stages (gluon_transpose.py), the raw stage then
-    refilled with block j + RAW_STAGES of the tile. `raws`: the raw stages' fills before this tile's."""
-    if TRANSPOSE_V:
-        BLOCK_N: gl.constexpr = raw_smem.type.shape[3]
-        HEAD_DIM: gl.constexpr = raw_smem.type.shape[4]
-        raw = (raws + j) % RAW_STAGES
-        mbarrier.wait(raw_ready.index(raw), ((raws + j) // RAW_STAGES) & 1)
-        transpose_values(raw_smem.index(raw).reshape([BLOCK_N, HEAD_DIM]),
-                         v_smem.index(stage).reshape([HEAD_DIM, BLOCK_N]))
-        fence_async_shared()  # each thread's writes, before the tensor cores read them
-        # (Gluon puts a barrier across the partition's warps before the arrive: every warp has read the raw
-        # stage before TMA refills it)
-        mbarrier.arrive(v_ready.index(stage), count=1)
-        if j + RAW_STAGES < n_blocks:
-            _copy_block(v_desc, raw_smem, raw_ready, raw, off_b, off_hkv, j + RAW_STAGES, keys, k_map, SHIFTED)
-    else:
-        _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, k_map, SHIFTED, FP8)
-
-
-@gluon.jit
-def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr,
-                    NAMED: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False):
+def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
-    warpgroup is done with the previous tile's, then K of block j + 1 before V of block j; with PAIRED the
-    two into one stage of both rings, whose K barrier (k_empty) releases both. NAMED: the stages come back
-    through named barriers (_claim_stage), not k_empty and v_empty. TRANSPOSE_V: V's blocks come by TMA
-    into RAW_STAGES raw stages, the tile's first ones with its first K, and this partition writes each
-    into the V ring transposed (_values_block). `loads`: the
-    kernel's arguments this partition takes (the flags come apart: in a tuple the kernel names, a flag
-    becomes a run-time value, and both sides of each `if` on it would be compiled)."""
-    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, raw_smem, q_ready, q_empty, k_ready, v_ready, raw_ready, k_empty,
-     v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, k_map) = loads
+    warpgroup is done with the previous tile's, then K of block j + 1 before V of block j (in FP8 V^T,
+    copied before the kernel); with PAIRED the two into one stage of both rings, whose K barrier (k_empty)
+    releases both. `loads`: the kernel's arguments this partition takes (the flags come apart: in a tuple
+    the kernel names, a flag becomes a run-time value, and both sides of each `if` on it would be
+    compiled)."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, num_tiles,
+     rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, k_map) = loads
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     BLOCK_N: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
     SHIFTED: gl.constexpr = SEQUSED_K is not None
     fills = 0  # blocks loaded into each ring so far (with PAIRED: stages filled, one more per tile)
-    raws = 0  # V blocks brought into the raw stages so far (TRANSPOSE_V)
     tiles_done = 0
     for r in range(rounds):
         tile = _program_tile(r, IS_CAUSAL)
@@ -254,22 +185,16 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                                                                 SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
             off_hkv = off_h // group
             if n_blocks > 0:  # the first K does not wait on Q's stage
-                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, k_map, SHIFTED, False, 0,
-                            NAMED, WARPGROUPS)
+                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, k_map, SHIFTED)
                 if PAIRED:  # the tile's first stage holds no V: its V barrier completes a phase without bytes
                     mbarrier.arrive(v_ready.index(fills % NUM_STAGES), count=1)
-                if TRANSPOSE_V:  # (the previous tile's transposes have read the raw stages)
-                    for i in gl.static_range(RAW_STAGES):
-                        if i < n_blocks:
-                            _copy_block(v_desc, raw_smem, raw_ready, (raws + i) % RAW_STAGES, off_b, off_hkv, i,
-                                        keys, k_map, SHIFTED)
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
             mbarrier.expect(q_ready, WARPGROUPS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WARPGROUPS):
                 tma_load(q_desc, [off_b, off_h, first_row + wg * BLOCK_M, 0], q_ready, q_smem.index(wg))
             for j in range(n_blocks):
                 if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
-                    stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES, 0, NAMED, WARPGROUPS)
+                    stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES)
                     if j + 1 < n_blocks:
                         _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, k_map, SHIFTED)
                     else:  # the tile's last stage holds no K
@@ -277,21 +202,14 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                 else:
                     if j + 1 < n_blocks:
                         _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys,
-                                    k_map, SHIFTED, False, 0, NAMED, WARPGROUPS)
-                    stage = _claim_stage(v_empty, fills + j, NUM_STAGES, 1, NAMED, WARPGROUPS)
-                _values_block(v_desc, v_smem, v_ready, raw_smem, raw_ready, stage, off_b, off_hkv, j, n_blocks, raws,
-                              keys, k_map, SHIFTED, FP8, TRANSPOSE_V)
+                                    k_map, SHIFTED)
+                    stage = _claim_stage(v_empty, fills + j, NUM_STAGES)
+                _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, k_map, SHIFTED, FP8)
             fills += n_blocks
-            if TRANSPOSE_V:
-                raws += n_blocks
             if PAIRED:
                 if n_blocks > 0:
                     fills += 1
             tiles_done += 1
-    if NAMED:
-        _meet_last_releases(fills, NUM_STAGES, 0, WARPGROUPS)
-        if not PAIRED:
-            _meet_last_releases(fills, NUM_STAGES, 1, WARPGROUPS)
 
 
 @gluon.jit
@@ -405,31 +323,11 @@ def _issue_pv(p_op, v_smem, stage, acc, block_sums, ones, FP8: gl.constexpr, SUM
 
 
 @gluon.jit
-def _release_unread(k_ready, v_ready, k_empty, v_empty, fills, first, end, PAIRED: gl.constexpr, NAMED: gl.constexpr,
-                    WARPGROUPS: gl.constexpr):
-    """Hand back the rings' fills `fills + first` to `fills + end - 1` without reading them (OWN_END: the
-    key blocks past a warpgroup's own last one). Each fill is waited for first, so that the arrival counts
-    toward its release and not toward that of the fill NUM_STAGES before it in the same stage, which another
-    warpgroup may still be reading. With PAIRED one barrier (k_empty) releases a stage's K and V; without,
-    each ring's stage of a block has its own. NAMED: as _release."""
-    NUM_STAGES: gl.constexpr = k_ready.type.shape[0]
-    for i in range(first, end):
-        stage = (fills + i) % NUM_STAGES
-        phase = ((fills + i) // NUM_STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        mbarrier.wait(v_ready.index(stage), phase)
-        _release(k_empty, stage, 0, NAMED, WARPGROUPS)
-        if not PAIRED:
-            _release(v_empty, stage, 1, NAMED, WARPGROUPS)
-
-
-@gluon.jit
 def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, rows0, seqlen_q,
             seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
             IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
             SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
-            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
-            NAMED_RELEASE: gl.constexpr = False, KEYS_INTERLEAVED: gl.constexpr = False):
+            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, KEYS_INTERLEAVED: gl.constexpr = False):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
     saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
@@ -449,13 +347,10 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     once both products have run; a tile takes n_blocks + 1 stages. SCALED_P (FP8 without LAZY_RESCALE): P
     rounded to e4m3 as 2^8 P, in [0, 256], so that a broad row's small probabilities, below e4m3's smallest
     normal (2^-6), keep their three bits instead of falling on the subnormals' 2^-9 grid; O is a ratio of
-    sums of P and does not change, and L takes the 8 back out. OWN_END (causal, OVERLAP without PINGPONG;
-    ignored otherwise): the warpgroup stops at its own rows' last key block instead of the tile's, and hands
-    back the stages of the blocks past it unread (_release_unread): in a tile of 192 rows and 128-key
-    blocks the first warpgroup's last block is one before the tile's, the second's one before in half the
-    tiles. NAMED_RELEASE (OVERLAP only): the stages go back to the loader through named barriers, each
-    thread arriving (_release), instead of one thread's arrive on k_empty or v_empty. KEYS_INTERLEAVED (FP8): K's
-    stages hold each block's keys interleaved (_online_softmax), V^T's in their own order."""
+    sums of P and does not change, and L takes the 8 back out. KEYS_INTERLEAVED (FP8): K's stages hold each
+    block's keys interleaved (_online_softmax), V^T's in their own order. A stage goes back to the loader by
+    one thread's arrive on its k_empty or v_empty barrier, before which Gluon puts a barrier across the
+    warpgroup's four warps."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
     # turn t; a fresh mbarrier passes a wait on phase 1, so warpgroup 0's first turn goes first.
     FIRST: gl.constexpr = 1 if WG == 0 else 0
@@ -494,16 +389,9 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
     PAIRED: gl.constexpr = PAIRED_STAGES and OVERLAP
     V_SHIFT: gl.constexpr = 1 if PAIRED else 0  # block i's V is in stage fills + i + V_SHIFT
     v_free = k_empty if PAIRED else v_empty  # the barrier that releases a V stage
-    V_RING: gl.constexpr = 0 if PAIRED else 1  # ... and its ring, for NAMED's barrier ids
-    NAMED: gl.constexpr = NAMED_RELEASE and OVERLAP
     used = n_blocks  # the stages this tile takes
-    OWN: gl.constexpr = OWN_END and IS_CAUSAL and OVERLAP and not PINGPONG
     if OVERLAP:
-        n_run = n_blocks  # the key blocks this warpgroup computes
-        if OWN:  # its last row's last visible key, as _tile finds the tile's
-            own_hi = gl.minimum(seqlen_k, rows0 + BLOCK_M + (seqlen_k - seqlen_q))
-            n_run = gl.minimum(gl.cdiv(gl.maximum(own_hi, 0), BLOCK_N), n_blocks)
-        if n_run > 0:
+        if n_blocks > 0:
             mbarrier.wait(k_ready.index(fills % NUM_STAGES), (fills // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), (turn & 1) ^ FIRST)
@@ -512,12 +400,12 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
-            _release(k_empty, fills % NUM_STAGES, 0, NAMED, WARPGROUPS)  # (with PAIRED, the stage holds no V)
+            mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)  # (with PAIRED, the stage holds no V)
             p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                  qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P,
                                                  KEYS_INTERLEAVED)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
-            for j in range(1, n_run):
+            for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
                 prev = (fills + j - 1 + V_SHIFT) % NUM_STAGES
                 mbarrier.wait(k_ready.index(stage), ((fills + j) // NUM_STAGES) & 1)
@@ -532,12 +420,12 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                 # this block's scores; P V (and the sums) may run on
                 qk = warpgroup_mma_wait(num_outstanding=2 if SUMS else 1, deps=(qk, ))
                 if not PAIRED:
-                    _release(k_empty, stage, 0, NAMED, WARPGROUPS)
+                    mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
                                                      qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P,
                                                      KEYS_INTERLEAVED)
                 acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
-                _release(v_free, prev, V_RING, NAMED, WARPGROUPS)
+                mbarrier.arrive(v_free.index(prev), count=1)
                 if LAZY_RESCALE:
                     acc = rescale_where_needed(acc, gl.convert_layout(alpha, o_rows))
                 else:
@@ -546,8 +434,8 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
                     sums = (sums + block_sums) * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
                 p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
-            last = (fills + n_run - 1 + V_SHIFT) % NUM_STAGES
-            mbarrier.wait(v_ready.index(last), ((fills + n_run - 1 + V_SHIFT) // NUM_STAGES) & 1)
+            last = (fills + n_blocks - 1 + V_SHIFT) % NUM_STAGES
+            mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1 + V_SHIFT) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
             acc, block_sums = _issue_pv(p_op, v_smem, last, acc, block_sums, ones, FP8, SUMS)
@@ -556,16 +444,11 @@ def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_
             acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
             if SUMS:
                 sums = sums + block_sums
-            _release(v_free, last, V_RING, NAMED, WARPGROUPS)
+            mbarrier.arrive(v_free.index(last), count=1)
             turn += n_blocks + 1
             used = n_blocks + V_SHIFT
         else:
             mbarrier.arrive(q_empty, count=1)
-        if OWN:  # the stages past this warpgroup's last block (with PAIRED, past the one its last V shares)
-            if n_blocks > 0:
-                used = n_blocks + V_SHIFT
-                _release_unread(k_ready, v_ready, k_empty, v_empty, fills, n_run + V_SHIFT * gl.minimum(n_run, 1),
-                                used, PAIRED, NAMED, WARPGROUPS)
     else:
         for j in range(n_blocks):
             stage = (fills + j) % NUM_STAGES
@@ -662,7 +545,7 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
                        SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
-                       OWN_END: gl.constexpr, NAMED_RELEASE: gl.constexpr, KEYS_INTERLEAVED: gl.constexpr):
+                       KEYS_INTERLEAVED: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
     (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
@@ -695,8 +578,7 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
             o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
                                           turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
                                           WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
-                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
-                                          KEYS_INTERLEAVED)
+                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)
             _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
                         off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
@@ -720,8 +602,7 @@ def attn_fwd_gluon_kernel(
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
     PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, OWN_END: gl.constexpr = False,
-    NAMED_RELEASE: gl.constexpr = False, TRANSPOSE_V: gl.constexpr = False,
+    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -733,10 +614,7 @@ def attn_fwd_gluon_kernel(
     more than gluon_rescale.RESCALE_THRESHOLD. SUMS_BY_MMA (with OVERLAP): each row's sum of P by the tensor
     cores, P times ones (_issue_pv). PAIRED_STAGES (with OVERLAP): K of block j + 1 and V of block j share a
     stage and its release (_load_partition). SCALED_P (FP8 without LAZY_RESCALE): P rounded to e4m3 as 2^8 P
-    (_attend). OWN_END (causal, OVERLAP without PINGPONG): each warpgroup stops at its own last key block
-    (_attend). NAMED_RELEASE (with OVERLAP): the stages go back to the loader through named barriers
-    (_release). TRANSPOSE_V (FP8): v_desc is over V itself, (B, Hkv, Nk, D) with a (1, 1, BLOCK_N, D) box, and
-    the loader makes V^T in shared memory (gluon_transpose.py) instead of reading a copy made before."""
+    (_attend)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
@@ -751,15 +629,9 @@ def attn_fwd_gluon_kernel(
 
     q_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_layout)
-    if TRANSPOSE_V:  # V's blocks as TMA brings them, and the ring of V^T that the loader makes of them
-        raw_smem = gl.allocate_shared_memory(dtype, [RAW_STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, HEAD_DIM, BLOCK_N],
-                                           values_layout(HEAD_DIM, BLOCK_N))
-    else:
-        V_ROWS: gl.constexpr = v_desc.block_type.shape[2]  # BLOCK_N keys, or in FP8 (V^T) the D dims
-        V_COLS: gl.constexpr = v_desc.block_type.shape[3]
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
-        raw_smem = v_smem  # unused (a stand-in, as ones_smem is)
+    V_ROWS: gl.constexpr = v_desc.block_type.shape[2]  # BLOCK_N keys, or in FP8 (V^T) the D dims
+    V_COLS: gl.constexpr = v_desc.block_type.shape[3]
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -768,9 +640,6 @@ def attn_fwd_gluon_kernel(
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [WARPGROUPS, 1], mbarrier.MBarrierLayout())
     ones_smem = q_smem  # unused without SUMS_BY_MMA (a stand-in: Gluon's tuples cannot hold None)
-    raw_ready = v_ready  # likewise without TRANSPOSE_V
-    if TRANSPOSE_V:
-        raw_ready = gl.allocate_shared_memory(gl.int64, [RAW_STAGES, 1], mbarrier.MBarrierLayout())
     o_smem = q_smem  # likewise without o_desc
     if o_desc is not None:  # each softmax warpgroup's O on its way out by TMA
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
@@ -780,9 +649,6 @@ def attn_fwd_gluon_kernel(
     mbarrier.init(q_empty, count=WARPGROUPS)  # released once every softmax partition is done with it
     for wg in gl.static_range(WARPGROUPS):
         mbarrier.init(turns.index(wg), count=1)
-    if TRANSPOSE_V:
-        for raw in gl.static_range(RAW_STAGES):
-            mbarrier.init(raw_ready.index(raw), count=1)
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(stage), count=1)
         mbarrier.init(v_ready.index(stage), count=1)
@@ -793,8 +659,8 @@ def attn_fwd_gluon_kernel(
     # loader what the softmax partitions' SOFTMAX_REGS leave of the register file. Triton 3.6 takes the
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
-    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, raw_smem, q_ready, q_empty, k_ready, v_ready, raw_ready,
-             k_empty, v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
+    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+             num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
              (k_groups_b, k_groups_h, k_inner_h))
     shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
               stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
@@ -802,36 +668,26 @@ def attn_fwd_gluon_kernel(
     if SUMS_BY_MMA:
         thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
-                                               TRANSPOSE_V)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
-                                                  KEYS_INTERLEAVED)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
-                                                  KEYS_INTERLEAVED)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
-                                                  KEYS_INTERLEAVED))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, NAMED_RELEASE and OVERLAP,
-                                               TRANSPOSE_V)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
-                                                  KEYS_INTERLEAVED)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, OWN_END, NAMED_RELEASE,
-                                                  KEYS_INTERLEAVED))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)
     mbarrier.invalidate(q_empty)
     for wg in gl.static_range(WARPGROUPS):
         mbarrier.invalidate(turns.index(wg))
-    if TRANSPOSE_V:
-        for raw in gl.static_range(RAW_STAGES):
-            mbarrier.invalidate(raw_ready.index(raw))
     for stage in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(stage))
         mbarrier.invalidate(v_ready.index(stage))

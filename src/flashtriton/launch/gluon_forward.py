@@ -90,22 +90,6 @@ class ForwardOptions(NamedTuple):
     # out. Results move slightly (O's error -16% on broad scores, CPU emulation); instructions +2 per key
     # block and warp (entry 99)
     scaled_p: bool = False
-    # causal, overlapped loop without ping-pong: each softmax warpgroup stops at its own rows' last key block,
-    # not the tile's, handing the stages past it back unread (the kernel's OWN_END). Three warpgroups' 192-row
-    # tiles skip 1.5 blocks of 128 keys per tile (~0.8% of the work at 16384 keys), D = 256's 64-key blocks
-    # one per tile (~1.5% at 4096); 128-row tiles of 128-key blocks none (entry 115)
-    own_end: bool = False
-    # overlapped loop only: the rings' stages handed back to the loader through named barriers (bar.arrive by
-    # every softmax thread, bar.sync in the loader: the kernel's NAMED_RELEASE) instead of one thread's
-    # mbarrier arrive, before which Triton puts a warpgroup barrier: under Triton 3.6, one BAR.SYNC per key
-    # block and warpgroup instead of two with paired_stages (entry 120); within the spread on an H100 in bf16
-    # and FP8 (entry 121)
-    named_release: bool = False
-    # FP8 only: V^T made inside the kernel, by the loader's warps from V's blocks as TMA brings them
-    # (FlashAttention-3's; the kernel's TRANSPOSE_V, kernels/gluon_transpose.py), instead of a copy of V
-    # before the kernel: the copy was 5-8% of the call at 4096 keys (entry 121); the loader's loop takes
-    # 166 instructions per key block and thread for it at D = 128 (entry 122)
-    transpose_v: bool = False
 
     def suffix(self) -> str:
         """For logs: e.g. "-lazy-ostore", "" when all are off."""
@@ -113,7 +97,7 @@ class ForwardOptions(NamedTuple):
 
 
 # ForwardOptions' fields as logs and A/B runs name them
-FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled", "own", "named", "vt")
+FLAG_NAMES = ("lazy", "sums", "ostore", "paired", "scaled")
 # ... and those the kernel takes as its last arguments, in this order: o_by_tma is O's descriptor instead
 KERNEL_FLAGS = tuple(field for field in ForwardOptions._fields if field != "o_by_tma")
 
@@ -125,8 +109,7 @@ def kernel_flags(options: ForwardOptions) -> tuple[bool, ...]:
 
 # The flags that only an FP8 call takes, and why (why_options_refused).
 FP8_ONLY = {"scaled_p": "it keeps small probabilities out of e4m3's subnormals; bf16 and fp16 round P "
-                        "relative to its size at every magnitude it takes",
-            "transpose_v": "bf16 and fp16 wgmma read V as it is; only 8-bit operands need the keys contiguous"}
+                        "relative to its size at every magnitude it takes"}
 
 
 def single_flags(fp8: bool = False) -> dict[str, ForwardOptions]:
@@ -172,9 +155,7 @@ FP8_WITHOUT_LSE_OPTIONS = FP8_DEFAULT_OPTIONS._replace(sums_by_mma=True)
 
 # The flags that need the overlapped loop, and why (the in-turn form refuses them).
 OVERLAP_ONLY = {"sums_by_mma": "the sums are taken beside the overlapped loop's P V",
-                "paired_stages": "a stage pairs the K and V that the overlapped loop's products read together",
-                "own_end": "the stages a warpgroup skips are handed back in the overlapped loop's order",
-                "named_release": "the named barriers' counts follow the overlapped loop's releases"}
+                "paired_stages": "a stage pairs the K and V that the overlapped loop's products read together"}
 
 
 def default_options(overlap: bool, fp8: bool = False) -> ForwardOptions:
@@ -448,17 +429,14 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     refused = why_options_refused(options, head_dim, fp8)
     if refused is not None:
         raise ValueError(refused)
-    if fp8 and options.transpose_v and (descale is None or v.shape != k.shape):
-        raise ValueError(f"an FP8 call with transpose_v=True takes V like K, {tuple(k.shape)}, got "
-                         f"{tuple(v.shape)}, and descale factors (fp8_forward_gluon prepares them)")
-    if fp8 and not options.transpose_v and (descale is None or v.shape[2] != head_dim):
+    if fp8 and (descale is None or v.shape[2] != head_dim):
         raise ValueError("an FP8 call takes V transposed, (B, Hkv, D, Nk), and descale factors "
-                         "(fp8_forward_gluon prepares both), unless transpose_v=True")
+                         "(fp8_forward_gluon prepares both)")
     k_map = (0, 0, 0)
     if keys_interleaved:
-        k_map = interleaved_keys_map(k) if fp8 and not options.transpose_v and seqused_k is None else None
+        k_map = interleaved_keys_map(k) if fp8 and seqused_k is None else None
         if k_map is None:
-            raise ValueError("keys_interleaved=True takes an FP8 call without transpose_v or seqused_k, and k whose "
+            raise ValueError("keys_interleaved=True takes an FP8 call without seqused_k, and k whose "
                              "rows follow one another at one stride with Nk a multiple of 16 (interleaved_keys_map), "
                              f"got k of shape {tuple(k.shape)} and strides {k.stride()}")
     for name, why in OVERLAP_ONLY.items():
@@ -476,7 +454,7 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
     k_desc = interleaved_keys_descriptor(k, k_map, block_n) if keys_interleaved else descriptor(k, block_n)
     args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), k_desc,
-            descriptor(v, head_dim, block_n) if fp8 and not options.transpose_v else descriptor(v, block_n),
+            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs), *k_map,
             scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
@@ -566,20 +544,12 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     `out_dtype` and lse (B, Hq, Nq) float32. `options`: as gluon_forward_launch's (None: FP8_DEFAULT_OPTIONS).
     V is copied into the kernel's layout first (fp8_values_operand), unless its keys are contiguous and K's
     layout lets the kernel load K interleaved (keys_contiguous, interleaved_keys_map): then V is read as it is,
-    FlashAttention-3's column-major V; or unless options.transpose_v asks the kernel to transpose it and TMA
-    can read it as it is (tma_readable)."""
+    FlashAttention-3's column-major V."""
     from .forward import empty_in_order
 
     options = FP8_DEFAULT_OPTIONS if options is None else options
-    if options.transpose_v and not tma_readable(v):
-        options = options._replace(transpose_v=False)
-    keys_interleaved = not options.transpose_v and keys_contiguous(v) and interleaved_keys_map(k) is not None
-    if options.transpose_v:
-        vt = v
-    elif keys_interleaved:
-        vt = v.transpose(2, 3)
-    else:
-        vt = fp8_values_operand(v)
+    keys_interleaved = keys_contiguous(v) and interleaved_keys_map(k) is not None
+    vt = v.transpose(2, 3) if keys_interleaved else fp8_values_operand(v)
     o = empty_in_order(q, dtype=out_dtype)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:

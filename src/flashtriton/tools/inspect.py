@@ -155,8 +155,7 @@ class KernelReport:
     # each single-thread mbarrier arrive, and one before a wait that follows a wait on the same array of
     # mbarriers or (3.6 only) an arrive (benchmarks/gluon_barrier_rule.py; docs/performance.md, entry 116).
     loop_barriers: int = 0
-    # stmatrix stores (STSM) in the SASS (--json only): the FP8 forward's loader writing V^T with transpose_v
-    # (kernels/gluon_transpose.py), 16 bytes per thread each; O's staging tile with o_by_tma.
+    # stmatrix stores (STSM) in the SASS (--json only): O's staging tile with o_by_tma, 16 bytes per thread each.
     matrix_stores: int = 0
 
 
@@ -401,7 +400,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     float8_e4m3fn, the FP8 forward as fp8_forward_gluon launches it, without flags and likewise."""
     from ..launch import gluon_forward
 
-    if dtype == torch.float8_e4m3fn:  # the FP8 form: the default schedule, V^T (or V), a bf16 output
+    if dtype == torch.float8_e4m3fn:  # the FP8 form: the default schedule, V^T, a bf16 output
         q = torch.randn(1, 2, seqlen, head_dim).to(dtype)
         vt = torch.randn(1, 2, head_dim, seqlen).to(dtype)
         o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, seqlen)
@@ -409,7 +408,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
         reports = []
         for options in gluon_forward_options(fp8=True):
             kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
-                q, q, q if options.transpose_v else vt, o, lse, causal, head_dim ** -0.5, overlap=True,
+                q, q, vt, o, lse, causal, head_dim ** -0.5, overlap=True,
                 descale=torch.ones(3, 1, 2), options=options)
             config = _gluon_config(warpgroups, head_dim, "overlap-fp8" + options.suffix())
             reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
@@ -449,16 +448,13 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
 def gluon_forward_options(fp8: bool = False) -> list:
     """The Gluon forward's flags as inspect_gluon compiles them: none, each alone that the precision takes (O's
     rescale skipped where the maxima held, the rows' sums by the tensor cores, O by TMA, K and V paired in one
-    stage, in FP8 P scaled before its rounding and V^T made in the kernel, and each warpgroup stopping at its
-    own last key block), and the library's set (default_options, bf16's or FP8's) where it is more than one
-    flag, in FP8 also with transpose_v; named in the reports by ForwardOptions.suffix."""
+    stage, in FP8 P scaled before its rounding), and the library's set (default_options, bf16's or FP8's) where
+    it is more than one flag; named in the reports by ForwardOptions.suffix."""
     from ..launch.gluon_forward import ForwardOptions, default_options, single_flags
 
     sets = [ForwardOptions(), *single_flags(fp8).values()]
     library = default_options(True, fp8)
-    sets += [library] if library not in sets else []
-    # in FP8 the library's set with V^T made in the kernel too: the candidate the GPU races (transpose_v)
-    return sets + ([library._replace(transpose_v=True)] if fp8 else [])
+    return sets + ([library] if library not in sets else [])
 
 
 def _gluon_config(warpgroups: int, head_dim: int, form: str) -> str:
