@@ -154,11 +154,10 @@ def _claim_stage(empty, count, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, k_map, SHIFTED: gl.constexpr,
-                TRANSPOSED: gl.constexpr = False):
-    """_copy_block into the stage _claim_stage gives for the ring's fill `count`."""
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, k_map, SHIFTED: gl.constexpr):
+    """K's block: _copy_block into the stage _claim_stage gives for the ring's fill `count`."""
     stage = _claim_stage(empty, count, smem.type.shape[0])
-    _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED, TRANSPOSED)
+    _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED)
 
 
 @gluon.jit

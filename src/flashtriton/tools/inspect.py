@@ -186,10 +186,10 @@ def _sass(listing: str) -> str:
 def _wgmma_serialized(ptx: str, ptxas_log: str | None) -> bool:
     """Whether ptxas serialises the kernel's wgmma instructions (advisory C7515): from the log of the run
     that compiled it, or, without one, from a second ptxas run."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
     if ptxas_log is not None:
         return "C7515" in ptxas_log
+    from triton.backends.nvidia.compiler import get_ptxas
+
     tool = get_ptxas(90).path  # the ptxas Triton itself compiles sm_90 with (3.9: its CUDA 13 one)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
