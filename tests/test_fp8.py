@@ -210,6 +210,82 @@ def test_values_operand_relabels_keys(monkeypatch, seqlen_k, head_dim, transpose
     torch.testing.assert_close(relabeled @ vt.float().transpose(2, 3), p[..., :seqlen_k] @ v8.float())
 
 
+class _Recording:
+    """A kernel stand-in: a launch records (name, grid, args) and runs nothing; `fn` is the real kernel's,
+    whose signature a recorded launch reads the constexprs' defaults from (replay.Recorded)."""
+
+    def __init__(self, kernel, calls: list):
+        self.fn, self.calls = kernel.fn, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((self.fn.__name__, tuple(grid) + (1,) * (3 - len(grid)), args))
+            return self  # (as the compiled kernel: the interpreter's replay relaunches through the jit function)
+        return launch
+
+
+def _described(x, roles: dict):
+    """A launch argument as a replay must reproduce it: a tensor by its role (which of the call's tensors it
+    is, by address), shape, strides and dtype; a descriptor by its tensor's role, shape, strides and box."""
+    if isinstance(x, torch.Tensor):
+        return "tensor", roles.get(x.data_ptr()), tuple(x.shape), x.stride(), x.dtype
+    if hasattr(x, "block_shape"):
+        return "descriptor", roles.get(x.base.data_ptr()), list(x.shape), list(x.strides), list(x.block_shape)
+    return x
+
+
+@pytest.mark.parametrize("keys_contiguous", [False, True], ids=["v-copied", "v-read-as-it-is"])
+def test_a_repeated_fp8_call_replays_its_launches(monkeypatch, replays_through_the_interpreter, keys_contiguous):
+    """fp8_forward_gluon records its launches (V's copy where V is copied, then the kernel), and a second call
+    with equal shapes, strides and options replays them without building them again: the same kernels, grids
+    and arguments as Triton's launch path took, over the second call's own tensors (inputs, outputs, V's
+    copy) and descriptors of the same shape, strides and box over them (K's 5-D one where V is read as it
+    is). Checked on the arguments with the kernels stubbed: Gluon kernels do not run on CPU (the GPU tests
+    check the replayed calls' values)."""
+    from flashtriton.launch.runner import last_choice
+
+    calls, built = [], []
+    build = gluon_forward.gluon_forward_launch
+
+    def recording_launch(*args, **kwargs):
+        kernel, grid, launch_args, launch_kwargs = build(*args, **kwargs)
+        built.append(kernel.fn.__name__)
+        return _Recording(kernel, calls), grid, launch_args, launch_kwargs
+    monkeypatch.setattr(gluon_forward, "gluon_forward_launch", recording_launch)
+    monkeypatch.setattr(gluon_forward, "fp8_values_kernel", _Recording(gluon_forward.fp8_values_kernel, calls))
+
+    def fp8_call(seed):
+        calls.clear()
+        (q8, k8, v8), descales, _ = _quantized(2, 4, 2, 70, 48, 64, per_head=True, seed=seed)
+        if keys_contiguous:
+            v8 = v8.transpose(2, 3).contiguous().transpose(2, 3)
+        descale = descale_table(tuple(descales), 2, 2, DEVICE)
+        o, lse = gluon_forward.fp8_forward_gluon(q8, k8, v8, True, 0.125, descale, torch.bfloat16,
+                                                 gluon_forward.FP8_WITHOUT_LSE_OPTIONS)
+        tensors = (q8, k8, v8, descale, o, lse)
+        roles = {x.data_ptr(): name for name, x in zip("q k v descale o lse".split(), tensors, strict=True)}
+        if not keys_contiguous:  # V's copy, made inside the call: the copy's output
+            roles[calls[0][2][1].data_ptr()] = "v copy"
+        described = [(name, grid, [_described(a, roles) for a in args]) for name, grid, args in calls]
+        return described, last_choice("forward")
+
+    launched, choice = fp8_call(0)
+    kernels = ["fp8_values_kernel"] * (not keys_contiguous) + ["attn_fwd_gluon_kernel"]
+    assert [name for name, _, _ in launched] == kernels
+    assert not choice.replayed and built == ["attn_fwd_gluon_kernel"]
+    replayed, choice = fp8_call(1)
+    tiles = gluon_forward.gluon_tiles(gluon_forward.grid_form(64, True, 48, fp8=True)[1], gluon_forward.BLOCK_N[64])
+    assert choice.replayed and str(choice) == f"gluon-fp8-{tiles}-sums-ostore-paired", choice
+    assert built == ["attn_fwd_gluon_kernel"]  # (not built again)
+    for (name, grid, args), (replay_name, replay_grid, replay_args) in zip(launched, replayed, strict=True):
+        assert (replay_name, replay_grid) == (name, grid)
+        # the replay passes the constexprs' defaults after the arguments the launch path was given
+        assert replay_args[:len(args)] == args, name
+    descriptors = [a for a in launched[-1][2] if isinstance(a, tuple) and a[0] == "descriptor"]
+    assert [d[1] for d in descriptors] == ["q", "k", "v" if keys_contiguous else "v copy", "o"]
+    assert len(descriptors[1][2]) == (5 if keys_contiguous else 4)  # K interleaved by a 5-D box, or not
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
 @pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -393,8 +469,8 @@ def test_gluon_fp8_reads_a_v_with_contiguous_keys_as_it_is(monkeypatch, head_dim
     descale = descale_table(tuple(descales), shape[0], shape[2], DEVICE)
     scale = head_dim ** -0.5
     copies = []
-    copy = gluon_forward.fp8_values_operand
-    monkeypatch.setattr(gluon_forward, "fp8_values_operand", lambda v: copies.append(v.shape) or copy(v))
+    copy = gluon_forward._fp8_values_spec  # (the copy's launch, made for every call that copies V)
+    monkeypatch.setattr(gluon_forward, "_fp8_values_spec", lambda v: copies.append(v.shape) or copy(v))
     interleaved = shape[4] % 16 == 0
     for options in (gluon_forward.ForwardOptions(), gluon_forward.FP8_DEFAULT_OPTIONS,
                     gluon_forward.FP8_WITHOUT_LSE_OPTIONS):

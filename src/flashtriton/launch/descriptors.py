@@ -40,11 +40,13 @@ def tma_strides(*tensors: torch.Tensor) -> list[list[int]] | None:
     return all_strides
 
 
-def descriptor(t: torch.Tensor, strides: list[int], block_shape: list[int]) -> TensorDescriptor:
-    """TensorDescriptor(t, t.shape, strides, block_shape, padding="zero") without its __post_init__ checks."""
+def descriptor(t: torch.Tensor, strides: list[int], block_shape: list[int],
+               shape: list[int] | None = None) -> TensorDescriptor:
+    """TensorDescriptor(t, shape (None: t.shape), strides, block_shape, padding="zero") without its
+    __post_init__ checks."""
     desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = (t, list(t.shape), strides, block_shape,
-                                                                           "zero")
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.padding = (
+        t, list(t.shape) if shape is None else shape, strides, block_shape, "zero")
     return desc
 
 

@@ -526,14 +526,21 @@ def fp8_values_operand(v: torch.Tensor) -> torch.Tensor:
     relabels P's (kernels/gluon_forward.py, _probabilities_operand): column 16h + 4t + 2n + j holds key
     16h + 8n + 2t + j. wgmma takes 8-bit operands only with the reduced dim contiguous, and P V reduces
     over the keys. One pass of D x Nk bytes per KV head (fp8_values_kernel)."""
+    vt, spec = _fp8_values_spec(v)
+    if vt.numel():
+        run("fp8_values", None, [spec], ())
+    return vt.view(v.dtype)
+
+
+def _fp8_values_spec(v: torch.Tensor) -> tuple[torch.Tensor, LaunchSpec]:
+    """fp8_values_operand's buffer (bytes, uninitialised) and the launch that fills it."""
     batch, heads_kv, seqlen_k, head_dim = v.shape
     padded_k = cdiv(seqlen_k, 32) * 32
     vt = torch.empty(batch, heads_kv, head_dim, padded_k, device=v.device, dtype=torch.uint8)
-    if vt.numel():
-        grid = (batch * heads_kv, cdiv(padded_k, FP8_VALUES_TILE[0]), cdiv(head_dim, FP8_VALUES_TILE[1]))
-        fp8_values_kernel[grid](v.view(torch.uint8), vt, *v.stride(), heads_kv, seqlen_k,
-                                padded_k, head_dim, *FP8_VALUES_TILE, **COMPILE_OPTIONS)
-    return vt.view(v.dtype)
+    grid = (batch * heads_kv, cdiv(padded_k, FP8_VALUES_TILE[0]), cdiv(head_dim, FP8_VALUES_TILE[1]))
+    spec = LaunchSpec("fp8_values", fp8_values_kernel, lambda meta: grid, (v.view(torch.uint8), vt), (),
+                      (*v.stride(), heads_kv, seqlen_k, padded_k, head_dim, *FP8_VALUES_TILE), {}, {})
+    return vt, spec
 
 
 def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -544,18 +551,38 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
     `out_dtype` and lse (B, Hq, Nq) float32. `options`: as gluon_forward_launch's (None: FP8_DEFAULT_OPTIONS).
     V is copied into the kernel's layout first (fp8_values_operand), unless its keys are contiguous and K's
     layout lets the kernel load K interleaved (keys_contiguous, interleaved_keys_map): then V is read as it is,
-    FlashAttention-3's column-major V."""
+    FlashAttention-3's column-major V. A call like an earlier one (equal plan key: replay.py) replays that
+    call's launches, V's copy included, as attention_forward_gluon does: building the descriptors and going
+    through Triton's launch path took more host time than a causal call at 4096 keys takes on the GPU
+    (docs/performance.md, entry 128)."""
     from .forward import empty_in_order
 
     options = FP8_DEFAULT_OPTIONS if options is None else options
     keys_interleaved = keys_contiguous(v) and interleaved_keys_map(k) is not None
-    vt = v.transpose(2, 3) if keys_interleaved else fp8_values_operand(v)
     o = empty_in_order(q, dtype=out_dtype)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
+    if keys_interleaved:
+        vt, specs = v.transpose(2, 3), []
+    else:  # (the copy's launch first, in the plan too)
+        vt_bytes, copy = _fp8_values_spec(v)
+        vt, specs = vt_bytes.view(v.dtype), [copy]
+    tensors = {spec.name: (spec.tensors, ()) for spec in specs}
+    tensors["gluon_fwd"] = ((o, lse, descale, None), (q, k, vt, o) if options.o_by_tma else (q, k, vt))
+    key = None
+    if replay.replayable(q.device):
+        device, stream = replay.current_device_and_stream()
+        key = replay.plan_key(device, (q, k, v, descale), "gluon-fp8", is_causal, scale, out_dtype, options)
+        if replay_recorded("forward", key, tensors, stream):
+            return o, lse
     kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
                                                       descale=descale, options=options,
                                                       keys_interleaved=keys_interleaved)
-    kernel[grid](*args, **kwargs)
+    warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], fp8=True)[1]
+    tiles = "gluon-fp8-" + gluon_tiles(warpgroups, BLOCK_N[q.shape[-1]]) + options.suffix()
+    descriptors = 4 if options.o_by_tma else 3
+    specs.append(LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:4 + descriptors],
+                            args[4 + descriptors:], {}, kwargs, tiles))
+    run("forward", key, specs, ("gluon_fwd", ))
     return o, lse

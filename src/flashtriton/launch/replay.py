@@ -61,7 +61,9 @@ class Recorded:
 
 class RecordedLaunch(NamedTuple):
     """A Recorded launch and how to rebuild its tensor descriptors over a later call's tensors: each
-    descriptor's (strides, box) in `layout`, None without TMA; `count` of them."""
+    descriptor's (shape, strides, box) in `layout`, None without TMA; `count` of them. The shape is kept
+    rather than read off the later tensor because a descriptor may view its tensor in other dims (the FP8
+    forward's 5-D K, launch/gluon_forward.py); an equal plan key makes it the later call's too."""
     recorded: Recorded
     layout: tuple | None
     count: int
@@ -70,7 +72,8 @@ class RecordedLaunch(NamedTuple):
     def of(cls, jit_fn, compiled, grid_dims: tuple, args: tuple, kwargs: dict, tensor_count: int,
            descs: tuple) -> RecordedLaunch:
         """The launch of `compiled` that took `args`: `tensor_count` tensors (or Nones), then `descs`."""
-        layout = None if not descs or descs[0] is None else tuple((d.strides, d.block_shape) for d in descs)
+        layout = (None if not descs or descs[0] is None
+                  else tuple((list(d.shape), d.strides, d.block_shape) for d in descs))
         return cls(Recorded(jit_fn, compiled, grid_dims, args, kwargs, tensor_count + len(descs)), layout,
                    len(descs))
 
@@ -81,8 +84,8 @@ class RecordedLaunch(NamedTuple):
         if self.layout is None:
             descs = (None,) * self.count
         else:
-            descs = tuple(descriptor(t, strides, box)
-                          for t, (strides, box) in zip(desc_sources[:self.count], self.layout, strict=True))
+            descs = tuple(descriptor(t, strides, box, shape)
+                          for t, (shape, strides, box) in zip(desc_sources[:self.count], self.layout, strict=True))
         self.recorded.replay((*tensors, *descs), stream, scalars, grid)
 
 
