@@ -287,6 +287,40 @@ def test_a_repeated_fp8_call_replays_its_launches(monkeypatch, replays_through_t
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
+@pytest.mark.parametrize("keys_contiguous", [False, True], ids=["v-copied", "v-read-as-it-is"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gluon_fp8_replayed_call_is_its_own(monkeypatch, keys_contiguous, is_causal):
+    """On sm_90 a second FP8 call like the first, with fresh values and descales, replays the first's
+    launches (test_a_repeated_fp8_call_replays_its_launches checks their arguments on CPU) and gives its own
+    O and L: within twice plain FP8 attention's errors of its float64 reference, and bitwise the same call's
+    with replays off."""
+    from flashtriton.cache import CACHE
+    from flashtriton.launch.runner import last_choice
+
+    scale = 128 ** -0.5
+
+    def call(seed):
+        quantized, descales, exact = _quantized(2, 4, 2, 97, 144, 128, per_head=True, seed=seed)
+        q8, k8, v8 = quantized
+        if keys_contiguous:  # (Nk = 144, a multiple of 16: read as it is, K loaded interleaved)
+            v8 = v8.transpose(2, 3).contiguous().transpose(2, 3)
+        inputs = (q8, k8, v8, is_causal, scale, descale_table(tuple(descales), 2, 2, DEVICE), torch.bfloat16,
+                  gluon_forward.FP8_DEFAULT_OPTIONS)
+        return gluon_forward.fp8_forward_gluon(*inputs), last_choice("forward"), (quantized, descales, exact), inputs
+
+    assert not call(0)[1].replayed
+    (o, lse), choice, (quantized, descales, exact), inputs = call(1)
+    assert choice.replayed, choice
+    low = _plain_fp8_attention(exact, is_causal, scale, (quantized, descales))
+    checks = _checks(o, lse, exact, is_causal, scale, low)
+    assert all(c.ok for c in checks), checks
+    monkeypatch.setattr(CACHE, "replays", False)
+    o_built, lse_built = gluon_forward.fp8_forward_gluon(*inputs)
+    assert not last_choice("forward").replayed
+    assert torch.equal(o, o_built) and torch.equal(lse, lse_built)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the FP8 Gluon kernel runs on an sm_90 GPU only")
 @pytest.mark.parametrize("head_dim", gluon_forward.FP8_HEAD_DIMS)
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("per_head", [False, True])
