@@ -483,7 +483,7 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     if o.numel() == 0:
         return o, lse
-    tensors = {"gluon_fwd": ((o, lse, None, seqused_k), (q, k, v, o) if options.o_by_tma else (q, k, v))}
+    tensors = {"gluon_fwd": _per_call(q, k, v, o, lse, None, seqused_k, options)}
     key = None
     if replay.replayable(q.device):
         device, stream = replay.current_device_and_stream()
@@ -494,13 +494,28 @@ def attention_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     # (resolved here, so that the launch and the log name the same count and key block)
     warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], warpgroups=warpgroups)[1]
     block_n = BLOCK_N[q.shape[-1]] if block_n is None else block_n
-    kernel, grid, args, kwargs = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n,
-                                                      stages, warpgroups, seqused_k=seqused_k, options=options)
+    launch = gluon_forward_launch(q, k, v, o, lse, is_causal, scale, overlap, pingpong, block_n, stages, warpgroups,
+                                  seqused_k=seqused_k, options=options)
     tiles = "gluon-" + gluon_tiles(warpgroups, block_n, overlap, pingpong, stages) + options.suffix()
-    descriptors = 4 if options.o_by_tma else 3  # (without O's, its None stays among the scalars)
-    run("forward", key, [LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:4 + descriptors],
-                                    args[4 + descriptors:], {}, kwargs, tiles)], ("gluon_fwd", ))
+    run("forward", key, [_kernel_spec(launch, tensors["gluon_fwd"], tiles)], ("gluon_fwd", ))
     return o, lse
+
+
+def _per_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+              descale: torch.Tensor | None, seqused_k: torch.Tensor | None, options: ForwardOptions) -> tuple:
+    """The kernel's per-call arguments, as its launch (gluon_forward_launch) takes them first and a replay
+    passes them: (its tensors, the sources of its descriptors); without o_by_tma O's descriptor is a None
+    among the recorded scalars."""
+    return (o, lse, descale, seqused_k), ((q, k, v, o) if options.o_by_tma else (q, k, v))
+
+
+def _kernel_spec(launch: tuple, per_call: tuple, tiles: str) -> LaunchSpec:
+    """gluon_forward_launch's (kernel, grid, args, kwargs) as the runner's launch: its args split into the
+    per-call tensors, the descriptors (one per source in `per_call`, _per_call's) and the recorded rest."""
+    kernel, grid, args, kwargs = launch
+    tensors, descriptors = len(per_call[0]), len(per_call[0]) + len(per_call[1])
+    return LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:tensors], args[tensors:descriptors],
+                      args[descriptors:], {}, kwargs, tiles)
 
 
 FP8_VALUES_TILE = (128, 64)  # fp8_values_kernel's (keys, dims) per program
@@ -569,20 +584,17 @@ def fp8_forward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_caus
         vt_bytes, copy = _fp8_values_spec(v)
         vt, specs = vt_bytes.view(v.dtype), [copy]
     tensors = {spec.name: (spec.tensors, ()) for spec in specs}
-    tensors["gluon_fwd"] = ((o, lse, descale, None), (q, k, vt, o) if options.o_by_tma else (q, k, vt))
+    tensors["gluon_fwd"] = _per_call(q, k, vt, o, lse, descale, None, options)
     key = None
     if replay.replayable(q.device):
         device, stream = replay.current_device_and_stream()
         key = replay.plan_key(device, (q, k, v, descale), "gluon-fp8", is_causal, scale, out_dtype, options)
         if replay_recorded("forward", key, tensors, stream):
             return o, lse
-    kernel, grid, args, kwargs = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True,
-                                                      descale=descale, options=options,
-                                                      keys_interleaved=keys_interleaved)
+    # (resolved here, so that the launch and the log name the same count)
     warpgroups = grid_form(q.shape[-1], is_causal, k.shape[2], fp8=True)[1]
+    launch = gluon_forward_launch(q, k, vt, o, lse, is_causal, scale, overlap=True, warpgroups=warpgroups,
+                                  descale=descale, options=options, keys_interleaved=keys_interleaved)
     tiles = "gluon-fp8-" + gluon_tiles(warpgroups, BLOCK_N[q.shape[-1]]) + options.suffix()
-    descriptors = 4 if options.o_by_tma else 3
-    specs.append(LaunchSpec("gluon_fwd", kernel, lambda meta: grid, args[:4], args[4:4 + descriptors],
-                            args[4 + descriptors:], {}, kwargs, tiles))
-    run("forward", key, specs, ("gluon_fwd", ))
+    run("forward", key, [*specs, _kernel_spec(launch, tensors["gluon_fwd"], tiles)], ("gluon_fwd", ))
     return o, lse
