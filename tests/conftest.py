@@ -55,8 +55,13 @@ def replays_through_the_interpreter(monkeypatch):
         return
     monkeypatch.setattr(replay, "replayable", lambda device: CACHE.replays)
     monkeypatch.setattr(replay, "current_device_and_stream", lambda: (0, 0))
-    monkeypatch.setattr(replay.Recorded, "replay", lambda self, prefix, stream, scalars=None, grid=None:
-                        self.jit_fn[self.launch_grid(grid)](*self.arguments(prefix, scalars)))
+    monkeypatch.setattr(replay.Recorded, "replay", replay_through_the_jit_function)
+
+
+def replay_through_the_jit_function(self, prefix, stream, scalars=None, grid=None):
+    """replay.Recorded.replay, relaunching the recorded kernel through its jit function (the interpreter on
+    CPU; a test's stand-in kernel on any device) instead of the compiled launcher."""
+    self.jit_fn[self.launch_grid(grid)](*self.arguments(prefix, scalars))
 
 
 # The longest tests (the fuzzers' many cases, the offline compiles) first: with `pytest -n 2` they then

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import flashtriton
-from conftest import DEVICE, ON_GPU
+from conftest import DEVICE, ON_GPU, replay_through_the_jit_function
 from flashtriton.api import descale_table
-from flashtriton.launch import gluon_forward
+from flashtriton.launch import gluon_forward, replay
 from flashtriton.reference import attention_ref
 from flashtriton.testing import Check, bounded
 
@@ -253,6 +253,8 @@ def test_a_repeated_fp8_call_replays_its_launches(monkeypatch, replays_through_t
         return _Recording(kernel, calls), grid, launch_args, launch_kwargs
     monkeypatch.setattr(gluon_forward, "gluon_forward_launch", recording_launch)
     monkeypatch.setattr(gluon_forward, "fp8_values_kernel", _Recording(gluon_forward.fp8_values_kernel, calls))
+    # The stand-ins are the compiled kernels too: on a GPU as on CPU a replay relaunches through them.
+    monkeypatch.setattr(replay.Recorded, "replay", replay_through_the_jit_function)
 
     def fp8_call(seed):
         calls.clear()
