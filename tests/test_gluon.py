@@ -64,8 +64,7 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
     # head dims x masks x (forms + key counts + the flags alone and the library's), and D = 64's three
     # warpgroups with each mask
     flags = gluon_forward_options()[1:]
-    # (+ D = 128's wide key blocks with each mask)
-    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1 + len(flags)) + 2 + 2
+    assert len(reports) == 2 * 2 * (len(gluon_forward.FORMS) + 1 + len(flags)) + 2
     assert {r["config"].split("-", 4)[4] for r in reports} == {*gluon_forward.FORMS, "overlap-key-counts",
                                                                *("overlap" + flag.suffix() for flag in flags)}
     assert sum(r["config"].startswith("M64x3-") for r in reports) == 3 + len(flags)
@@ -240,7 +239,7 @@ def test_fp8_forward_compiles_to_8_bit_wgmma(reports):
 def option_forms(reports, suffix):
     """The forward reports of one ForwardOptions form (config ending in `suffix`: bf16 and FP8, D 64 and 128,
     both masks), each as (report, its softmax warpgroups, the report of the same form without the option)."""
-    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel" and "-N192-" not in r["config"]]
+    forward = [r for r in reports if r["kernel"] == "attn_fwd_gluon_kernel"]
     forms = [r for r in forward if r["config"].endswith(("-overlap" + suffix, "-overlap-fp8" + suffix))]
     assert sorted((r["dtype"], r["head_dim"], r["causal"]) for r in forms) == sorted(
         (dtype, head_dim, causal) for dtype in ("bfloat16", "float8_e4m3fn") for head_dim in (64, 128)
@@ -437,22 +436,6 @@ def test_fp8_interleaved_keys_compile_to_5d_loads_without_spills(tmp_path):
     for _, _, loads, spills, partial_waits, products in forms:
         assert int(loads) >= 1 and int(partial_waits) >= 1 and int(products) > 0, forms
         assert int(spills) == 0 or not EXACT, forms
-
-
-def test_wide_key_blocks_compile_without_spills(reports):
-    """D = 128's wide key blocks (block_n = WIDE_BLOCK_N, the kernel's WIDE), both masks: a 128-key part and a
-    64-key tail, so each block's products are more wgmma instructions than the 128-key form's (half of the
-    tail's as wide), still asynchronous; no spilled register (S, P and O of 192 keys in the 240 registers a
-    softmax thread gets), and the rings of 192 keys within the 227 KB of shared memory, where the 128-key
-    form takes 160 KB."""
-    wide = [r for r in reports if "-N192-" in r["config"]]
-    assert len(wide) == 2 and {r["causal"] for r in wide} == {False, True}
-    for r in wide:
-        twin = next(t for t in reports if t["config"] == r["config"].replace("-N192-", "-N128-")
-                    and t["causal"] == r["causal"] and t["dtype"] == r["dtype"])
-        assert r["hgmma"] > twin["hgmma"] and not r["wgmma_serialized"], (r, twin)
-        assert spills_within(r, 0) and r["register_reallocations"] > 0, r
-        assert 200 * 1024 < r["shared_bytes"] <= 227 * 1024, r
 
 
 def test_paired_stages_release_each_block_once(reports):
@@ -787,32 +770,6 @@ def test_launch_refuses_what_it_cannot_hold():
                       options=gluon_forward.FP8_ALL_FLAGS)[1] == (2, )
 
 
-@pytest.mark.parametrize("head_dim, dtype, kwargs, named", [
-    (64, torch.bfloat16, {}, "head dim 64"),
-    (256, torch.bfloat16, {}, "head dim 256"),
-    (128, torch.float8_e4m3fn, dict(descale=torch.ones(3, 1, 2)), "torch.float8_e4m3fn"),
-    (128, torch.bfloat16, dict(overlap=False), "overlap=False"),
-    (128, torch.bfloat16, dict(warpgroups=3), "warpgroups=3"),
-    (128, torch.bfloat16, dict(options=gluon_forward.ForwardOptions(sums_by_mma=True)), "sums_by_mma=True"),
-    (128, torch.bfloat16, dict(options=gluon_forward.ForwardOptions(o_by_tma=True)), "o_by_tma=True"),
-])
-def test_wide_key_blocks_are_refused_where_they_do_not_fit(head_dim, dtype, kwargs, named):
-    """block_n = WIDE_BLOCK_N takes D = 128 in 16-bit on the overlapped loop with two softmax warpgroups, O
-    through pointers and the rows' sums in the softmax; elsewhere gluon_forward_launch names what it got."""
-    q = torch.randn(1, 2, 64, head_dim).to(dtype)
-    v = torch.randn(1, 2, head_dim, 64).to(dtype) if dtype == torch.float8_e4m3fn else q
-    o, lse = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(1, 2, 64)
-    kwargs = dict(overlap=True) | kwargs
-    with pytest.raises(ValueError, match=r"block_n=192 \(a wide key block\) takes D = 128 in bf16 or fp16 .*"
-                                         + named.replace("(", r"\(")):
-        gluon_forward.gluon_forward_launch(q, q, v, o, lse, False, 0.1, block_n=gluon_forward.WIDE_BLOCK_N, **kwargs)
-    # (at D = 128 in bf16 on the overlapped loop it launches: a wide block's descriptors take a third of it)
-    q = torch.randn(1, 2, 64, 128, dtype=torch.bfloat16)
-    args = gluon_forward.gluon_forward_launch(q, q, q, torch.empty_like(q), lse, False, 0.1, overlap=True,
-                                              block_n=gluon_forward.WIDE_BLOCK_N)[2]
-    assert [d.block_shape for d in args[4:7]] == [[1, 1, 64, 128]] * 3
-
-
 def assert_matches_reference(q, k, v, is_causal, scale, o, lse):
     """O and L within twice plain bf16 attention's error of the float64 reference; rows that see no key
     (causal, Nq > Nk) give O = 0 and L = -inf exactly."""
@@ -843,64 +800,16 @@ def test_matches_float64_reference(head_dim, is_causal, seqlens, form):
     assert_matches_reference(q, k, v, is_causal, scale, o, lse)
 
 
-def growing_scores(q, k, block_n: int | None = None):
+def growing_scores(q, k):
     """q and k scaled so that the scores' row maxima grow from key block to key block, by more than the
-    lazy rescale's threshold in some rows and by less in others: key block b (of `block_n` keys, None: BLOCK_N's)
-    times 1 + b, query row i times 0.25 to 2 by i % 8."""
-    block = torch.arange(k.shape[2], device=k.device) // (block_n or gluon_forward.BLOCK_N[k.shape[-1]])
+    lazy rescale's threshold in some rows and by less in others: key block b (of BLOCK_N keys) times 1 + b, query
+    row i times 0.25 to 2 by i % 8."""
+    block = torch.arange(k.shape[2], device=k.device) // gluon_forward.BLOCK_N[k.shape[-1]]
     rows = torch.arange(q.shape[2], device=q.device) % 8
     return q * (0.25 + rows / 4)[:, None].to(q.dtype), k * (1 + block)[:, None].to(k.dtype)
 
 
 FORWARD_OPTIONS = gluon_forward.flag_sets()
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("seqlens", [(1, 1), (17, 63), (97, 130), (130, 97), (300, 333), (640, 1537), (1024, 1000)])
-@pytest.mark.parametrize("form", ["overlap", "pingpong"])
-@pytest.mark.parametrize("options", ["library", "none", "lazy"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wide_key_blocks_match_float64_reference(is_causal, seqlens, form, options, dtype):
-    """D = 128 on wide key blocks (block_n = WIDE_BLOCK_N: 192 keys, a 128-key part and a 64-key tail under one
-    softmax): O and L against the float64 reference as test_matches_float64_reference, on scores whose
-    maxima grow from one 192-key block to the next (growing_scores), with the library's flags (paired
-    stages), none, and lazy_rescale; key counts that end in either part of a block, in its first keys
-    (1537 = 8 x 192 + 1) or past a whole one (1000), O's memory NaN-filled before."""
-    if form == "pingpong" and (options != "library" or dtype != torch.bfloat16):
-        pytest.skip("the turns do not meet the flags or the dtype: one pass of the ping-pong form")
-    flags = {"library": gluon_forward.DEFAULT_OPTIONS, "none": gluon_forward.ForwardOptions(),
-             "lazy": gluon_forward.DEFAULT_OPTIONS._replace(lazy_rescale=True)}[options]
-    torch.manual_seed(sum(seqlens))
-    q, k, v = make_qkv(2, 4, 2, *seqlens, 128, dtype, DEVICE, requires_grad=False)
-    q, k = growing_scores(q, k, gluon_forward.WIDE_BLOCK_N)
-    scale = 128 ** -0.5
-    torch.full(q.shape, float("nan"), device=DEVICE, dtype=q.dtype)  # freed: o reuses its block
-    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale, *gluon_forward.FORMS[form],
-                                                   block_n=gluon_forward.WIDE_BLOCK_N, options=flags)
-    assert_matches_reference(q, k, v, is_causal, scale, o, lse)
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("is_causal", [False, True])
-def test_wide_key_blocks_on_a_padded_cache(is_causal):
-    """Wide key blocks with seqused_k (test_key_counts_on_a_padded_cache's check): counts 0, 5 (the block
-    ending at the count starts before key 0), 100 (ends in a block's 128-key part), 192 (one whole block),
-    250 (in the tail of the second), 333 (the whole cache); K's and V's rows past each count NaN."""
-    torch.manual_seed(7 + is_causal)
-    counts = [0, 5, 100, 192, 250, 333]
-    q, k, v = make_qkv(len(counts), 4, 2, 130, 333, 128, torch.bfloat16, DEVICE, requires_grad=False)
-    for b, count in enumerate(counts):
-        k[b, :, count:] = float("nan")
-        v[b, :, count:] = float("nan")
-    scale = 128 ** -0.5
-    o, lse = gluon_forward.attention_forward_gluon(q, k, v, is_causal, scale,
-                                                   seqused_k=torch.tensor(counts, dtype=torch.int32, device=DEVICE),
-                                                   block_n=gluon_forward.WIDE_BLOCK_N)
-    assert not o[0].any() and torch.isneginf(lse[0]).all()
-    for b, count in enumerate(counts[1:], start=1):
-        one = slice(b, b + 1)
-        assert_matches_reference(q[one], k[one, :, :count], v[one, :, :count], is_causal, scale, o[one], lse[one])
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -118,23 +118,6 @@ def _block_start(j, keys, BLOCK_N: gl.constexpr, SHIFTED: gl.constexpr):
 
 
 @gluon.jit
-def _copy_wide_block(desc, smem, tail, ready, stage, off_b, off_hkv, block, keys, SHIFTED: gl.constexpr):
-    """A wide key block (WIDE: 3 boxes of `desc`'s rows, 192 keys at D = 128) into its ring's `stage`: two
-    boxes into the 128-row tile `smem` and one into the 64-row `tail`, arriving on `ready` when all three
-    have landed. Triton's tensors, and so the wgmma's tiles, take power-of-two sizes only: the block is
-    held, and multiplied, as a 128-key part and a 64-key one."""
-    BOX: gl.constexpr = desc.block_type.shape[2]
-    start = block * (3 * BOX)
-    if SHIFTED:
-        start = gl.minimum(start, keys - 3 * BOX)
-    mbarrier.expect(ready.index(stage), 3 * desc.block_type.nbytes)
-    main = smem.index(stage)
-    tma_load(desc, [off_b, off_hkv, start, 0], ready.index(stage), main.slice(0, BOX, dim=2))
-    tma_load(desc, [off_b, off_hkv, start + BOX, 0], ready.index(stage), main.slice(BOX, BOX, dim=2))
-    tma_load(desc, [off_b, off_hkv, start + 2 * BOX, 0], ready.index(stage), tail.index(stage))
-
-
-@gluon.jit
 def _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED: gl.constexpr,
                 TRANSPOSED: gl.constexpr = False):
     """Key block `block` of K or V (its first key: _block_start's) into its ring's `stage`, arriving on
@@ -171,37 +154,25 @@ def _claim_stage(empty, count, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _fill_stage(desc, smem, tail, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED: gl.constexpr,
-                WIDE: gl.constexpr, TRANSPOSED: gl.constexpr = False):
-    """Key block `block` of K or V into its ring's `stage`: _copy_wide_block's three boxes (WIDE), or
-    _copy_block's one."""
-    if WIDE:
-        _copy_wide_block(desc, smem, tail, ready, stage, off_b, off_hkv, block, keys, SHIFTED)
-    else:
-        _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED, TRANSPOSED)
-
-
-@gluon.jit
-def _load_block(desc, smem, tail, ready, empty, off_b, off_hkv, block, count, keys, k_map, SHIFTED: gl.constexpr,
-                WIDE: gl.constexpr):
-    """K's block: _fill_stage into the stage _claim_stage gives for the ring's fill `count`."""
+def _load_block(desc, smem, ready, empty, off_b, off_hkv, block, count, keys, k_map, SHIFTED: gl.constexpr):
+    """K's block: _copy_block into the stage _claim_stage gives for the ring's fill `count`."""
     stage = _claim_stage(empty, count, smem.type.shape[0])
-    _fill_stage(desc, smem, tail, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED, WIDE)
+    _copy_block(desc, smem, ready, stage, off_b, off_hkv, block, keys, k_map, SHIFTED)
 
 
 @gluon.jit
-def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr, WIDE: gl.constexpr):
+def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: gl.constexpr):
     """For each of the program's tiles: Q's 64-row slices (one per softmax warpgroup) once every
     warpgroup is done with the previous tile's, then K of block j + 1 before V of block j (in FP8 V^T,
     copied before the kernel); with PAIRED the two into one stage of both rings, whose K barrier (k_empty)
     releases both. `loads`: the kernel's arguments this partition takes (the flags come apart: in a tuple
     the kernel names, a flag becomes a run-time value, and both sides of each `if` on it would be
-    compiled). WIDE: each stage holds a wide block, its last 64 keys in the tail rings (_copy_wide_block)."""
-    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, k_tail, v_tail, q_ready, q_empty, k_ready, v_ready, k_empty,
-     v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, k_map) = loads
+    compiled)."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, num_tiles,
+     rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K, k_map) = loads
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[3] + WIDE * k_tail.type.shape[3]  # keys per block, a tail's too
+    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
     SHIFTED: gl.constexpr = SEQUSED_K is not None
     fills = 0  # blocks loaded into each ring so far (with PAIRED: stages filled, one more per tile)
@@ -213,8 +184,7 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                                                                 SEQUSED_K, IS_CAUSAL, WARPGROUPS * BLOCK_M, BLOCK_N)
             off_hkv = off_h // group
             if n_blocks > 0:  # the first K does not wait on Q's stage
-                _load_block(k_desc, k_smem, k_tail, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, k_map, SHIFTED,
-                            WIDE)
+                _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, 0, fills, keys, k_map, SHIFTED)
                 if PAIRED:  # the tile's first stage holds no V: its V barrier completes a phase without bytes
                     mbarrier.arrive(v_ready.index(fills % NUM_STAGES), count=1)
             mbarrier.wait(q_empty, (tiles_done & 1) ^ 1)
@@ -225,16 +195,15 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
                 if PAIRED:  # K of block j + 1 and V of block j share a stage, released once (k_empty)
                     stage = _claim_stage(k_empty, fills + j + 1, NUM_STAGES)
                     if j + 1 < n_blocks:
-                        _fill_stage(k_desc, k_smem, k_tail, k_ready, stage, off_b, off_hkv, j + 1, keys, k_map, SHIFTED,
-                                    WIDE)
+                        _copy_block(k_desc, k_smem, k_ready, stage, off_b, off_hkv, j + 1, keys, k_map, SHIFTED)
                     else:  # the tile's last stage holds no K
                         mbarrier.arrive(k_ready.index(stage), count=1)
                 else:
                     if j + 1 < n_blocks:
-                        _load_block(k_desc, k_smem, k_tail, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1,
-                                    keys, k_map, SHIFTED, WIDE)
+                        _load_block(k_desc, k_smem, k_ready, k_empty, off_b, off_hkv, j + 1, fills + j + 1, keys,
+                                    k_map, SHIFTED)
                     stage = _claim_stage(v_empty, fills + j, NUM_STAGES)
-                _fill_stage(v_desc, v_smem, v_tail, v_ready, stage, off_b, off_hkv, j, keys, k_map, SHIFTED, WIDE, FP8)
+                _copy_block(v_desc, v_smem, v_ready, stage, off_b, off_hkv, j, keys, k_map, SHIFTED, FP8)
             fills += n_blocks
             if PAIRED:
                 if n_blocks > 0:
@@ -243,35 +212,10 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, FP8: gl.constexpr, PAIRED: g
 
 
 @gluon.jit
-def _masked(qk, col0: gl.constexpr, j, start, last_key, seqlen_k, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
-            SHIFTED: gl.constexpr, KEYS_INTERLEAVED: gl.constexpr):
-    """The scores `qk` of key block j's columns col0.. (a block of BLOCK_N keys from `start`) with those of
-    keys the rows do not see at -inf (_online_softmax)."""
-    cols = gl.arange(0, qk.type.shape[1], layout=gl.SliceLayout(0, qk.type.layout))  # keys from `start`
-    if col0 > 0:
-        cols = cols + col0
-    if KEYS_INTERLEAVED:  # (never SHIFTED: the launcher refuses key counts with it)
-        keys = key_of_column(cols)[None, :]
-        if IS_CAUSAL:
-            visible = keys <= (last_key - start)[:, None]
-        else:
-            visible = keys < seqlen_k - start
-    elif IS_CAUSAL:
-        visible = columns_at_most(cols, gl.convert_layout(last_key, gl.SliceLayout(1, qk.type.layout)) - start)
-        if SHIFTED:
-            visible = visible & (cols[None, :] >= j * BLOCK_N - start)
-    elif SHIFTED:  # (the block ends at Nk)
-        visible = cols[None, :] >= j * BLOCK_N - start
-    else:
-        visible = cols[None, :] < seqlen_k - start
-    return gl.where(visible, qk, float("-inf"))
-
-
-@gluon.jit
 def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_scale_log2,
                     IS_CAUSAL: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
                     SUMS_BY_MMA: gl.constexpr = False, SCALED_P: gl.constexpr = False,
-                    KEYS_INTERLEAVED: gl.constexpr = False, qk_tail=None):
+                    KEYS_INTERLEAVED: gl.constexpr = False):
     """Key block j's scores (fp32, unscaled) -> (P, the factor that rescales what came before, the
     running max and sum). Only the block past Nk and, causal, the blocks that cross the diagonal are
     masked: the others skip the comparisons in the softmax's critical path. SHIFTED: the block that
@@ -280,25 +224,32 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     (gluon_rescale.py); its factor is then exactly 1. SUMS_BY_MMA: the sum is not taken here but by the
     tensor cores (_attend), and l_i comes back as it went in. SCALED_P: P and its sum come out 2^P_LOG2_SCALE
     times the probabilities (the running max stays unscaled; _attend takes the scale out of L).
-    KEYS_INTERLEAVED: K was loaded interleaved, column c holding key key_of_column(c) (FP8, gluon_masks.py).
-    `qk_tail`: a wide block's last keys' scores (WIDE, not with SUMS_BY_MMA or FP8): then (P, the tail's P,
-    the factor, max and sum), one max and one sum per row over both."""
+    KEYS_INTERLEAVED: K was loaded interleaved, column c holding key key_of_column(c) (FP8, gluon_masks.py)."""
     BLOCK_N: gl.constexpr = qk.type.shape[1]
-    WIDTH: gl.constexpr = BLOCK_N if qk_tail is None else BLOCK_N + qk_tail.type.shape[1]
-    block_end = (j + 1) * WIDTH
+    block_end = (j + 1) * BLOCK_N
     partial = block_end > seqlen_k
     if IS_CAUSAL:
         partial = partial | (block_end - 1 > first_visible_end)
     if partial:
-        start = _block_start(j, seqlen_k, WIDTH, SHIFTED)
-        qk = _masked(qk, 0, j, start, last_key, seqlen_k, WIDTH, IS_CAUSAL, SHIFTED, KEYS_INTERLEAVED)
-        if qk_tail is not None:
-            qk_tail = _masked(qk_tail, BLOCK_N, j, start, last_key, seqlen_k, WIDTH, IS_CAUSAL, SHIFTED, False)
-    block_max = gl.max(qk, 1)
-    if qk_tail is not None:
-        block_max = gl.maximum(block_max, gl.convert_layout(gl.max(qk_tail, 1), block_max.type.layout))
+        start = _block_start(j, seqlen_k, BLOCK_N, SHIFTED)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))  # keys from `start`
+        if KEYS_INTERLEAVED:  # (never SHIFTED: the launcher refuses key counts with it)
+            keys = key_of_column(cols)[None, :]
+            if IS_CAUSAL:
+                visible = keys <= (last_key - start)[:, None]
+            else:
+                visible = keys < seqlen_k - start
+        elif IS_CAUSAL:
+            visible = columns_at_most(cols, last_key - start)
+            if SHIFTED:
+                visible = visible & (cols[None, :] >= j * BLOCK_N - start)
+        elif SHIFTED:  # (the block ends at Nk)
+            visible = cols[None, :] >= j * BLOCK_N - start
+        else:
+            visible = cols[None, :] < seqlen_k - start
+        qk = gl.where(visible, qk, float("-inf"))
     # The scale is folded into the exp2's argument: one FMA per score instead of a multiply and a subtract.
-    m_new = gl.maximum(m_i, block_max * qk_scale_log2)
+    m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale_log2)
     if LAZY_RESCALE:
         m_new = keep_max(m_i, m_new)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
@@ -308,17 +259,10 @@ def _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k, qk_s
     # P's exp2 before alpha's: ptxas schedules the block by this order, and this is the one the H200 timed
     # (docs/performance.md, entry 118)
     p = gl.exp2(qk * qk_scale_log2 - p_max[:, None])
-    if qk_tail is not None:
-        tail_rows: gl.constexpr = gl.SliceLayout(1, qk_tail.type.layout)
-        p_tail = gl.exp2(qk_tail * qk_scale_log2 - gl.convert_layout(p_max, tail_rows)[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        block_sum = gl.sum(p, 1) + gl.convert_layout(gl.sum(p_tail, 1), m_i.type.layout)
-        return p, p_tail, alpha, m_new, l_i * alpha + block_sum
-    else:  # (one return per branch: Triton compiles the returns of a branch not taken too, and they differ)
-        alpha = gl.exp2(m_i - m_safe)
-        if not SUMS_BY_MMA:
-            l_i = l_i * alpha + gl.sum(p, 1)
+    alpha = gl.exp2(m_i - m_safe)
+    if SUMS_BY_MMA:
         return p, alpha, m_new, l_i
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit
@@ -360,19 +304,15 @@ def _values(v_smem, stage, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _issue_pv(p_op, v_smem, stage, acc, block_sums, ones, FP8: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
-              p_tail=None, v_tail=None):
+def _issue_pv(p_op, v_smem, stage, acc, block_sums, ones, FP8: gl.constexpr, SUMS_BY_MMA: gl.constexpr):
     """O += P V, asynchronously, P in registers; with SUMS_BY_MMA also each row's sum of this block's P, as P
     times a (BLOCK_N, 8) tile of ones: a thin product beside P V instead of 64 dependent adds and a quad
     shuffle per row and block in the softmax (the sums are then of the rounded P that P V multiplies). The
     block's sums start from zero (`block_sums`' values are not read) and the caller adds them to the row's
     total in fp32: e4m3 products accumulate in the tensor cores with about 14 bits kept, so a running total
-    carried through them lost the low bits of every later block (docs/performance.md, entry 98). `p_tail`
-    and `v_tail`: a wide block's last keys (WIDE), a second product into the same O."""
+    carried through them lost the low bits of every later block (docs/performance.md, entry 98)."""
     p_op = _pv_operand(p_op, FP8)
     acc = warpgroup_mma(p_op, _values(v_smem, stage, FP8), acc, is_async=True)
-    if p_tail is not None:
-        acc = warpgroup_mma(p_tail, _values(v_tail, stage, FP8), acc, is_async=True)
     if SUMS_BY_MMA:
         sum_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=block_sums.type.layout,
                                                          k_width=4 if FP8 else 2)
@@ -382,12 +322,11 @@ def _issue_pv(p_op, v_smem, stage, acc, block_sums, ones, FP8: gl.constexpr, SUM
 
 
 @gluon.jit
-def _attend(q, k_smem, v_smem, k_tail, v_tail, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, rows0,
-            seqlen_q, seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr,
-            WARPGROUPS: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-            FP8: gl.constexpr, SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
-            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, KEYS_INTERLEAVED: gl.constexpr = False,
-            WIDE: gl.constexpr = False):
+def _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty, turns, rows0, seqlen_q,
+            seqlen_k, n_blocks, qk_scale_log2, v_descale, fills, turn, WG: gl.constexpr, WARPGROUPS: gl.constexpr,
+            IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, FP8: gl.constexpr,
+            SHIFTED: gl.constexpr, LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr,
+            PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr, KEYS_INTERLEAVED: gl.constexpr = False):
     """One warpgroup's 64 query rows from `rows0` (Q in shared memory, `q`) against its tile's n_blocks key
     blocks: returns O (fp32, normalised, in wgmma's accumulator layout), L (natural-log units, -inf where a row
     saw no key), the rings' fills and the turns taken so far. With OVERLAP, block j's
@@ -408,10 +347,7 @@ def _attend(q, k_smem, v_smem, k_tail, v_tail, ones_smem, q_empty, k_ready, v_re
     rounded to e4m3 as 2^8 P, in [0, 256], so that a broad row's small probabilities, below e4m3's smallest
     normal (2^-6), keep their three bits instead of falling on the subnormals' 2^-9 grid; O is a ratio of
     sums of P and does not change, and L takes the 8 back out. KEYS_INTERLEAVED (FP8): K's stages hold each
-    block's keys interleaved (_online_softmax), V^T's in their own order. WIDE (OVERLAP only; bf16 and fp16
-    without SUMS_BY_MMA): each block's last keys are in `k_tail` and `v_tail`, multiplied by a second
-    product beside each of the two, under one softmax (FlashAttention-4's 192-key block at D = 128, as a
-    128-key and a 64-key part). A stage goes back to the loader by
+    block's keys interleaved (_online_softmax), V^T's in their own order. A stage goes back to the loader by
     one thread's arrive on its k_empty or v_empty barrier, before which Gluon puts a barrier across the
     warpgroup's four warps."""
     # Warpgroup 0's turn t waits for the last warpgroup's turn t - 1, the others' for the previous one's
@@ -442,10 +378,6 @@ def _attend(q, k_smem, v_smem, k_tail, v_tail, ones_smem, q_empty, k_ready, v_re
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     no_scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    TAIL: gl.constexpr = k_tail.type.shape[3]
-    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, TAIL, INSTR_K])
-    no_tail_scores = gl.zeros([BLOCK_M, TAIL], gl.float32, layout=t_layout)  # (WIDE only)
     SUMS: gl.constexpr = SUMS_BY_MMA and OVERLAP
     # each row's sum of P in all 8 columns (SUMS), the product of P and ones; else unused
     l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -464,26 +396,13 @@ def _attend(q, k_smem, v_smem, k_tail, v_tail, ones_smem, q_empty, k_ready, v_re
                 mbarrier.wait(turns.index(WG), (turn & 1) ^ FIRST)
             qk = warpgroup_mma(q, k_smem.index(fills % NUM_STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
                                no_scores, use_acc=False, is_async=True)
-            if WIDE:
-                qk_tail = warpgroup_mma(q, k_tail.index(fills % NUM_STAGES).reshape([TAIL, HEAD_DIM]).permute((1, 0)),
-                                        no_tail_scores, use_acc=False, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
-            if WIDE:
-                qk, qk_tail = warpgroup_mma_wait(num_outstanding=0, deps=(qk, qk_tail))
-            else:
-                qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk, ))
             mbarrier.arrive(k_empty.index(fills % NUM_STAGES), count=1)  # (with PAIRED, the stage holds no V)
-            if WIDE:
-                p, p_tail, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                             qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE,
-                                                             qk_tail=qk_tail)
-                p_tail_op = _probabilities_operand(p_tail, dtype, p_layout, FP8)
-            else:
-                p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P,
-                                                     KEYS_INTERLEAVED)
-                p_tail_op = None
+            p, alpha, m_i, l_i = _online_softmax(qk, 0, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                 qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P,
+                                                 KEYS_INTERLEAVED)
             p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             for j in range(1, n_blocks):
                 stage = (fills + j) % NUM_STAGES
@@ -494,27 +413,16 @@ def _attend(q, k_smem, v_smem, k_tail, v_tail, ones_smem, q_empty, k_ready, v_re
                     mbarrier.wait(turns.index(WG), ((turn + j) & 1) ^ FIRST)
                 qk = warpgroup_mma(q, k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), no_scores,
                                    use_acc=False, is_async=True)
-                if WIDE:
-                    qk_tail = warpgroup_mma(q, k_tail.index(stage).reshape([TAIL, HEAD_DIM]).permute((1, 0)),
-                                            no_tail_scores, use_acc=False, is_async=True)
-                acc, block_sums = _issue_pv(p_op, v_smem, prev, acc, block_sums, ones, FP8, SUMS, p_tail_op, v_tail)
+                acc, block_sums = _issue_pv(p_op, v_smem, prev, acc, block_sums, ones, FP8, SUMS)
                 if PINGPONG:
                     mbarrier.arrive(turns.index(NEXT), count=1)
                 # this block's scores; P V (and the sums) may run on
-                if WIDE:
-                    qk, qk_tail = warpgroup_mma_wait(num_outstanding=2, deps=(qk, qk_tail))
-                else:
-                    qk = warpgroup_mma_wait(num_outstanding=2 if SUMS else 1, deps=(qk, ))
+                qk = warpgroup_mma_wait(num_outstanding=2 if SUMS else 1, deps=(qk, ))
                 if not PAIRED:
                     mbarrier.arrive(k_empty.index(stage), count=1)
-                if WIDE:
-                    p, p_tail, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end,
-                                                                 seqlen_k, qk_scale_log2, IS_CAUSAL, SHIFTED,
-                                                                 LAZY_RESCALE, qk_tail=qk_tail)
-                else:
-                    p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
-                                                         qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS,
-                                                         SCALED_P, KEYS_INTERLEAVED)
+                p, alpha, m_i, l_i = _online_softmax(qk, j, m_i, l_i, last_key, first_visible_end, seqlen_k,
+                                                     qk_scale_log2, IS_CAUSAL, SHIFTED, LAZY_RESCALE, SUMS, SCALED_P,
+                                                     KEYS_INTERLEAVED)
                 acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
                 mbarrier.arrive(v_free.index(prev), count=1)
                 if LAZY_RESCALE:
@@ -523,15 +431,13 @@ def _attend(q, k_smem, v_smem, k_tail, v_tail, ones_smem, q_empty, k_ready, v_re
                     acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 if SUMS:
                     sums = (sums + block_sums) * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
-                if WIDE:
-                    p_tail_op = _probabilities_operand(p_tail, dtype, p_layout, FP8)
                 p_op = _probabilities_operand(p, dtype, p_layout, FP8)
             mbarrier.arrive(q_empty, count=1)  # the tile's last Q K^T has run: the loader may bring the next Q
             last = (fills + n_blocks - 1 + V_SHIFT) % NUM_STAGES
             mbarrier.wait(v_ready.index(last), ((fills + n_blocks - 1 + V_SHIFT) // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turns.index(WG), ((turn + n_blocks) & 1) ^ FIRST)
-            acc, block_sums = _issue_pv(p_op, v_smem, last, acc, block_sums, ones, FP8, SUMS, p_tail_op, v_tail)
+            acc, block_sums = _issue_pv(p_op, v_smem, last, acc, block_sums, ones, FP8, SUMS)
             if PINGPONG:
                 mbarrier.arrive(turns.index(NEXT), count=1)
             acc, block_sums = warpgroup_mma_wait(num_outstanding=0, deps=(acc, block_sums))
@@ -638,16 +544,16 @@ def _store_tile(o, lse, O, LSE, o_desc, o_stage, o_base, lse_base, stride_om, of
 def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
                        PINGPONG: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
                        SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
-                       KEYS_INTERLEAVED: gl.constexpr, WIDE: gl.constexpr):
+                       KEYS_INTERLEAVED: gl.constexpr):
     """Softmax warpgroup WG: the WG-th 64 query rows of each of the program's tiles. `shared`: the
     arguments every softmax warpgroup takes (the kernel's)."""
-    (q_smem, k_smem, v_smem, k_tail, v_tail, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE,
-     stride_ob, stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
-     qk_scale_log2, DESCALE, SEQUSED_K, ones_smem, o_desc, o_smem) = shared
+    (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob, stride_oh,
+     stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, qk_scale_log2, DESCALE,
+     SEQUSED_K, ones_smem, o_desc, o_smem) = shared
     WARPGROUPS: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[3] + WIDE * k_tail.type.shape[3]  # keys per block, a tail's too
+    BLOCK_N: gl.constexpr = k_smem.type.shape[3]
     SHIFTED: gl.constexpr = SEQUSED_K is not None
     q = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     fills = 0
@@ -668,11 +574,10 @@ def _softmax_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLA
                 v_descale = gl.load(DESCALE + 2 * kv_heads + kv_head)
             mbarrier.wait(q_ready, tiles_done & 1)
             rows0 = first_row + WG * BLOCK_M
-            o, lse, fills, turn = _attend(q, k_smem, v_smem, k_tail, v_tail, ones_smem, q_empty, k_ready, v_ready,
-                                          k_empty, v_empty, turns, rows0, seqlen_q, keys, n_blocks, tile_scale,
-                                          v_descale, fills, turn, WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8,
-                                          SHIFTED, LAZY_RESCALE, SUMS_BY_MMA, PAIRED_STAGES, SCALED_P,
-                                          KEYS_INTERLEAVED, WIDE)
+            o, lse, fills, turn = _attend(q, k_smem, v_smem, ones_smem, q_empty, k_ready, v_ready, k_empty, v_empty,
+                                          turns, rows0, seqlen_q, keys, n_blocks, tile_scale, v_descale, fills, turn,
+                                          WG, WARPGROUPS, IS_CAUSAL, OVERLAP, PINGPONG, FP8, SHIFTED, LAZY_RESCALE,
+                                          SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)
             _store_tile(o, lse, O, LSE, o_desc, o_smem.index(WG), o_base, bh.to(gl.int64) * seqlen_q, stride_om,
                         off_b, off_h, rows0, seqlen_q)
             tiles_done += 1
@@ -695,8 +600,8 @@ def attn_fwd_gluon_kernel(
     k_groups_b, k_groups_h, k_inner_h,
     qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-    PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, WIDE: gl.constexpr,
-    LAZY_RESCALE: gl.constexpr, SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
+    PINGPONG: gl.constexpr, SOFTMAX_REGS: gl.constexpr, FP8: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+    SUMS_BY_MMA: gl.constexpr, PAIRED_STAGES: gl.constexpr, SCALED_P: gl.constexpr,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... (`rounds` = cdiv(num_tiles, P) of them: passed in, since
     derived in each partition it spilled the causal three-warpgroup form, docs/performance.md entry 81) of the
@@ -708,8 +613,7 @@ def attn_fwd_gluon_kernel(
     more than gluon_rescale.RESCALE_THRESHOLD. SUMS_BY_MMA (with OVERLAP): each row's sum of P by the tensor
     cores, P times ones (_issue_pv). PAIRED_STAGES (with OVERLAP): K of block j + 1 and V of block j share a
     stage and its release (_load_partition). SCALED_P (FP8 without LAZY_RESCALE): P rounded to e4m3 as 2^8 P
-    (_attend). WIDE (with OVERLAP; 16-bit, without SUMS_BY_MMA): key blocks of three of k_desc's and
-    v_desc's boxes, held as a two-box part and a one-box tail (_copy_wide_block, _attend)."""
+    (_attend)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]  # per softmax warpgroup
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
@@ -723,18 +627,10 @@ def attn_fwd_gluon_kernel(
         k_layout: gl.constexpr = k_desc.layout
 
     q_smem = gl.allocate_shared_memory(dtype, [WARPGROUPS, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_layout)
     V_ROWS: gl.constexpr = v_desc.block_type.shape[2]  # BLOCK_N keys, or in FP8 (V^T) the D dims
     V_COLS: gl.constexpr = v_desc.block_type.shape[3]
-    if WIDE:  # a block's first two boxes in the rings, its third in the tails
-        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, 2 * BLOCK_N, HEAD_DIM], k_layout)
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, 2 * V_ROWS, V_COLS], v_desc.layout)
-        k_tail = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_layout)
-        v_tail = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
-    else:
-        k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_layout)
-        v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
-        k_tail = k_smem  # unused (stand-ins, as ones_smem below)
-        v_tail = v_smem
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, V_ROWS, V_COLS], v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -762,29 +658,29 @@ def attn_fwd_gluon_kernel(
     # loader what the softmax partitions' SOFTMAX_REGS leave of the register file. Triton 3.6 takes the
     # partitions as a literal list (a tuple variable cannot hold the functions, and a comprehension over
     # the warpgroups does not compile), so each count spells its list out, over tuples of the arguments.
-    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, k_tail, v_tail, q_ready, q_empty, k_ready, v_ready,
-             k_empty, v_empty, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
+    loads = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+             num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k, SEQUSED_K,
              (k_groups_b, k_groups_h, k_inner_h))
-    shared = (q_smem, k_smem, v_smem, k_tail, v_tail, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O,
-              LSE, stride_ob, stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q,
-              seqlen_k, qk_scale_log2, DESCALE, SEQUSED_K, ones_smem, o_desc, o_smem)
+    shared = (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns, O, LSE, stride_ob,
+              stride_oh, stride_om, num_tiles, rounds, num_m_blocks, num_heads, group, seqlen_q, seqlen_k,
+              qk_scale_log2, DESCALE, SEQUSED_K, ones_smem, o_desc, o_smem)
     if SUMS_BY_MMA:
         thread_barrier()  # every warp's share of the ones written before any partition reads them
     if WARPGROUPS == 3:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, WIDE)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED, WIDE)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED, WIDE)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 2, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED, WIDE))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED))],
                            [4, 4, 4], [SOFTMAX_REGS, SOFTMAX_REGS, SOFTMAX_REGS])
     else:
-        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES, WIDE)),
+        gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, FP8, PAIRED_STAGES)),
                             (_softmax_partition, (shared, 0, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED, WIDE)),
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED)),
                             (_softmax_partition, (shared, 1, IS_CAUSAL, OVERLAP, PINGPONG, FP8, LAZY_RESCALE,
-                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED, WIDE))],
+                                                  SUMS_BY_MMA, PAIRED_STAGES, SCALED_P, KEYS_INTERLEAVED))],
                            [4, 4], [SOFTMAX_REGS, SOFTMAX_REGS])
 
     mbarrier.invalidate(q_ready)

@@ -39,11 +39,6 @@ BLOCK_M = 64
 BLOCK_N = {64: 128, 128: 128, 256: 64}
 NUM_STAGES = 2
 HEAD_DIMS = tuple(BLOCK_N)
-# A wide key block, FlashAttention-4's at D = 128 on Hopper (192 keys): the kernel's WIDE, held and multiplied
-# as a 128-key part and a 64-key tail, since Triton's tiles take power-of-two sizes only. Its two stages of K
-# and V take 192 KB of shared memory beside Q's 32 KB, so D = 128 only, with O through pointers (A/B runs:
-# gluon_forward_launch's block_n).
-WIDE_BLOCK_N = 192
 FP8_HEAD_DIMS = (64, 128, 256)  # the FP8 form's
 # ... and those "auto" takes it at: all three. D = 256 in FP8 has run on an H100 only (no H200 came in five
 # sessions), in two calls 1.52-1.56x the bf16 forward and 1.58-1.59x cuDNN, its GPU tests and the Nk = 1
@@ -425,14 +420,6 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     persistent, warpgroups = grid_form(head_dim, is_causal, seqlen_k, fp8, persistent, warpgroups)
     block_n = BLOCK_N[head_dim] if block_n is None else block_n
     options = default_options(overlap, fp8) if options is None else options
-    wide = block_n == WIDE_BLOCK_N
-    if wide and (head_dim != 128 or fp8 or not overlap or warpgroups != 2 or keys_interleaved
-                 or options.sums_by_mma or options.o_by_tma):
-        raise ValueError(f"block_n={WIDE_BLOCK_N} (a wide key block) takes D = 128 in bf16 or fp16 on the "
-                         "overlapped loop with two softmax warpgroups, without sums_by_mma or o_by_tma (shared "
-                         f"memory, registers); got head dim {head_dim}, dtype {q.dtype}, overlap={overlap}, "
-                         f"warpgroups={warpgroups}, options {options}")
-    rows = block_n // 3 if wide else block_n  # a descriptor's box: a wide block's third
     elements = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
 
     def descriptor(x: torch.Tensor, rows: int, cols: int = head_dim):
@@ -465,12 +452,12 @@ def gluon_forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: t
     num_tiles = batch * heads * num_m_blocks
     # (persistent: one program per SM, the registers admitting one, each looping over tiles; grid_form)
     programs = min(num_tiles, sm_count(q)) if persistent else num_tiles
-    k_desc = interleaved_keys_descriptor(k, k_map, block_n) if keys_interleaved else descriptor(k, rows)
+    k_desc = interleaved_keys_descriptor(k, k_map, block_n) if keys_interleaved else descriptor(k, block_n)
     args = (o, lse, descale, seqused_k, descriptor(q, BLOCK_M), k_desc,
-            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, rows),
+            descriptor(v, head_dim, block_n) if fp8 else descriptor(v, block_n),
             descriptor(o, BLOCK_M) if options.o_by_tma else None, o.stride(0), o.stride(1), o.stride(2), heads,
             heads // k.shape[1], seqlen_q, seqlen_k, num_m_blocks, num_tiles, cdiv(num_tiles, programs), *k_map,
-            scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8, wide,
+            scale * LOG2E, warpgroups, stages, is_causal, overlap, pingpong, softmax_registers, fp8,
             *kernel_flags(options))
     grid = (programs, )
     # (at Nk = 1 the kernel not specialised on it, whose FP8 P ptxas packs right: kernels/gluon_forward.py)

@@ -396,8 +396,7 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
     would launch it, in each of its FORMS (in turn, overlapped, ping-pong) without flags and with two softmax
     warpgroups; at D = 64 also overlapped with three (FlashAttention-3's tile there, and what the library
     runs); the library's form with key counts (seqused_k) and its flags; and that form with each flag of
-    gluon_forward_options() alone, and with the library's flags where they are several; at D = 128 the
-    library's form on wide key blocks (gluon_forward.WIDE_BLOCK_N). For
+    gluon_forward_options() alone, and with the library's flags where they are several. For
     float8_e4m3fn, the FP8 forward as fp8_forward_gluon launches it, without flags and likewise."""
     from ..launch import gluon_forward
 
@@ -443,14 +442,6 @@ def inspect_gluon(head_dim: int, dtype: torch.dtype, causal: bool, seqlen: int =
             q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], options=options)
         reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
                                dtype, causal, _gluon_config(warpgroups, head_dim, "overlap" + options.suffix())))
-    if head_dim == 128:  # the library's form on wide key blocks (gluon_forward.WIDE_BLOCK_N)
-        options = gluon_forward.DEFAULT_OPTIONS
-        kernel, grid, args, kwargs = gluon_forward.gluon_forward_launch(
-            q, q, q, o, lse, causal, head_dim ** -0.5, *gluon_forward.FORMS["overlap"], options=options,
-            block_n=gluon_forward.WIDE_BLOCK_N)
-        config = _gluon_config(warpgroups, head_dim, "overlap" + options.suffix(), gluon_forward.WIDE_BLOCK_N)
-        reports.append(_report(kernel.__name__, _compile_offline(kernel, grid, args, kwargs, target), head_dim,
-                               dtype, causal, config))
     return reports
 
 
@@ -466,14 +457,12 @@ def gluon_forward_options(fp8: bool = False) -> list:
     return sets + ([library] if library not in sets else [])
 
 
-def _gluon_config(warpgroups: int, head_dim: int, form: str, block_n: int | None = None) -> str:
-    """The Gluon forward's tiles, registers and form as a report's `config`, e.g. M64x2-N128-s2-r168/240-overlap
-    (block_n None: the head dim's BLOCK_N)."""
+def _gluon_config(warpgroups: int, head_dim: int, form: str) -> str:
+    """The Gluon forward's tiles, registers and form as a report's `config`, e.g. M64x2-N128-s2-r168/240-overlap."""
     from ..launch import gluon_forward
 
     launch_registers, softmax_registers = gluon_forward.REGISTERS[warpgroups]
-    block_n = gluon_forward.BLOCK_N[head_dim] if block_n is None else block_n
-    return (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{block_n}-s{gluon_forward.NUM_STAGES}-"
+    return (f"M{gluon_forward.BLOCK_M}x{warpgroups}-N{gluon_forward.BLOCK_N[head_dim]}-s{gluon_forward.NUM_STAGES}-"
             f"r{launch_registers}/{softmax_registers}-{form}")
 
 
