@@ -153,6 +153,23 @@ def test_without_its_kernel_bf16_where_the_descales_fold(monkeypatch, per_head, 
     assert all(c.ok for c in checks), checks
 
 
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_without_its_kernel_o_is_scaled_once_and_carries_no_gradient(monkeypatch, out_dtype):
+    """Off the FP8 kernel, with the descales folded: O is flash_attention's bf16 O times v's factor, taken in
+    float32 and rounded once to out_dtype (in bf16 in place, bitwise the same); inputs that require grad
+    give outputs that do not, so nothing is kept for a backward that flash_attention_fp8 does not have."""
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")
+    (q8, k8, v8), (qd, kd, vd), _ = _quantized(2, 4, 2, 17, 63, 16, per_head=False, seed=3)
+    q8.requires_grad_()
+    o = flashtriton.flash_attention_fp8(q8, k8, v8, is_causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                        out_dtype=out_dtype)
+    bf16 = torch.bfloat16
+    plain = flashtriton.flash_attention(q8.detach().to(bf16), k8.to(bf16), v8.to(bf16), is_causal=True,
+                                        scale=16 ** -0.5 * (qd * kd).item())
+    assert o.dtype == out_dtype and not o.requires_grad
+    assert torch.equal(o, (plain.float() * vd).to(out_dtype))
+
+
 def test_without_its_kernel_a_zero_factor_is_taken_as_given(monkeypatch):
     """A zero q descale does not fold into a zero scale (which flash_attention refuses): the float32 path
     takes it, and every score is 0, so O is the mean of V's rows."""
