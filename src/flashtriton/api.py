@@ -225,6 +225,7 @@ def flash_attention_fp8(
     return (o, lse) if return_lse else o
 
 
+@torch.no_grad()  # (the outputs carry no gradient: nothing is kept for a backward, conversions included)
 def _fp8_without_its_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
                             qk_factors: tuple, descale: torch.Tensor, out_dtype: torch.dtype
                             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,9 +246,8 @@ def _fp8_without_its_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
         folded = scale * (descale[0, 0, 0] * descale[1, 0, 0]).item()
     if math.isfinite(folded) and folded > 0:  # (a zero, negative or infinite factor: float32, as given)
         bf16 = torch.bfloat16
-        with torch.no_grad():  # (the outputs carry no gradient: nothing kept for a backward)
-            o, lse = flash_attention(q.to(bf16), k.to(bf16), v.to(bf16), is_causal=is_causal, scale=folded,
-                                     return_lse=True)
+        o, lse = flash_attention(q.to(bf16), k.to(bf16), v.to(bf16), is_causal=is_causal, scale=folded,
+                                 return_lse=True)
         v_factors = descale[2].repeat_interleave(group, dim=1)[:, :, None, None]  # (B, Hq): each head's KV head's
         if out_dtype == bf16:  # in place: a bf16 product is taken in float32 and rounded once, as below
             return o.mul_(v_factors), lse
@@ -255,8 +255,7 @@ def _fp8_without_its_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     q_factors = descale[0].repeat_interleave(group, dim=1)
     q32, k32, v32 = (x.float() * d[:, :, None, None]
                      for x, d in zip((q, k, v), (q_factors, descale[1], descale[2]), strict=True))
-    with torch.no_grad():
-        o, lse = flash_attention(q32, k32, v32, is_causal=is_causal, scale=scale, return_lse=True)
+    o, lse = flash_attention(q32, k32, v32, is_causal=is_causal, scale=scale, return_lse=True)
     return o.to(out_dtype), lse
 
 
