@@ -10,10 +10,10 @@ B4 H16 N4096 D128 causal:
   events around the call, one more between forward and backward; medians in ms of the forward part, the
   backward part and the whole), and again with a ~1 ms GPU spin (torch.cuda._sleep) queued before each
   call, so that the host has issued the call before the GPU reaches it and the GPU has idled a millisecond;
-- `power`: two seconds of back-to-back forward + backward calls of each provider named (bench.py's; by
-  default ours, cuDNN's, ours again) while nvidia-smi samples the SM clock, the power draw and the
-  clock-event reasons every 20 ms (0x4: the software power cap), and the joules per call from the GPU's
-  energy counter read before and after (which also counts the edges of the loop).
+- `power`: two seconds of back-to-back calls of each provider named (bench.py's; by default ours, cuDNN's,
+  ours again), forward, backward and both in one call, while nvidia-smi samples the SM clock, the power
+  draw and the clock-event reasons every 20 ms (0x4: the software power cap); joules per call from the
+  samples' mean power.
 
     PYTHONPATH=src python benchmarks/fwd_bwd_power.py host|ahead|power [providers...]
 """
@@ -147,50 +147,67 @@ def ahead(batch: int, heads: int, n: int, head_dim: int) -> None:
     print(f"B{batch} H{heads} N{n} D{head_dim}", results, flush=True)
 
 
-def _smi(query: str) -> list[list[str]]:
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True).stdout
-    return [line.split(", ") for line in out.strip().splitlines()]
+def _calls(provider, q, k, v, do, shape):
+    """The three calls `power` loops over, for one provider: forward, backward (of one kept forward) and
+    both in one call."""
+    kept = provider.run(q, k, v, shape)
+
+    def fwd():
+        with torch.no_grad():
+            provider.run(q, k, v, shape)
+
+    def bwd():
+        clear_grads(q, k, v)
+        kept.backward(do, retain_graph=True)
+
+    def fwd_bwd():
+        clear_grads(q, k, v)
+        provider.run(q, k, v, shape).backward(do)
+    return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd_bwd}
+
+
+def _sampled(label: str, call) -> None:
+    """Two seconds of back-to-back calls while nvidia-smi samples; one line of what it saw."""
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active",
+                            "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    t0, calls = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 2.0:
+        call()
+        calls += 1
+        if calls % 8 == 0:  # (the host stays at most eight calls ahead)
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    ms = 1e3 * (time.perf_counter() - t0) / calls
+    smi.terminate()
+    rows = [line.split(", ") for line in smi.communicate()[0].strip().splitlines() if line.count(",") == 2]
+    rows = rows[len(rows) // 8:]  # (the samples before the loop's first calls)
+    clocks, watts = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
+    print(f"{label:22s} {ms:7.3f} ms/call  sm clock median {statistics.median(clocks):.0f} "
+          f"min {min(clocks):.0f} MHz  power mean {statistics.mean(watts):.0f} max {max(watts):.0f} W  "
+          f"{statistics.mean(watts) * ms / 1e3:.3f} J/call  reasons {sorted({r[2] for r in rows})}  "
+          f"samples {len(rows)}", flush=True)
 
 
 def power(batch: int, heads: int, n: int, head_dim: int, providers: tuple[str, ...]) -> None:
     """Each provider of bench.py (flashtriton, sdpa_cudnn, fa4 where FLASHTRITON_FA4_SITE makes it
-    importable) in turn: two seconds of back-to-back forward + backward calls, with the SM clock, power and
-    clock-event reasons sampled, and the joules per call from the GPU's energy counter."""
+    importable) in turn, for the forward alone, the backward alone and both in one call: two seconds of
+    back-to-back calls while nvidia-smi samples the SM clock, the power draw and the clock-event reasons
+    every 20 ms (0x4: the software power cap). Joules per call are the samples' mean power times the time
+    per call: not every driver has the energy counter (`total_energy_consumption` is not a field of the
+    device machine's nvidia-smi)."""
     from flashtriton.tools.bench import PROVIDERS, Shape
     shape = Shape(batch, heads, heads, n, n, head_dim, True)
     q, k, v, _, do = inputs(batch, heads, n, head_dim)
-
-    def call(provider):
-        clear_grads(q, k, v)
-        provider.run(q, k, v, shape).backward(do)
     for name in providers:
         provider = PROVIDERS[name]
         with provider.context():
-            for _ in range(5):
-                call(provider)
-            torch.cuda.synchronize()
-            time.sleep(1.0)
-            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active",
-                                    "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
-            time.sleep(0.3)
-            energy0 = float(_smi("total_energy_consumption")[0][0])
-            t0, calls = time.perf_counter(), 0
-            while time.perf_counter() - t0 < 2.0:
-                call(provider)
-                calls += 1
-                if calls % 8 == 0:  # (the host stays at most eight calls ahead)
-                    torch.cuda.synchronize()
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            energy1 = float(_smi("total_energy_consumption")[0][0])  # mJ since the driver loaded
-        smi.terminate()
-        rows = [line.split(", ") for line in smi.communicate()[0].strip().splitlines() if line.count(",") == 2]
-        clocks, watts = [float(r[0]) for r in rows], [float(r[1]) for r in rows]
-        print(f"{name:18s} {1e3 * (t1 - t0) / calls:7.3f} ms/call  sm clock median {statistics.median(clocks):.0f} "
-              f"min {min(clocks):.0f} MHz  power median {statistics.median(watts):.0f} max {max(watts):.0f} W  "
-              f"reasons {sorted({r[2] for r in rows})}  samples {len(rows)}  "
-              f"{(energy1 - energy0) / 1e3 / calls:.3f} J/call (counter's span, idle edges included)", flush=True)
+            for mode, call in _calls(provider, q, k, v, do, shape).items():
+                _sampled(f"{name} {mode}", call)
 
 
 if __name__ == "__main__":
