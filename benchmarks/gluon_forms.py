@@ -1,7 +1,8 @@
-"""The Gluon forward's ablation on the H200: each of its schedules (launch/gluon_forward.py FORMS: in turn,
-overlapped, ping-pong) beside the Triton forward (no warp specialisation) and cuDNN, bf16, in TFLOP/s
-(forward FLOPs 4·B·H·N²·D, halved when causal). Every provider of a shape is timed in ROUNDS interleaved
-rounds of triton.testing.do_bench; the median round is kept. Errors are max |o - cuDNN's o|.
+"""The Gluon forward's ablation on a Hopper GPU (the H200's figures are the ones that count): each of its
+schedules (launch/gluon_forward.py FORMS: in turn, overlapped, ping-pong) beside the Triton forward (no
+warp specialisation) and cuDNN, bf16, in TFLOP/s (forward FLOPs 4·B·H·N²·D, halved when causal). Every
+provider of a shape is timed in ROUNDS interleaved rounds of triton.testing.do_bench; the median round is
+kept. Errors are max |o - cuDNN's o|.
 
     PYTHONPATH=src python benchmarks/gluon_forms.py [--out DIR] [--shapes 0,1]
 """
@@ -80,8 +81,8 @@ def main() -> None:
             shape = f"B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']}{' causal' if r['causal'] else ''}"
             lines.append(f"| {shape} | " + " | ".join(f"{r['tflops'][name]:.0f}" for name in names)
                          + f" | {best / r['tflops']['cudnn']:.2f} |")
-        (args.out / "gluon_forms.md").write_text("TFLOP/s, bf16, H200 (benchmarks/gluon_forms.py)\n\n"
-                                                  + "\n".join(lines) + "\n")
+        title = f"TFLOP/s, bf16, {torch.cuda.get_device_name()} (benchmarks/gluon_forms.py)"
+        (args.out / "gluon_forms.md").write_text(title + "\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
