@@ -163,8 +163,8 @@ def test_backward_at_head_dim_256_stages_dq_in_the_halves_of_do():
         gluon_backward.gluon_dkdv_launch(q96, q96, q96, q96, lse2, delta, q96, q96, True, 0.1)
 
 
-def test_backward_starts_dp_from_minus_delta_where_measured():
-    """The launcher passes DELTA_IN_ACC where DELTA_IN_ACCUMULATOR has the head dim (D = 128, where it was
+def test_backward_starts_its_products_from_the_statistics_where_measured():
+    """The launcher passes STATS_IN_ACC where STATS_IN_ACCUMULATORS has the head dim (D = 128, where it was
     measured faster), as asked otherwise, and refuses it by name at D = 256, whose dP^T is summed over dO's
     column halves."""
     from flashtriton.launch.backward import statistics_buffer
@@ -172,16 +172,16 @@ def test_backward_starts_dp_from_minus_delta_where_measured():
     for head_dim in (64, 128, 256):
         q = torch.randn(1, 2, 100, head_dim, dtype=torch.bfloat16)
         args = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1)[2]
-        assert args[-2] is (head_dim in gluon_backward.DELTA_IN_ACCUMULATOR), head_dim
-    assert gluon_backward.DELTA_IN_ACCUMULATOR == (128, )
+        assert args[-2] is (head_dim in gluon_backward.STATS_IN_ACCUMULATORS), head_dim
+    assert gluon_backward.STATS_IN_ACCUMULATORS == (128, )
     q = torch.randn(1, 2, 100, 64, dtype=torch.bfloat16)
-    assert gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, delta_in_acc=True)[2][-2] is True
+    assert gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, stats_in_acc=True)[2][-2] is True
     q = torch.randn(1, 2, 100, 256, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"delta_in_acc must be False at head dim 256"):
-        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, delta_in_acc=True)
+    with pytest.raises(ValueError, match=r"stats_in_acc must be False at head dim 256"):
+        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, stats_in_acc=True)
 
 
-DELTA_IN_ACC_SCRIPT = """
+STATS_IN_ACC_SCRIPT = """
 import re
 
 import torch
@@ -198,27 +198,29 @@ for head_dim in (64, 128):
             dq_acc = gluon_backward.dq_accumulator(q, gluon_backward.DQ_FRAGMENTS,
                                                    split_rows=gluon_backward.split_dq_by_rows(head_dim))
             launch = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal, 0.1, dq_acc,
-                                                      dq_fragments=gluon_backward.DQ_FRAGMENTS, delta_in_acc=on)
+                                                      dq_fragments=gluon_backward.DQ_FRAGMENTS, stats_in_acc=on)
             sass = inspect.offline_sass(*launch).split(chr(10))
-            print(head_dim, causal, on, len(sass), sum(bool(re.search(r"\\b(?:STL|LDL)\\b", x)) for x in sass),
-                  sum("WARPGROUP.DEPBAR.LE gsb0, 0x1" in x for x in sass), sum(" FADD " in f" {x} " for x in sass))
+            print(head_dim, causal, on, sum(bool(re.search(r"\\b(?:STL|LDL)\\b", x)) for x in sass),
+                  sum("WARPGROUP.DEPBAR.LE gsb0, 0x1" in x for x in sass),
+                  *(sum(re.search(rf"\\b{op}\\b", x) is not None for x in sass) for op in ("FADD", "FFMA")))
 """
 
 
-def test_delta_in_the_accumulator_drops_the_subtraction_without_spills(tmp_path):
-    """The library's backward forms at D = 64 and 128, both masks, with and without DELTA_IN_ACC, compiled
-    offline: with it the kernel has fewer FADDs (dP^T - D is the product's own sum; D's copies into the
-    accumulator's registers take their place, so no more instructions in all), spills no more, and its products still overlap (waits that leave one product in flight)."""
-    script = tmp_path / "delta_in_acc.py"
-    script.write_text(DELTA_IN_ACC_SCRIPT)
+def test_statistics_in_the_accumulators_drop_their_subtractions_without_spills(tmp_path):
+    """The library's backward forms at D = 64 and 128, both masks, with and without STATS_IN_ACC, compiled
+    offline: with it the kernel has fewer FADDs (dP^T - D is the product's own sum) and fewer FFMAs (so is
+    S^T - L / c: exp2's argument is one multiply), spills no more, and its products still overlap (waits
+    that leave one product in flight)."""
+    script = tmp_path / "stats_in_acc.py"
+    script.write_text(STATS_IN_ACC_SCRIPT)
     forms = {tuple(f[:3]): [int(x) for x in f[3:]] for f in (line.split() for line in compiling(str(script)).split("\n")
                                                              if line)}
     assert len(forms) == 8, forms
-    for (head_dim, causal, on), (instructions, spills, partial_waits, fadds) in forms.items():
+    for (head_dim, causal, on), (spills, partial_waits, fadds, ffmas) in forms.items():
         if on == "True":
             off = forms[head_dim, causal, "False"]
-            assert instructions <= off[0] and fadds < off[3], forms
-            assert partial_waits >= 1 and (spills <= off[1] or not EXACT), forms
+            assert fadds < off[2] and ffmas < off[3], forms
+            assert partial_waits >= 1 and (spills <= off[0] or not EXACT), forms
 
 
 def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):

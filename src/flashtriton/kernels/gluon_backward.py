@@ -207,15 +207,16 @@ def _landed_block(q_smem, ready, count):
 @gluon.jit
 def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                 DELTA_IN_ACC: gl.constexpr):
+                 STATS_IN_ACC: gl.constexpr):
     """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
     returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked.
-    DELTA_IN_ACC: dP^T's product starts from -D instead of zeros, so that it returns dP^T - D and dS^T
-    needs one multiply per score after it, not a subtraction too. `ring`: the shared memory, barriers and
-    sizes every block reads (_compute_partition's)."""
+    STATS_IN_ACC: the products start from the rows' statistics instead of zeros, S^T's from -L / c (c =
+    scale * log2(e)) and dP^T's from -D, so that they return S^T - L / c and dP^T - D: P^T = exp2(c acc),
+    one multiply and an exp2 per score, and dS^T = P^T acc, one multiply. `ring`: the shared memory,
+    barriers and sizes every block reads (_compute_partition's)."""
     (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
-     qk_scale_log2) = ring
+     qk_scale_log2, minus_inv_c) = ring
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
@@ -232,28 +233,35 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
     # (made here: a zero tile kept across the loop would hold 32 registers the accumulators need)
     no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-    st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
-    if DELTA_IN_ACC:  # D goes straight into the accumulator's registers: nothing more is held across S^T
+    # Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there, but dO = 0 and dP = 0,
+    # so nothing reaches dV, dK or (clipped) dQ.
+    if STATS_IN_ACC:
+        # L and D straight into the accumulators' registers, as -L / c and -D: nothing is held across the
+        # products, and their reads are off the paths from the products' waits to P^T and dS^T
+        lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
+        st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
+                           is_async=True)
         delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
         dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
     else:
+        st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
     st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
-    # L (and D, unless DELTA_IN_ACC) from the ring, read where used: read while the products run, they
-    # would hold 32 registers each across them at 128-row blocks, which spilled and ran slower
-    # (docs/performance.md, entry 81).
-    # Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there, but dO = 0 and dP = 0,
-    # so nothing reaches dV, dK or (clipped) dQ.
-    lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
-    pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
+    if STATS_IN_ACC:
+        pt = gl.exp2(st * qk_scale_log2)
+    else:
+        # L and D from the ring, read where used: read while the products run, they would hold 32 registers
+        # each across them at 128-row blocks, which spilled and ran slower (docs/performance.md, entry 81)
+        lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
+        pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
     if MASKED:
         keys = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
         first = keys - (seqlen_k - seqlen_q) - m * BLOCK_M  # each key's first visible column of this block
         pt = gl.where(columns_at_least(gl.arange(0, BLOCK_M, layout=query_cols), first), pt, 0.0)
     pt_op = gl.convert_layout(pt.to(dtype), a_layout)
     dv = warpgroup_mma(pt_op, do, dv, is_async=True)
-    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T; dV's product may still run
-    if not DELTA_IN_ACC:
+    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T (- D); dV's product may still run
+    if not STATS_IN_ACC:
         delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
         dpt = dpt - delta[None, :]
     dst = (pt * dpt).to(dtype)
@@ -307,7 +315,7 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
     own 32 queries, in chunks of 64 of D's rows (FlashAttention-3's swapped dQ product at this head dim),
     which needs neither the other warpgroup's dS^T nor shared memory beyond the ring's."""
     (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
-     qk_scale_log2) = ring
+     qk_scale_log2, minus_inv_c) = ring
     KEYS: gl.constexpr = k.type.shape[0]
     HEAD_DIM: gl.constexpr = k.type.shape[1]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -378,21 +386,21 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
 @gluon.jit
 def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                      MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                     DELTA_IN_ACC: gl.constexpr):
+                     STATS_IN_ACC: gl.constexpr):
     """Query block m in the kernel's form for the head dim: _split_query_block where the program's one key
-    tile is shared (dk holds half of D's columns; DELTA_IN_ACC is not taken there), _query_block
+    tile is shared (dk holds half of D's columns; STATS_IN_ACC is not taken there), _query_block
     otherwise."""
     if dk.type.shape[1] < k.type.shape[1]:
         dk, dv = _split_query_block(ring, m, count, off_b, head_q, n_wg, k, v, dk, dv, WG, MASKED, DQ_ATOMIC)
     else:
         dk, dv = _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG, MASKED, DQ_ATOMIC,
-                              DQ_FRAGMENTS, DELTA_IN_ACC)
+                              DQ_FRAGMENTS, STATS_IN_ACC)
     return dk, dv
 
 
 @gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_FRAGMENTS: gl.constexpr, DELTA_IN_ACC: gl.constexpr):
+                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
@@ -426,7 +434,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     dk = gl.zeros([KEYS, COLUMNS], gl.float32, layout=g_layout)
     dv = gl.zeros([KEYS, COLUMNS], gl.float32, layout=g_layout)
     ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
-            qk_scale_log2)
+            qk_scale_log2, -1.0 / qk_scale_log2)  # (c = scale * log2(e); L over the ring is L * log2(e))
     mbarrier.wait(kv_ready, 0)
     count = 0
     for i in range(group):
@@ -436,11 +444,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         if IS_CAUSAL:
             for m in range(m_first, m_full):
                 dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
-                                          True, DQ_ATOMIC, DQ_FRAGMENTS, DELTA_IN_ACC)
+                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC)
                 count += 1
         for m in range(m_full, num_m):
             dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
-                                      DQ_ATOMIC, DQ_FRAGMENTS, DELTA_IN_ACC)
+                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC)
             count += 1
 
     if DQ_ATOMIC:
@@ -465,7 +473,7 @@ def attn_bwd_dkdv_gluon_kernel(
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-    DQ_FRAGMENTS: gl.constexpr, DELTA_IN_ACC: gl.constexpr, COMPUTE_REGS: gl.constexpr,
+    DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, COMPUTE_REGS: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys; 64 at D = 256): grid = num_n_blocks x B x
     Hkv. With DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller;
@@ -474,7 +482,8 @@ def attn_bwd_dkdv_gluon_kernel(
     FlashAttention-3's five products per block instead of seven, summed in an order that varies from run
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
     WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
-    (1, 1, rows, cols) unswizzled. DELTA_IN_ACC: dP^T's product starts from -D (_query_block)."""
+    (1, 1, rows, cols) unswizzled. STATS_IN_ACC: S^T's and dP^T's products start from -L / c and -D
+    (_query_block)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
@@ -522,8 +531,8 @@ def attn_bwd_dkdv_gluon_kernel(
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
               num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL)),
-                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, DELTA_IN_ACC)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, DELTA_IN_ACC))],
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

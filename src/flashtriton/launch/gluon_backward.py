@@ -61,12 +61,12 @@ AUTO_MIN_KEYS = {(128, False): 512, (128, True): 1024, (64, False): 2048, (64, T
 # attention_backward reads it once per call; False keeps the other order (and the A/B forms that need it:
 # other query blocks, dQ split by rows).
 DQ_FRAGMENTS = True
-# Head dims where dP^T's product starts from -D (the kernel's DELTA_IN_ACC), so that dS^T = P^T * (dP^T - D)
-# costs one multiply per score after the product instead of a subtraction and a multiply, and D's read
-# leaves the path from dP^T's wait to dS^T: at D = 128 1.02-1.03x the backward without it, in two calls on an
-# H100; at D = 64 0.98-1.00x at cs336's shape and 1.00x at B4 H32 N4096 causal (docs/performance.md, entry
-# 131). The D = 256 form does not take it (its dP^T is summed over dO's column halves).
-DELTA_IN_ACCUMULATOR = (128, )
+# Head dims where S^T's and dP^T's products start from the rows' statistics, -L / (scale * log2(e)) and -D
+# (the kernel's STATS_IN_ACC), instead of zeros: L's and D's reads and the subtraction of D leave the paths
+# from the products' waits to P^T and dS^T. At D = 128, D alone 1.02-1.03x in two calls on an H100, then L
+# too 1.05-1.07x more without a mask and 1.01-1.02x causal; at D = 64 0.96-1.00x (docs/performance.md,
+# entries 131-132). The D = 256 form does not take it (its dP^T is summed over dO's column halves).
+STATS_IN_ACCUMULATORS = (128, )
 
 
 def splits_columns(head_dim: int) -> bool:
@@ -173,7 +173,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
                       dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
                       block_m: int | None = None, dq_split_rows: bool | None = None,
-                      dq_fragments: bool = False, delta_in_acc: bool | None = None) -> tuple:
+                      dq_fragments: bool = False, stats_in_acc: bool | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
@@ -184,8 +184,8 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     is `dq_split_rows` (None: the library's, split_dq_by_rows): with 128-row blocks each compute warpgroup
     can take half of dQ's rows with all of D (wgmma at N = 64), or half of D's columns for all the rows
     (N = 32 at D = 64). `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS,
-    the library's). `delta_in_acc`: dP^T's product starts from -D (None: where DELTA_IN_ACCUMULATOR has the
-    head dim)."""
+    the library's). `stats_in_acc`: S^T's and dP^T's products start from -L / (scale * log2(e)) and -D
+    (None: where STATS_IN_ACCUMULATORS has the head dim)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -221,10 +221,10 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if dq_split_rows and block_m != WARPGROUPS * 64:
         raise ValueError(f"dq_split_rows needs {WARPGROUPS * 64}-row query blocks (64 rows per compute "
                          f"warpgroup), got block_m={block_m}")
-    if delta_in_acc is None:
-        delta_in_acc = head_dim in DELTA_IN_ACCUMULATOR
-    if delta_in_acc and splits_columns(head_dim):
-        raise ValueError(f"delta_in_acc must be False at head dim {head_dim}: that form sums dP^T over dO's "
+    if stats_in_acc is None:
+        stats_in_acc = head_dim in STATS_IN_ACCUMULATORS
+    if stats_in_acc and splits_columns(head_dim):
+        raise ValueError(f"stats_in_acc must be False at head dim {head_dim}: that form sums dP^T over dO's "
                          "column halves")
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, program_keys(head_dim))
@@ -244,7 +244,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m, do_cols),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
-            dq_fragments, delta_in_acc, compute_registers)
+            dq_fragments, stats_in_acc, compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers,
                                                                                        **COMPILE_OPTIONS)
