@@ -610,6 +610,25 @@ def test_backward_path_variable(monkeypatch):
         gluon_backward.backward_path()
 
 
+def check_gluon_backward(monkeypatch, head_dim: int, is_causal: bool, shape: tuple, deterministic: bool) -> None:
+    """flash_attention's O, L and gradients with FLASHTRITON_BACKWARD=gluon, its launches built afresh (no
+    replay, so that the caller's spies see them) and deterministic algorithms as asked, each within twice
+    plain bf16 attention's error of the float64 reference; `shape` is (B, Hq, Hkv, Nq, Nk)."""
+    from flashtriton import flash_attention
+    from flashtriton.testing import compare_with_reference
+
+    monkeypatch.setattr(CACHE, "replays", False)  # (a replay would launch without building the specs)
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
+    torch.manual_seed(seqlen_q + head_dim)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
+    torch.full((batch, heads_kv, seqlen_k, head_dim), float("nan"), device=DEVICE, dtype=q.dtype)  # recycled
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
+                                    q, k, v, is_causal)
+    assert all(c.ok for c in checks), checks
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -623,9 +642,7 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
     gradient bounded by twice plain bf16 attention's error against the float64 reference; odd lengths,
     Nq != Nk both ways (causal rows that see no key: zero gradients), GQA, more key tiles than one; the
     kernel is checked to have run, in the form asked for."""
-    from flashtriton import flash_attention
     from flashtriton.launch import backward
-    from flashtriton.testing import compare_with_reference
 
     calls = []
 
@@ -633,16 +650,7 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
         calls.append(args[-1] is None)  # dq_acc: None when dQ comes from the Triton kernel
         return gluon_backward.gluon_dkdv_spec(*args, **kwargs)
     monkeypatch.setattr(backward, "gluon_dkdv_spec", counted)
-    monkeypatch.setattr(CACHE, "replays", False)  # (a replay would launch without building the spec)
-    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
-    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
-    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
-    torch.manual_seed(seqlen_q + head_dim)
-    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
-    torch.full((batch, heads_kv, seqlen_k, head_dim), float("nan"), device=DEVICE, dtype=q.dtype)  # recycled
-    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
-                                    q, k, v, is_causal)
-    assert all(c.ok for c in checks), checks
+    check_gluon_backward(monkeypatch, head_dim, is_causal, shape, deterministic)
     assert calls and set(calls) == {deterministic}, calls  # (every head dim's kernel adds dQ up in its loop)
 
 
@@ -657,9 +665,7 @@ def test_backward_with_folded_statistics_matches_float64_reference(monkeypatch, 
     launch folds them only where the Gluon kernel alone reads them, not beside a deterministic call's Triton
     dQ kernel; every gradient within twice plain bf16 attention's error of the float64 reference (odd
     lengths, Nq != Nk both ways with rows that see no key, GQA, several key tiles)."""
-    from flashtriton import flash_attention
     from flashtriton.launch import backward
-    from flashtriton.testing import compare_with_reference
 
     monkeypatch.setattr(gluon_backward, "STATS_IN_ACCUMULATORS", (64, 128))
     monkeypatch.setattr(gluon_backward, "STATS_FOLDED", (64, 128))
@@ -670,15 +676,7 @@ def test_backward_with_folded_statistics_matches_float64_reference(monkeypatch, 
         return statistics_launch(*args)
     statistics_launch = backward.statistics_launch
     monkeypatch.setattr(backward, "statistics_launch", spied)
-    monkeypatch.setattr(CACHE, "replays", False)  # (a replay would launch without building the specs)
-    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
-    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
-    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
-    torch.manual_seed(seqlen_q + head_dim)
-    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
-    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
-                                    q, k, v, is_causal)
-    assert all(c.ok for c in checks), checks
+    check_gluon_backward(monkeypatch, head_dim, is_causal, shape, deterministic)
     assert folded_scales and all((s is None) == deterministic for s in folded_scales), folded_scales
 
 
