@@ -12,11 +12,7 @@ itself, which the current launcher's read-back scales again, so its dQ error col
 time), on the current one also at D = 128 with three Q/dO stages, at D = 64 with 64-row query blocks and
 with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
-register-order form, 9ab68f7 on), and at D = 64 and 128 with the rows' statistics each way
-(`current_stats_after`: read after the products' waits, `_in_acc`: the products start from them, `_folded`:
-folded by the statistics launch as well; gluon_backward.STATS_IN_ACCUMULATORS, STATS_FOLDED); the Triton
-backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs). The earlier kernel takes the statistics as the
-library's tables say, so they must not fold them (STATS_FOLDED empty, as it ships).
+register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
 the current one (`current`: the library's DEFAULT_OPTIONS) also with each of flags_turned_over's sets
 (launch/gluon_forward.ForwardOptions, those the head dim takes), each flag turned over from the library's
@@ -29,7 +25,7 @@ one again, last (`current_again`: its gap to `current`
 is what a provider's place in the round is worth);
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
 per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
-docs/performance.md, entries 66, 69-73, 86-92 and 131-133.
+docs/performance.md, entries 66, 69-73 and 86-92.
 """
 
 import argparse
@@ -145,29 +141,19 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         return base, grid, base_arguments(base, kernel, arguments, LSE2=lse2,
                                           DELTA=delta, stats_stride=lse2.stride(-2)), options
 
-    def backward(path: str = "gluon", launcher=launch, fragments: bool = gluon_backward.DQ_FRAGMENTS,
-                 stats: str | None = None, **form):
+    def backward(path: str = "gluon", launcher=launch, fragments: bool = gluon_backward.DQ_FRAGMENTS, **form):
         """The whole backward on `path`, the Gluon kernel launched by `launcher` in `form` (gluon_dkdv_launch's
-        options), dQ's buffer in register order with `fragments` (DQ_FRAGMENTS), the statistics as `stats`
-        says at this head dim ("after": read after the products' waits, "in_acc": the products start from
-        them, "folded": folded by the statistics launch too; None: the library's tables); each provider
-        keeps its own recorded plans, so that its calls replay its own launches (a launch path without
-        replays would time Triton's host work on the shorter shapes)."""
+        options), dQ's buffer in register order with `fragments` (DQ_FRAGMENTS); each provider keeps its own
+        recorded plans, so that its calls replay its own launches (a launch path without replays would time
+        Triton's host work on the shorter shapes)."""
         plans = {}
         buffer = functools.partial(gluon_backward.dq_accumulator, block_m=form.get("block_m"),
                                    split_rows=form.get("dq_split_rows"))  # (dQ's buffer to match the form)
-
-        tables = {"STATS_IN_ACCUMULATORS": gluon_backward.STATS_IN_ACCUMULATORS,
-                  "STATS_FOLDED": gluon_backward.STATS_FOLDED}
-        if stats is not None:
-            tables = {"STATS_IN_ACCUMULATORS": (head_dim, ) if stats in ("in_acc", "folded") else (),
-                      "STATS_FOLDED": (head_dim, ) if stats == "folded" else ()}
 
         def run():
             with (mock.patch.object(gluon_backward, "gluon_dkdv_launch", functools.partial(launcher, **form)),
                   mock.patch.object(gluon_backward, "dq_accumulator", buffer),
                   mock.patch.object(gluon_backward, "DQ_FRAGMENTS", fragments),
-                  mock.patch.multiple(gluon_backward, **tables),
                   mock.patch.object(CACHE, "plans", plans)):
                 return attention_backward(do, q, k, v, o, lse, causal, scale)
         return ab_runs.on_path(gluon_backward.BACKWARD_PATH_VARIABLE, path, run)
@@ -180,9 +166,6 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         providers["current_split_cols"] = backward(dq_split_rows=False)
     else:  # (three stages of 128-row blocks do not fit in shared memory)
         providers["current_3_stages"] = backward(stages=3)
-    if head_dim in (64, 128):  # the rows' statistics each way (gluon_backward.STATS_IN_ACCUMULATORS, STATS_FOLDED)
-        for stats in ("after", "in_acc", "folded"):
-            providers[f"current_stats_{stats}"] = backward(stats=stats)
     providers = {name: fn for name, fn in providers.items() if name not in skip}
     grads = ab_runs.float32_gradients(q, k, v, do, causal)
     errors = {name: [ab_runs.largest_error(g, r) for g, r in zip(fn(), grads, strict=True)]

@@ -166,27 +166,19 @@ def test_backward_at_head_dim_256_stages_dq_in_the_halves_of_do():
 def test_backward_starts_its_products_from_the_statistics_where_measured():
     """The launcher passes STATS_IN_ACC where STATS_IN_ACCUMULATORS has the head dim (D = 128, where it was
     measured faster), as asked otherwise, and refuses it by name at D = 256, whose dP^T is summed over dO's
-    column halves; STATS_FOLDED only with it, and asked for (no head dim folds by default)."""
+    column halves."""
     from flashtriton.launch.backward import statistics_buffer
     lse2, delta = statistics_buffer(torch.empty(1, 2, 100))
     for head_dim in (64, 128, 256):
         q = torch.randn(1, 2, 100, head_dim, dtype=torch.bfloat16)
         args = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1)[2]
-        assert args[-3] is (head_dim in gluon_backward.STATS_IN_ACCUMULATORS) and args[-2] is False, head_dim
+        assert args[-2] is (head_dim in gluon_backward.STATS_IN_ACCUMULATORS), head_dim
     assert gluon_backward.STATS_IN_ACCUMULATORS == (128, )
     q = torch.randn(1, 2, 100, 64, dtype=torch.bfloat16)
-    assert gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, stats_in_acc=True)[2][-3] is True
+    assert gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, stats_in_acc=True)[2][-2] is True
     q = torch.randn(1, 2, 100, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"stats_in_acc must be False at head dim 256"):
         gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, stats_in_acc=True)
-    # folded statistics: only where the products start from them, and off until raced (STATS_FOLDED)
-    q = torch.randn(1, 2, 100, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"stats_folded=True needs stats_in_acc \(head dim 64\)"):
-        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, stats_folded=True)
-    args = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, stats_in_acc=True,
-                                            stats_folded=True)[2]
-    assert args[-3:-1] == (True, True)
-    assert gluon_backward.STATS_FOLDED == () and not any(gluon_backward.folds_statistics(d) for d in (64, 128, 256))
 
 
 STATS_IN_ACC_SCRIPT = """
@@ -202,17 +194,15 @@ lse2, delta = statistics_buffer(torch.empty(1, 2, 4096))
 for head_dim in (64, 128):
     q = torch.randn(1, 2, 4096, head_dim, dtype=torch.bfloat16)
     for causal in (False, True):
-        for on, folded in ((False, False), (True, False), (True, True)):
+        for on in (False, True):
             dq_acc = gluon_backward.dq_accumulator(q, gluon_backward.DQ_FRAGMENTS,
                                                    split_rows=gluon_backward.split_dq_by_rows(head_dim))
             launch = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal, 0.1, dq_acc,
-                                                      dq_fragments=gluon_backward.DQ_FRAGMENTS, stats_in_acc=on,
-                                                      stats_folded=folded)
+                                                      dq_fragments=gluon_backward.DQ_FRAGMENTS, stats_in_acc=on)
             sass = inspect.offline_sass(*launch).split(chr(10))
-            print(head_dim, causal, "folded" if folded else on,
-                  sum(bool(re.search(r"\\b(?:STL|LDL)\\b", x)) for x in sass),
+            print(head_dim, causal, on, sum(bool(re.search(r"\\b(?:STL|LDL)\\b", x)) for x in sass),
                   sum("WARPGROUP.DEPBAR.LE gsb0, 0x1" in x for x in sass),
-                  *(sum(re.search(rf"\\b{op}\\b", x) is not None for x in sass) for op in ("FADD", "FFMA", "FMUL")))
+                  *(sum(re.search(rf"\\b{op}\\b", x) is not None for x in sass) for op in ("FADD", "FFMA")))
 """
 
 
@@ -220,22 +210,17 @@ def test_statistics_in_the_accumulators_drop_their_subtractions_without_spills(t
     """The library's backward forms at D = 64 and 128, both masks, with and without STATS_IN_ACC, compiled
     offline: with it the kernel has fewer FADDs (dP^T - D is the product's own sum) and fewer FFMAs (so is
     S^T - L / c: exp2's argument is one multiply), spills no more, and its products still overlap (waits
-    that leave one product in flight); with the statistics folded (STATS_FOLDED) fewer FADDs and FMULs
-    together again (no negation of D, no multiply of L: Triton 3.9's ptxas negates by FMUL), no more
-    spills."""
+    that leave one product in flight)."""
     script = tmp_path / "stats_in_acc.py"
     script.write_text(STATS_IN_ACC_SCRIPT)
     forms = {tuple(f[:3]): [int(x) for x in f[3:]] for f in (line.split() for line in compiling(str(script)).split("\n")
                                                              if line)}
-    assert len(forms) == 12, forms
-    for (head_dim, causal, form), (spills, partial_waits, fadds, ffmas, fmuls) in forms.items():
-        if form != "False":
+    assert len(forms) == 8, forms
+    for (head_dim, causal, on), (spills, partial_waits, fadds, ffmas) in forms.items():
+        if on == "True":
             off = forms[head_dim, causal, "False"]
             assert fadds < off[2] and ffmas < off[3], forms
             assert partial_waits >= 1 and (spills <= off[0] or not EXACT), forms
-        if form == "folded":
-            in_acc = forms[head_dim, causal, "True"]
-            assert fadds + fmuls < in_acc[2] + in_acc[4] and (spills <= in_acc[0] or not EXACT), forms
 
 
 def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
@@ -610,25 +595,6 @@ def test_backward_path_variable(monkeypatch):
         gluon_backward.backward_path()
 
 
-def check_gluon_backward(monkeypatch, head_dim: int, is_causal: bool, shape: tuple, deterministic: bool) -> None:
-    """flash_attention's O, L and gradients with FLASHTRITON_BACKWARD=gluon, its launches built afresh (no
-    replay, so that the caller's spies see them) and deterministic algorithms as asked, each within twice
-    plain bf16 attention's error of the float64 reference; `shape` is (B, Hq, Hkv, Nq, Nk)."""
-    from flashtriton import flash_attention
-    from flashtriton.testing import compare_with_reference
-
-    monkeypatch.setattr(CACHE, "replays", False)  # (a replay would launch without building the specs)
-    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
-    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
-    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
-    torch.manual_seed(seqlen_q + head_dim)
-    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
-    torch.full((batch, heads_kv, seqlen_k, head_dim), float("nan"), device=DEVICE, dtype=q.dtype)  # recycled
-    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
-                                    q, k, v, is_causal)
-    assert all(c.ok for c in checks), checks
-
-
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -642,7 +608,9 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
     gradient bounded by twice plain bf16 attention's error against the float64 reference; odd lengths,
     Nq != Nk both ways (causal rows that see no key: zero gradients), GQA, more key tiles than one; the
     kernel is checked to have run, in the form asked for."""
+    from flashtriton import flash_attention
     from flashtriton.launch import backward
+    from flashtriton.testing import compare_with_reference
 
     calls = []
 
@@ -650,34 +618,17 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
         calls.append(args[-1] is None)  # dq_acc: None when dQ comes from the Triton kernel
         return gluon_backward.gluon_dkdv_spec(*args, **kwargs)
     monkeypatch.setattr(backward, "gluon_dkdv_spec", counted)
-    check_gluon_backward(monkeypatch, head_dim, is_causal, shape, deterministic)
+    monkeypatch.setattr(CACHE, "replays", False)  # (a replay would launch without building the spec)
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: deterministic)
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
+    torch.manual_seed(seqlen_q + head_dim)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
+    torch.full((batch, heads_kv, seqlen_k, head_dim), float("nan"), device=DEVICE, dtype=q.dtype)  # recycled
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
+                                    q, k, v, is_causal)
+    assert all(c.ok for c in checks), checks
     assert calls and set(calls) == {deterministic}, calls  # (every head dim's kernel adds dQ up in its loop)
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (3, 8, 2, 1000, 1100)])
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_backward_with_folded_statistics_matches_float64_reference(monkeypatch, head_dim, is_causal, shape,
-                                                                   deterministic):
-    """STATS_FOLDED switched on at D = 64 and 128 (with STATS_IN_ACCUMULATORS, which it needs): the statistics
-    launch folds them only where the Gluon kernel alone reads them, not beside a deterministic call's Triton
-    dQ kernel; every gradient within twice plain bf16 attention's error of the float64 reference (odd
-    lengths, Nq != Nk both ways with rows that see no key, GQA, several key tiles)."""
-    from flashtriton.launch import backward
-
-    monkeypatch.setattr(gluon_backward, "STATS_IN_ACCUMULATORS", (64, 128))
-    monkeypatch.setattr(gluon_backward, "STATS_FOLDED", (64, 128))
-    folded_scales = []
-
-    def spied(*args):
-        folded_scales.append(args[7])  # folded_scale: None unless the launch folds
-        return statistics_launch(*args)
-    statistics_launch = backward.statistics_launch
-    monkeypatch.setattr(backward, "statistics_launch", spied)
-    check_gluon_backward(monkeypatch, head_dim, is_causal, shape, deterministic)
-    assert folded_scales and all((s is None) == deterministic for s in folded_scales), folded_scales
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

@@ -42,17 +42,14 @@ def attn_bwd_preprocess_kernel(
     O, DO, LSE, LSE2, DELTA, CU_SEQLENS_Q,
     stride_ob, stride_oh, stride_om,
     stride_dob, stride_doh, stride_dom,
-    num_heads, seqlen_q, stride_stats, minus_inv_scale,
+    num_heads, seqlen_q, stride_stats,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr = False,
-    FOLDED: tl.constexpr = False,
 ):
     """The per-row statistics the backward's loops stream, each row of a head `stride_stats` apart (a
     multiple of 4, so that TMA can read them): DELTA[b, h, i] = sum_d O[b, h, i, d] * dO[b, h, i, d] in fp32,
     and LSE2 = LSE * log2(e), the logsumexp in the exp2 units of the kernels. LSE is contiguous
     (B, H, seqlen_q), or (H, total_q) for a packed batch (VARLEN, seqlen_q the total); LSE2 and DELTA are
-    (B, H, stride_stats) or (H, stride_stats). FOLDED: -LSE / scale and -DELTA instead (minus_inv_scale =
-    -1 / scale), what a Gluon backward that starts its products from them takes as it is
-    (launch/gluon_backward.py, STATS_FOLDED)."""
+    (B, H, stride_stats) or (H, stride_stats)."""
     off_b, off_h, pid_m = program_tile(False, 1)
     off_b, off_h = off_b.to(tl.int64), off_h.to(tl.int64)
     start_m = pid_m * BLOCK_M
@@ -70,14 +67,8 @@ def attn_bwd_preprocess_kernel(
                    HEAD_DIM != BLOCK_D).to(tl.float32)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     in_range = offs_m < seqlen_q
-    delta = tl.sum(o * do, axis=1)
-    lse = tl.load(LSE + row + offs_m, mask=in_range)
-    if FOLDED:
-        delta, lse2 = -delta, lse * minus_inv_scale
-    else:
-        lse2 = lse * LOG2E
-    tl.store(DELTA + stats_row + offs_m, delta, mask=in_range)
-    tl.store(LSE2 + stats_row + offs_m, lse2, mask=in_range)
+    tl.store(DELTA + stats_row + offs_m, tl.sum(o * do, axis=1), mask=in_range)
+    tl.store(LSE2 + stats_row + offs_m, tl.load(LSE + row + offs_m, mask=in_range) * LOG2E, mask=in_range)
 
 
 @triton.jit

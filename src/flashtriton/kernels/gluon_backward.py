@@ -207,15 +207,14 @@ def _landed_block(q_smem, ready, count):
 @gluon.jit
 def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                 STATS_IN_ACC: gl.constexpr, STATS_FOLDED: gl.constexpr):
+                 STATS_IN_ACC: gl.constexpr):
     """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
     returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked.
     STATS_IN_ACC: the products start from the rows' statistics instead of zeros, S^T's from -L / c (c =
     scale * log2(e)) and dP^T's from -D, so that they return S^T - L / c and dP^T - D: P^T = exp2(c acc),
-    one multiply and an exp2 per score, and dS^T = P^T acc, one multiply. STATS_FOLDED (with STATS_IN_ACC):
-    the ring's statistics are -L / scale and -D already (the statistics launch's folded form), copied in as
-    they are. `ring`: the shared memory, barriers and sizes every block reads (_compute_partition's)."""
+    one multiply and an exp2 per score, and dS^T = P^T acc, one multiply. `ring`: the shared memory,
+    barriers and sizes every block reads (_compute_partition's)."""
     (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
      qk_scale_log2, minus_inv_c) = ring
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
@@ -239,14 +238,11 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     if STATS_IN_ACC:
         # L and D straight into the accumulators' registers, as -L / c and -D: nothing is held across the
         # products, and their reads are off the paths from the products' waits to P^T and dS^T
-        s_start = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
-        if not STATS_FOLDED:
-            s_start = s_start * minus_inv_c  # -L / c from L * log2(e)
-        st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(s_start[None, :], no_scores)[0], is_async=True)
-        dp_start = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
-        if not STATS_FOLDED:
-            dp_start = -dp_start
-        dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(dp_start[None, :], no_scores)[0], is_async=True)
+        lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
+        st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
+                           is_async=True)
+        delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
+        dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
     else:
         st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
@@ -390,7 +386,7 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
 @gluon.jit
 def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                      MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                     STATS_IN_ACC: gl.constexpr, STATS_FOLDED: gl.constexpr):
+                     STATS_IN_ACC: gl.constexpr):
     """Query block m in the kernel's form for the head dim: _split_query_block where the program's one key
     tile is shared (dk holds half of D's columns; STATS_IN_ACC is not taken there), _query_block
     otherwise."""
@@ -398,13 +394,13 @@ def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, W
         dk, dv = _split_query_block(ring, m, count, off_b, head_q, n_wg, k, v, dk, dv, WG, MASKED, DQ_ATOMIC)
     else:
         dk, dv = _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG, MASKED, DQ_ATOMIC,
-                              DQ_FRAGMENTS, STATS_IN_ACC, STATS_FOLDED)
+                              DQ_FRAGMENTS, STATS_IN_ACC)
     return dk, dv
 
 
 @gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, STATS_FOLDED: gl.constexpr):
+                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
@@ -448,11 +444,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         if IS_CAUSAL:
             for m in range(m_first, m_full):
                 dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
-                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, STATS_FOLDED)
+                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC)
                 count += 1
         for m in range(m_full, num_m):
             dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
-                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, STATS_FOLDED)
+                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC)
             count += 1
 
     if DQ_ATOMIC:
@@ -477,8 +473,7 @@ def attn_bwd_dkdv_gluon_kernel(
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-    DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, STATS_FOLDED: gl.constexpr,
-    COMPUTE_REGS: gl.constexpr,
+    DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, COMPUTE_REGS: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys; 64 at D = 256): grid = num_n_blocks x B x
     Hkv. With DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller;
@@ -488,7 +483,7 @@ def attn_bwd_dkdv_gluon_kernel(
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
     WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
     (1, 1, rows, cols) unswizzled. STATS_IN_ACC: S^T's and dP^T's products start from -L / c and -D
-    (_query_block); STATS_FOLDED: lse_desc and delta_desc hold -L / scale and -D instead."""
+    (_query_block)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
@@ -536,10 +531,8 @@ def attn_bwd_dkdv_gluon_kernel(
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
               num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
     gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL)),
-                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC,
-                                              STATS_FOLDED)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC,
-                                              STATS_FOLDED))],
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

@@ -38,30 +38,24 @@ def statistics_buffer(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def statistics_launch(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, lse2: torch.Tensor,
-                      delta: torch.Tensor, varlen: Varlen | None, kernel, folded_scale: float | None = None
-                      ) -> LaunchSpec:
+                      delta: torch.Tensor, varlen: Varlen | None, kernel) -> LaunchSpec:
     """The backward's first launch: the per-row statistics its loops stream, L * log2(e) into `lse2` and
-    D = rowsum(dO * O) into `delta` (statistics_buffer); with `folded_scale`, -L / folded_scale and -D
-    instead, as a Gluon backward with stats_folded reads them (gluon_backward.STATS_FOLDED)."""
+    D = rowsum(dO * O) into `delta` (statistics_buffer)."""
     _, heads_q, seqlen_q, head_dim = o.shape
     batch, grid_q, _ = grid_dims(o, o, varlen)
     pre_block = 64 if o.device.type == "cuda" else 32
     tensors = (o, do, lse, lse2, delta, None if varlen is None else varlen.cu_seqlens_q)
-    scalars = (*bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q, lse2.stride(-2),
-               -1.0 / (folded_scale or 1.0))
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None,
-                FOLDED=folded_scale is not None)
+    scalars = (*bhr_strides(o, do, varlen=varlen), heads_q, seqlen_q, lse2.stride(-2))
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim), BLOCK_M=pre_block, VARLEN=varlen is not None)
     return LaunchSpec("stats", kernel, lambda meta: (cdiv(grid_q, pre_block), heads_q, batch), tensors, (), scalars,
                       meta)
 
 
-def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, varlen: Varlen | None = None,
-                   folded_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the statistics launch alone: (L * log2(e), D), or with `folded_scale` (-L / folded_scale, -D),
-    each shaped like `lse` (tests, tools)."""
+def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                   varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the statistics launch alone: (L * log2(e), D), each shaped like `lse` (tests, tools)."""
     lse2, delta = statistics_buffer(lse)
-    spec = statistics_launch(o, do, lse, lse2, delta, varlen, DEFAULT_KERNELS.preprocess, folded_scale)
-    run("statistics", None, [spec], ())
+    run("statistics", None, [statistics_launch(o, do, lse, lse2, delta, varlen, DEFAULT_KERNELS.preprocess)], ())
     return lse2, delta
 
 
@@ -119,8 +113,6 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         tensors["dkdv"] = ((q, k, v, do, lse2, delta, dk, dv, *optional), (q, k, v, do, lse2, delta))
     if need_dq and dq_acc is None:
         tensors["dq"] = ((q, k, v, do, lse2, delta, dq, *optional), (q, k, v, do))
-    # the statistics as the Gluon kernel starts its products from them, where it alone reads them
-    folded = gluon and "dq" not in tensors and gluon_backward.folds_statistics(head_dim)
 
     key = None
     if replay.replayable(q.device):
@@ -133,12 +125,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             return _wanted(_gradients(dq, dk, dv, dq_acc, fragments, scale), needs)
     _interpreter.prepare(q.device)
     kernels = kernels or DEFAULT_KERNELS
-    specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess, scale if folded else None),
+    specs = [statistics_launch(o, do, lse, lse2, delta, varlen, kernels.preprocess),
              *_gradient_launches(tensors, q, k, (batch, grid_q, grid_k), is_causal, scale, configs, autotune, window,
                                  softcap, alibi_slopes, varlen, dropout_p, kernels)]
     if gluon:
         specs.append(gluon_dkdv_spec(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
-                                     dq_fragments=fragments, stats_folded=folded))
+                                     dq_fragments=fragments))
         if "dq_fragments" in tensors:
             specs.append(gluon_backward.dq_fragments_spec(dq, dq_acc, scale))
     run("backward", key, specs, ("gluon_dkdv" if gluon else "dkdv", "dq"))

@@ -67,18 +67,6 @@ DQ_FRAGMENTS = True
 # too 1.05-1.07x more without a mask and 1.01-1.02x causal; at D = 64 0.96-1.00x (docs/performance.md,
 # entries 131-132). The D = 256 form does not take it (its dP^T is summed over dO's column halves).
 STATS_IN_ACCUMULATORS = (128, )
-# Head dims (of those) where the statistics launch writes them as the products start from them, -L / scale
-# and -D (its FOLDED form), when the Gluon kernel is all that reads them (dQ by its reductions): the kernel
-# then copies them into the accumulators as they are, without a multiply and a negation per value (offline,
-# the loop at D = 64 607 -> 556 instructions, against 543 without STATS_IN_ACC; D = 128 436 -> 411, against
-# 408). Compiled, not yet raced (docs/performance.md, entry 133): none until it is.
-STATS_FOLDED = ()
-
-
-def folds_statistics(head_dim: int) -> bool:
-    """Whether attention_backward has the statistics launch fold the statistics for the kernel (STATS_FOLDED),
-    where the kernel alone reads them."""
-    return head_dim in STATS_FOLDED and head_dim in STATS_IN_ACCUMULATORS
 
 
 def splits_columns(head_dim: int) -> bool:
@@ -185,8 +173,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
                       dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
                       block_m: int | None = None, dq_split_rows: bool | None = None,
-                      dq_fragments: bool = False, stats_in_acc: bool | None = None,
-                      stats_folded: bool = False) -> tuple:
+                      dq_fragments: bool = False, stats_in_acc: bool | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
@@ -198,8 +185,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     can take half of dQ's rows with all of D (wgmma at N = 64), or half of D's columns for all the rows
     (N = 32 at D = 64). `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS,
     the library's). `stats_in_acc`: S^T's and dP^T's products start from -L / (scale * log2(e)) and -D
-    (None: where STATS_IN_ACCUMULATORS has the head dim); `stats_folded`: lse2 and delta hold them already
-    (the statistics launch's folded form, folds_statistics)."""
+    (None: where STATS_IN_ACCUMULATORS has the head dim)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -240,9 +226,6 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if stats_in_acc and splits_columns(head_dim):
         raise ValueError(f"stats_in_acc must be False at head dim {head_dim}: that form sums dP^T over dO's "
                          "column halves")
-    if stats_folded and not stats_in_acc:
-        raise ValueError(f"stats_folded=True needs stats_in_acc (head dim {head_dim}): folded statistics are "
-                         "what the products start from, and only that form reads them so")
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, program_keys(head_dim))
     dq_desc = None
@@ -261,7 +244,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m, do_cols),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
-            dq_fragments, stats_in_acc, stats_folded, compute_registers)
+            dq_fragments, stats_in_acc, compute_registers)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers,
                                                                                        **COMPILE_OPTIONS)
@@ -269,14 +252,12 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
 
 def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                     delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
-                    dq_acc: torch.Tensor | None = None, dq_fragments: bool = False,
-                    stats_folded: bool = False) -> LaunchSpec:
+                    dq_acc: torch.Tensor | None = None, dq_fragments: bool = False) -> LaunchSpec:
     """The Gluon kernel's launch as attention_backward runs it (runner.run, which records it for replay):
     dk and dv are its per-call tensors, and the descriptors over (q, k, v, do, lse2, delta[, dq_acc]) are
-    rebuilt on a replay from those sources, in that order. `stats_folded`: the statistics launch folded
-    lse2 and delta (folds_statistics)."""
+    rebuilt on a replay from those sources, in that order."""
     kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
-                                                   dq_fragments=dq_fragments, stats_folded=stats_folded)
+                                                   dq_fragments=dq_fragments)
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
     block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
     split_rows = dq_acc is not None and args[8].block_shape[3] == q.shape[-1]  # (dQ's box: a share's columns)
