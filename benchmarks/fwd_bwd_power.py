@@ -157,7 +157,7 @@ def _calls(provider, q, k, v, do, shape):
             provider.run(q, k, v, shape)
 
     def bwd():
-        clear_grads(q, k, v)
+        clear_grads(q, k, v, *provider.leaves())
         kept.backward(do, retain_graph=True)
 
     def fwd_bwd():

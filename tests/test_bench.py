@@ -291,6 +291,54 @@ def test_fa4_provider_is_unavailable_without_its_wheels(monkeypatch):
         run(q, k, v, bench.Shape(1, 2, 2, 16, 16, 64, True))
 
 
+@pytest.mark.parametrize("mode", ["bwd", "fwd_bwd"])
+def test_fa4_backward_timings_drop_the_copies_gradients(monkeypatch, mode):
+    """The fa4 provider's gradients land on its (B, N, H, D) copies of q, k and v, not on them: the timer
+    drops those before each call too (Provider.leaves), so that a timed backward is one backward, not one
+    plus the adds of its gradients into the last call's (until 2026-12-07 the bwd mode timed FA4 with those
+    adds: three read-add-writes of the gradients per call). flash_attn_func stands in as plain attention
+    over (B, N, H, D); the timer as do_bench runs it, gradients to None before each of three calls."""
+    import sys
+    import types
+
+    import torch
+
+    from flashtriton.testing import make_qkv
+    from flashtriton.tools import bench
+
+    def attention(q, k, v, causal):  # (B, N, H, D), as FA4 takes them
+        scores = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) * q.shape[-1] ** -0.5
+        if causal:
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        return (torch.softmax(scores, -1) @ v.transpose(1, 2)).transpose(1, 2)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", types.SimpleNamespace(flash_attn_func=attention))
+    monkeypatch.delenv("FLASHTRITON_FA4_SITE", raising=False)
+    provider = bench._fa4()
+    monkeypatch.setitem(bench.PROVIDERS, "fa4_stand_in", provider)
+
+    def do_bench_like(fn, grad_to_none=None):
+        for _ in range(3):
+            for x in grad_to_none:
+                x.grad = None
+            fn()
+        return 1.0
+    monkeypatch.setattr(bench, "_time", do_bench_like)
+    shape = bench.Shape(1, 2, 2, 17, 17, 8, True)
+    q, k, v = make_qkv(1, 2, 2, 17, 17, 8, torch.float64, "cpu")
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    torch.manual_seed(1)  # dO, as the timer draws it
+    bench.provider_timer("fa4_stand_in", shape, mode, q, k, v)()
+    copies = provider.leaves()
+    assert len(copies) == 3 and all(c.grad is not None for c in copies)
+    torch.manual_seed(1)
+    leaves = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)]
+    out = attention(*leaves, causal=True).transpose(1, 2)
+    out.backward(torch.randn_like(out))
+    for copy, leaf in zip(copies, leaves, strict=True):
+        torch.testing.assert_close(copy.grad, leaf.grad)  # one call's gradients (three calls' would be 3x)
+
+
 @pytest.mark.parametrize("before", [None, "triton"])
 def test_environment_variable_sets_one_variable_and_restores_it(monkeypatch, before):
     """The forced-path providers' context: the variable holds the value inside, and afterwards what it held

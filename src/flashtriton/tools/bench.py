@@ -151,9 +151,13 @@ DEFAULT_MODES = {"article": ["fwd"], "paper": ["fwd"], "cs336": ["fwd", "bwd", "
 class Provider:
     """`run(q, k, v, shape) -> o`, called inside `context()`; the context is entered once around all
     timed calls, so its own cost (sdpa_kernel's backend switch) stays out of the times. A provider that
-    cannot run a shape's variant raises NotImplementedError (recorded as unavailable)."""
+    cannot run a shape's variant raises NotImplementedError (recorded as unavailable). `leaves()`: tensors
+    of its own that its backward gives gradients to instead of q, k and v (copies in another layout); the
+    timer drops their gradients before each call as it does q's, k's and v's, or the bwd mode's repeated
+    backwards would add each call's gradients into the last one's (three more kernels, timed)."""
     run: Callable
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    leaves: Callable[[], tuple] = tuple
 
 
 def _slopes_for(shape: Shape, q: torch.Tensor) -> torch.Tensor | None:
@@ -198,8 +202,9 @@ def environment_variable(variable: str, value: str):
 def _fa4() -> Provider:
     """FlashAttention-4 (`flash-attn-4` on PyPI: CuTe DSL kernels with a Hopper path), the fastest peer on
     the H200 (issue 21). It takes (B, N, H, D): the inputs are copied to that layout once per input tensor,
-    outside the timing, and the output returned as a (B, H, N, D) view. FLASHTRITON_FA4_SITE names a site
-    directory to add first (its wheels unpacked there: ../shared/probes/fa4/README.md)."""
+    outside the timing, and the output returned as a (B, H, N, D) view; the copies take the gradients
+    (`leaves`). FLASHTRITON_FA4_SITE names a site directory to add first (its wheels unpacked there:
+    ../shared/probes/fa4/README.md)."""
     state: dict = {}
 
     def run(q, k, v, shape: Shape):
@@ -223,10 +228,10 @@ def _fa4() -> Provider:
             state["inputs"] = tuple(x.detach().transpose(1, 2).contiguous().requires_grad_(x.requires_grad)
                                     for x in (q, k, v))
         for x in state["inputs"]:
-            x.grad = None  # as the bench's grad_to_none does for the other providers' inputs
+            x.grad = None  # a call's gradients, not added to the last call's (the bwd mode's timer: `leaves`)
         out = state["import"](*state["inputs"], causal=shape.causal)
         return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
-    return Provider(run)
+    return Provider(run, leaves=lambda: state.get("inputs", ()))
 
 
 @functools.cache
@@ -407,8 +412,8 @@ def provider_timer(name: str, shape: Shape, mode: str, q, k, v, graph: bool = Fa
     def timed():
         with provider.context():
             if mode == "bwd":
-                return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v])
-            return _time(lambda: fn(q, k, v, shape).backward(do), grad_to_none=[q, k, v])
+                return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v, *provider.leaves()])
+            return _time(lambda: fn(q, k, v, shape).backward(do), grad_to_none=[q, k, v, *provider.leaves()])
     return timed
 
 
