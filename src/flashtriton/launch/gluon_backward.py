@@ -64,8 +64,9 @@ DQ_FRAGMENTS = True
 # Head dims where S^T's and dP^T's products start from the rows' statistics, -L / (scale * log2(e)) and -D
 # (the kernel's STATS_IN_ACC), instead of zeros: L's and D's reads and the subtraction of D leave the paths
 # from the products' waits to P^T and dS^T. At D = 128, D alone 1.02-1.03x in two calls on an H100, then L
-# too 1.05-1.07x more without a mask and 1.01-1.02x causal; at D = 64 0.96-1.00x (docs/performance.md,
-# entries 131-132). The D = 256 form does not take it (its dP^T is summed over dO's column halves).
+# too 1.05-1.07x more without a mask and 1.01-1.02x causal; at D = 64 0.96-1.00x, and 0.98-1.00x with the
+# statistics launch writing them pre-scaled (docs/performance.md, entries 131-134). The D = 256 form does
+# not take it (its dP^T is summed over dO's column halves).
 STATS_IN_ACCUMULATORS = (128, )
 
 
