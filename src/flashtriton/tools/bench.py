@@ -408,12 +408,13 @@ def provider_timer(name: str, shape: Shape, mode: str, q, k, v, graph: bool = Fa
     with provider.context():
         o = fn(q, k, v, shape)
     do = torch.randn_like(o)
+    to_none = [q, k, v, *provider.leaves()]  # (the leaves exist once the provider has run)
 
     def timed():
         with provider.context():
             if mode == "bwd":
-                return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v, *provider.leaves()])
-            return _time(lambda: fn(q, k, v, shape).backward(do), grad_to_none=[q, k, v, *provider.leaves()])
+                return _time(lambda: o.backward(do, retain_graph=True), grad_to_none=to_none)
+            return _time(lambda: fn(q, k, v, shape).backward(do), grad_to_none=to_none)
     return timed
 
 
