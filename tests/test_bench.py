@@ -303,14 +303,13 @@ def test_fa4_backward_timings_drop_the_copies_gradients(monkeypatch, mode):
 
     import torch
 
+    from flashtriton.reference import attention_ref
     from flashtriton.testing import make_qkv
     from flashtriton.tools import bench
 
     def attention(q, k, v, causal):  # (B, N, H, D), as FA4 takes them
-        scores = q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2) * q.shape[-1] ** -0.5
-        if causal:
-            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
-        return (torch.softmax(scores, -1) @ v.transpose(1, 2)).transpose(1, 2)
+        o, _ = attention_ref(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
+        return o.transpose(1, 2)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", types.SimpleNamespace(flash_attn_func=attention))
     monkeypatch.delenv("FLASHTRITON_FA4_SITE", raising=False)
     provider = bench._fa4()
