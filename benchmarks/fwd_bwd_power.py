@@ -15,7 +15,11 @@ B4 H16 N4096 D128 causal:
   draw and the clock-event reasons every 20 ms (0x4: the software power cap); joules per call from the
   samples' mean power.
 
+- `rounds`: the cs336 suite's timers, step by step in one process, beside an nvidia-smi trace: whether a
+  mode timed before the one call slows it (docs/performance.md, entry 138).
+
     PYTHONPATH=src python benchmarks/fwd_bwd_power.py host|ahead|power [providers...]
+    PYTHONPATH=src python benchmarks/fwd_bwd_power.py rounds fwd_bwd,bwd,fwd_bwd,sleep,fwd_bwd [trace.csv]
 """
 
 import cProfile
@@ -210,8 +214,42 @@ def power(batch: int, heads: int, n: int, head_dim: int, providers: tuple[str, .
                 _sampled(f"{name} {mode}", call)
 
 
+def rounds(steps: str, trace: str | None) -> None:
+    """The cs336 suite's timings as run_suite makes them (provider_timer; three interleaved rounds of ours
+    and cuDNN's per step), for `steps` in order in one process: fwd, bwd or fwd_bwd, or `sleep` (5 s
+    idle). Each timing is printed with the seconds since the warm-up ended, so that it can be laid beside
+    an nvidia-smi trace of the SM clock, power, temperature and clock-event reasons every 100 ms, written
+    to `trace` where given (docs/performance.md, entry 138: how long the load has run sets the clock)."""
+    from flashtriton.tools import bench
+    shape = bench.cs336_suite()[0]
+    q, k, v = bench.make_qkv(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.seqlen_k,
+                             shape.head_dim, torch.bfloat16, "cuda")
+    smi = None
+    if trace:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,"
+                                "clocks_throttle_reasons.active", "--format=csv", "-lms", "100"],
+                               stdout=open(trace, "w"))
+    bench.warm_up_gpu()
+    t0 = time.time()
+    for step in steps.split(","):
+        if step == "sleep":
+            time.sleep(5)
+            print(f"{time.time() - t0:7.2f} slept", flush=True)
+            continue
+        timers = {name: bench.provider_timer(name, shape, step, q, k, v) for name in ("flashtriton", "sdpa_cudnn")}
+        for r in range(3):
+            for name, timed in timers.items():
+                ms = timed()
+                print(f"{time.time() - t0:7.2f} {step:8s} {name:12s} round {r} {ms:.3f} ms", flush=True)
+        del timers
+    if smi is not None:
+        smi.terminate()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "power":  # providers: the rest of the command line (default: ours, cuDNN's, ours again)
+    if sys.argv[1] == "rounds":  # steps, then where to write the nvidia-smi trace (optional)
+        rounds(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    elif sys.argv[1] == "power":  # providers: the rest of the command line (default: ours, cuDNN's, ours again)
         power(*SHAPES[0], tuple(sys.argv[2:]) or ("flashtriton", "sdpa_cudnn", "flashtriton"))
     else:
         probe = {"host": host, "ahead": ahead}[sys.argv[1]]
