@@ -224,11 +224,11 @@ def rounds(steps: str, trace: str | None) -> None:
     shape = bench.cs336_suite()[0]
     q, k, v = bench.make_qkv(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.seqlen_k,
                              shape.head_dim, torch.bfloat16, "cuda")
-    smi = None
+    smi = trace_file = None
     if trace:
+        trace_file = open(trace, "w")  # noqa: SIM115 (nvidia-smi writes it until the steps are done)
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,"
-                                "clocks_throttle_reasons.active", "--format=csv", "-lms", "100"],
-                               stdout=open(trace, "w"))
+                                "clocks_event_reasons.active", "--format=csv", "-lms", "100"], stdout=trace_file)
     bench.warm_up_gpu()
     t0 = time.time()
     for step in steps.split(","):
@@ -244,6 +244,8 @@ def rounds(steps: str, trace: str | None) -> None:
         del timers
     if smi is not None:
         smi.terminate()
+        smi.wait()
+        trace_file.close()
 
 
 if __name__ == "__main__":
