@@ -215,8 +215,8 @@ def power(batch: int, heads: int, n: int, head_dim: int, providers: tuple[str, .
 
 
 def rounds(steps: str, trace: str | None) -> None:
-    """The cs336 suite's timings as run_suite makes them (provider_timer; three interleaved rounds of ours
-    and cuDNN's per step), for `steps` in order in one process: fwd, bwd or fwd_bwd, or `sleep` (5 s
+    """The cs336 suite's timings as run_suite makes them (provider_timer; bench.ROUNDS interleaved rounds of
+    ours and cuDNN's per step), for `steps` in order in one process: fwd, bwd or fwd_bwd, or `sleep` (5 s
     idle). Each timing is printed with the seconds since the warm-up ended, so that it can be laid beside
     an nvidia-smi trace of the SM clock, power, temperature and clock-event reasons every 100 ms, written
     to `trace` where given (docs/performance.md, entry 138: how long the load has run sets the clock)."""
@@ -224,28 +224,29 @@ def rounds(steps: str, trace: str | None) -> None:
     shape = bench.cs336_suite()[0]
     q, k, v = bench.make_qkv(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q, shape.seqlen_k,
                              shape.head_dim, torch.bfloat16, "cuda")
-    smi = trace_file = None
-    if trace:
-        trace_file = open(trace, "w")  # noqa: SIM115 (nvidia-smi writes it until the steps are done)
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,"
-                                "clocks_event_reasons.active", "--format=csv", "-lms", "100"], stdout=trace_file)
-    bench.warm_up_gpu()
-    t0 = time.time()
-    for step in steps.split(","):
-        if step == "sleep":
-            time.sleep(5)
-            print(f"{time.time() - t0:7.2f} slept", flush=True)
-            continue
-        timers = {name: bench.provider_timer(name, shape, step, q, k, v) for name in ("flashtriton", "sdpa_cudnn")}
-        for r in range(3):
-            for name, timed in timers.items():
-                ms = timed()
-                print(f"{time.time() - t0:7.2f} {step:8s} {name:12s} round {r} {ms:.3f} ms", flush=True)
-        del timers
-    if smi is not None:
-        smi.terminate()
-        smi.wait()
-        trace_file.close()
+    trace_file = open(trace, "w") if trace else None  # (nvidia-smi writes it until the steps are done)
+    smi = None if trace_file is None else subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active",
+         "--format=csv", "-lms", "100"], stdout=trace_file)
+    try:
+        bench.warm_up_gpu()
+        t0 = time.time()
+        for step in steps.split(","):
+            if step == "sleep":
+                time.sleep(5)
+                print(f"{time.time() - t0:7.2f} slept", flush=True)
+                continue
+            timers = {name: bench.provider_timer(name, shape, step, q, k, v) for name in ("flashtriton", "sdpa_cudnn")}
+            for r in range(bench.ROUNDS):
+                for name, timed in timers.items():
+                    ms = timed()
+                    print(f"{time.time() - t0:7.2f} {step:8s} {name:12s} round {r} {ms:.3f} ms", flush=True)
+            del timers
+    finally:  # (no nvidia-smi left sampling behind a failed step)
+        if smi is not None:
+            smi.terminate()
+            smi.wait()
+            trace_file.close()
 
 
 if __name__ == "__main__":
