@@ -1,11 +1,10 @@
 """flash_attention_fp8 where its kernel does not run (FLASHTRITON_FORWARD=triton stands in for a GPU or
-release without it), on a GPU: with one q and one k factor the e4m3 values go to the bf16 forward as they
-are, the descales folded into the scale and O; with per-(batch, KV head) factors they are dequantized to
-float32 and the float32 forward runs. Both beside the FP8 kernel and the bf16 forward on the same values,
-that forward also on the Triton kernels alone (bf16_triton: what the fallback runs, without its
-conversions, its host read of the factors and O's scaling);
-providers in interleaved rounds, do_bench medians, one JSON line per shape (TFLOP/s). docs/performance.md,
-entries 102 and 130.
+release without it), on a GPU: the e4m3 values go to the bf16 forward as they are, q's and k's descales
+multiplying q or k and v's multiplying O on the device, with one factor per tensor (`fallback_per_tensor`)
+or one per (batch, KV head) (`fallback_per_head`). Both beside the FP8 kernel and the bf16 forward on the
+same values, that forward also on the Triton kernels alone (`bf16_triton`: what the fallback runs,
+without its conversions and its descales); providers in interleaved rounds, do_bench medians, one JSON
+line per shape (TFLOP/s). docs/performance.md, entries 102, 130, 139 and 141.
 
     PYTHONPATH=src python benchmarks/fp8_fallback.py [--shapes 0,1]
 """
@@ -31,8 +30,8 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
         return ab_runs.on_path("FLASHTRITON_FORWARD", path, lambda: flash_attention_fp8(
             q, k, v, is_causal=causal, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale))
     q16, k16, v16 = (x.to(torch.bfloat16) for x in (q, k, v))
-    providers = {"kernel": fp8(per_tensor, "auto"), "fallback_bf16": fp8(per_tensor, "triton"),
-                 "fallback_fp32": fp8(per_head, "triton"),
+    providers = {"kernel": fp8(per_tensor, "auto"), "fallback_per_tensor": fp8(per_tensor, "triton"),
+                 "fallback_per_head": fp8(per_head, "triton"),
                  "bf16": lambda: flash_attention(q16, k16, v16, is_causal=causal),
                  "bf16_triton": ab_runs.on_path("FLASHTRITON_FORWARD", "triton",
                                                 lambda: flash_attention(q16, k16, v16, is_causal=causal))}

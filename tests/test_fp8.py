@@ -96,20 +96,28 @@ def _checks(o, lse, exact, is_causal, scale, low, extra_l=0.0):
             Check("L=-inf rows", float((torch.isneginf(lse) != ~finite).sum().item()), 0.0, False)]
 
 
+def _plain_bf16_attention(exact, is_causal, scale):
+    """Plain attention in bf16 on the dequantized inputs rounded to bf16, (O, L): the bound for the path
+    without the FP8 kernel, which runs flash_attention in bf16."""
+    bf16 = [x.to(torch.bfloat16) for x in exact]
+    o = attention_ref(*bf16, is_causal=is_causal, scale=scale, upcast=False)[0]
+    lse = attention_ref(*(x.float() for x in bf16), is_causal=is_causal, scale=scale)[1]
+    return o, lse
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1, 16), (2, 4, 2, 17, 63, 16), (1, 4, 1, 97, 30, 32)])
 def test_matches_float64_reference(is_causal, per_head, shape):
-    """Off sm_90 (dequantized, then flash_attention in float32): odd sizes, Nq != Nk both ways (causal
-    rows that see no key: O = 0, L = -inf), GQA and MQA, per-tensor and per-head descales; O within twice
-    float32 attention's error plus one bf16 rounding."""
+    """Off sm_90 (flash_attention in bf16 on the e4m3 values, the descales applied on the device): odd
+    sizes, Nq != Nk both ways (causal rows that see no key: O = 0, L = -inf), GQA and MQA, per-tensor and
+    per-head descales; O and L within twice a plain bf16 attention's error."""
     (q8, k8, v8), (qd, kd, vd), exact = _quantized(*shape, per_head)
     o, lse = flashtriton.flash_attention_fp8(q8, k8, v8, is_causal=is_causal, q_descale=qd, k_descale=kd,
                                              v_descale=vd, return_lse=True)
     assert o.dtype == torch.bfloat16 and o.shape == q8.shape and lse.shape == q8.shape[:3]
     scale = shape[-1] ** -0.5
-    low = attention_ref(*(x.float() for x in exact), is_causal=is_causal, scale=scale)
-    checks = _checks(o, lse, exact, is_causal, scale, low, extra_l=1e-3)
+    checks = _checks(o, lse, exact, is_causal, scale, _plain_bf16_attention(exact, is_causal, scale))
     assert all(c.ok for c in checks), checks
 
 
@@ -126,57 +134,102 @@ def test_descales_scale_what_is_computed():
                                rtol=1e-2, atol=1e-2)
 
 
+def _fp8_call(quantized, descales, **kwargs):
+    """flash_attention_fp8 on (q8, k8, v8) with their (q, k, v) descales."""
+    (q8, k8, v8), (qd, kd, vd) = quantized, descales
+    return flashtriton.flash_attention_fp8(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, **kwargs)
+
+
 @pytest.mark.parametrize("per_head", [False, True])
-@pytest.mark.parametrize("compiling", [False, True])
-def test_without_its_kernel_bf16_where_the_descales_fold(monkeypatch, per_head, compiling):
-    """Off the FP8 kernel, flash_attention runs: with one q and one k factor on the e4m3 values in bf16 as
-    they are (exact), q's and k's factors folded into the scale and v's multiplying O; with factors per
-    (batch, KV head), or while torch.compile traces (no host read there), on float32 dequantized inputs.
-    Either within the float64 reference's bounds, as above."""
+def test_without_its_kernel_bf16_for_every_descale(monkeypatch, per_head):
+    """Off the FP8 kernel, flash_attention runs in bf16 with the caller's scale, per-tensor factors or
+    per-(batch, KV head) ones alike (no float32 path, no descale folded into the scale on the host);
+    within a plain bf16 attention's bounds."""
     from flashtriton import api
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")  # (the kernel's path on sm_90)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     seen = []
     attention = api.flash_attention
 
     def recorded(q, k, v, **kwargs):
-        seen.append((q.dtype, kwargs["scale"]))
+        seen.append((q.dtype, k.dtype, v.dtype, kwargs["scale"]))
         return attention(q, k, v, **kwargs)
     monkeypatch.setattr(api, "flash_attention", recorded)
-    quantized, (qd, kd, vd), exact = _quantized(2, 4, 2, 17, 63, 16, per_head)
-    o, lse = flashtriton.flash_attention_fp8(*quantized, is_causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
-                                             return_lse=True)
-    folded = not per_head and not compiling
-    assert [dtype for dtype, _ in seen] == [torch.bfloat16 if folded else torch.float32]
-    assert seen[0][1] == pytest.approx(16 ** -0.5 * ((qd * kd).item() if folded else 1.0), rel=1e-6)
-    checks = _checks(o, lse, exact, True, 16 ** -0.5, _plain_fp8_attention(exact, True, 16 ** -0.5))
+    quantized, descales, exact = _quantized(2, 4, 2, 17, 63, 16, per_head)
+    o, lse = _fp8_call(quantized, descales, is_causal=True, return_lse=True)
+    assert seen == [(torch.bfloat16, torch.bfloat16, torch.bfloat16, 16 ** -0.5)]
+    checks = _checks(o, lse, exact, True, 16 ** -0.5, _plain_bf16_attention(exact, True, 16 ** -0.5))
     assert all(c.ok for c in checks), checks
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_without_its_kernel_o_is_scaled_once_and_carries_no_gradient(monkeypatch, out_dtype):
-    """Off the FP8 kernel, with the descales folded: O is flash_attention's bf16 O times v's factor, taken in
-    float32 and rounded once to out_dtype (in bf16 in place, bitwise the same); inputs that require grad
-    give outputs that do not, so nothing is kept for a backward that flash_attention_fp8 does not have."""
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(17, 63), (63, 17)])
+def test_without_its_kernel_the_factors_are_applied_once_and_nothing_carries_a_gradient(monkeypatch, out_dtype,
+                                                                                       seqlen_q, seqlen_k):
+    """Off the FP8 kernel: the product of q's and k's factors multiplies the smaller of q and k (here q at
+    17 queries against 63 keys, k the other way), taken in float32 and rounded once to bf16; O is
+    flash_attention's bf16 O times v's factor, rounded once to out_dtype (in bf16 in place, bitwise the
+    same). Inputs that require grad give outputs that do not: flash_attention_fp8 has no backward."""
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")
-    (q8, k8, v8), (qd, kd, vd), _ = _quantized(2, 4, 2, 17, 63, 16, per_head=False, seed=3)
+    (q8, k8, v8), (qd, kd, vd), _ = _quantized(2, 4, 2, seqlen_q, seqlen_k, 16, per_head=True, seed=3)
     q8.requires_grad_()
-    o = flashtriton.flash_attention_fp8(q8, k8, v8, is_causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
-                                        out_dtype=out_dtype)
+    o = _fp8_call((q8, k8, v8), (qd, kd, vd), is_causal=True, out_dtype=out_dtype)
     bf16 = torch.bfloat16
-    plain = flashtriton.flash_attention(q8.detach().to(bf16), k8.to(bf16), v8.to(bf16), is_causal=True,
-                                        scale=16 ** -0.5 * (qd * kd).item())
+    q16, k16, v16 = q8.detach().to(bf16), k8.to(bf16), v8.to(bf16)
+    factors = (qd * kd)[:, :, None, None]
+    if seqlen_q < seqlen_k:
+        q16 = (q16.float() * factors.repeat_interleave(2, dim=1)).to(bf16)
+    else:
+        k16 = (k16.float() * factors).to(bf16)
+    plain = flashtriton.flash_attention(q16, k16, v16, is_causal=True, scale=16 ** -0.5)
     assert o.dtype == out_dtype and not o.requires_grad
-    assert torch.equal(o, (plain.float() * vd).to(out_dtype))
+    assert torch.equal(o, (plain.float() * vd.repeat_interleave(2, dim=1)[:, :, None, None]).to(out_dtype))
 
 
 def test_without_its_kernel_a_zero_factor_is_taken_as_given(monkeypatch):
-    """A zero q descale does not fold into a zero scale (which flash_attention refuses): the float32 path
-    takes it, and every score is 0, so O is the mean of V's rows."""
+    """A zero q descale makes every score 0 (q's or k's bf16 copy is zeroed, the scale stays the caller's),
+    so O is the mean of V's rows."""
     monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")  # (the kernel's path on sm_90)
     (q8, k8, v8), _, _ = _quantized(1, 2, 2, 9, 9, 16, per_head=False)
     o = flashtriton.flash_attention_fp8(q8, k8, v8, q_descale=torch.zeros(1, device=DEVICE))
     torch.testing.assert_close(o.float(), v8.float().mean(2, keepdim=True).expand_as(o), rtol=1e-2, atol=1e-2)
+
+
+def test_without_its_kernel_compiles_to_the_eager_result(monkeypatch):
+    """Nothing reads the descales on the host, so torch.compile traces the call whole (fullgraph) and gives
+    the eager call's O bit for bit (when a host read forced a float32 path under tracing, it did not)."""
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")
+    torch._dynamo.reset()
+    quantized, descales, _ = _quantized(1, 4, 2, 9, 13, 16, per_head=False, seed=4)
+
+    def attend(q8, k8, v8, qd, kd, vd):
+        return _fp8_call((q8, k8, v8), (qd, kd, vd), is_causal=True)
+    compiled = torch.compile(attend, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    try:
+        assert torch.equal(compiled(*quantized, *descales), attend(*quantized, *descales))
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_without_its_kernel_in_a_cuda_graph(monkeypatch):
+    """Captured in a CUDA graph, the call gives the eager O bit for bit, and replayed after the descales
+    are written in place it follows them: they are read on the device at each replay."""
+    monkeypatch.setenv(gluon_forward.FORWARD_PATH_VARIABLE, "triton")
+    quantized, descales, _ = _quantized(2, 4, 2, 17, 63, 16, per_head=True, seed=5)
+
+    def attend():
+        return _fp8_call(quantized, descales, is_causal=True)
+    eager = attend()  # (compiles and picks the tiles before capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attend()
+    graph.replay()
+    assert torch.equal(captured, eager)
+    for descale in descales:
+        descale.mul_(2)
+    graph.replay()
+    assert torch.equal(captured, attend())
+    assert not torch.equal(captured, eager)
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
