@@ -4,10 +4,18 @@ multiplying q or k and v's multiplying O on the device, with one factor per tens
 or one per (batch, KV head) (`fallback_per_head`). Both beside the FP8 kernel and the bf16 forward on the
 same values, that forward also on the Triton kernels alone (`bf16_triton`: what the fallback runs,
 without its conversions and its descales); providers in interleaved rounds, do_bench medians, one JSON
-line per shape (TFLOP/s). docs/performance.md, entries 102, 130, 139 and 141.
+line per shape (TFLOP/s), with the largest difference of each fallback's O from the per-tensor one's.
+With --base (an earlier commit's api.py, `git show <commit>:src/flashtriton/api.py > api_base.py`), that
+api's flash_attention_fp8 on the same path too, per tensor (`fallback_per_tensor_base`).
+docs/performance.md, entries 102, 130, 139 and 141.
 
-    PYTHONPATH=src python benchmarks/fp8_fallback.py [--shapes 0,1]
+    PYTHONPATH=src python benchmarks/fp8_fallback.py [--shapes 0,1] [--base FILE]
 """
+
+import argparse
+import importlib.util
+import json
+import sys
 
 import torch
 
@@ -19,26 +27,46 @@ ROUNDS = 3
 SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 32, 4096, 64, False)]
 
 
-def race(batch: int, heads: int, n: int, head_dim: int, causal: bool) -> dict:
+def load_api(path: str):
+    """An earlier commit's api.py as a module of this flashtriton package (its relative imports resolve
+    against the current tree's modules)."""
+    spec = importlib.util.spec_from_file_location("flashtriton.api_base", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None) -> dict:
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
-    per_tensor = [torch.ones(1, device="cuda") for _ in range(3)]
-    per_head = [torch.ones(batch, heads, device="cuda") for _ in range(3)]
+    per_tensor = [torch.full((1,), 0.5 + i, device="cuda") for i in range(3)]  # (not 1: a product to apply)
+    per_head = [torch.full((batch, heads), 0.5 + i, device="cuda") for i in range(3)]
 
-    def fp8(descales, path):
+    def fp8(descales, path, fn=flash_attention_fp8):
         q_descale, k_descale, v_descale = descales
-        return ab_runs.on_path("FLASHTRITON_FORWARD", path, lambda: flash_attention_fp8(
+        return ab_runs.on_path("FLASHTRITON_FORWARD", path, lambda: fn(
             q, k, v, is_causal=causal, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale))
     q16, k16, v16 = (x.to(torch.bfloat16) for x in (q, k, v))
-    providers = {"kernel": fp8(per_tensor, "auto"), "fallback_per_tensor": fp8(per_tensor, "triton"),
-                 "fallback_per_head": fp8(per_head, "triton"),
+    fallbacks = {"fallback_per_tensor": fp8(per_tensor, "triton"), "fallback_per_head": fp8(per_head, "triton")}
+    if base is not None:
+        fallbacks["fallback_per_tensor_base"] = fp8(per_tensor, "triton", base.flash_attention_fp8)
+    first = fallbacks["fallback_per_tensor"]().float()
+    differences = {name: ab_runs.largest_error(fn(), first) for name, fn in fallbacks.items()}
+    providers = {"kernel": fp8(per_tensor, "auto"), **fallbacks,
                  "bf16": lambda: flash_attention(q16, k16, v16, is_causal=causal),
                  "bf16_triton": ab_runs.on_path("FLASHTRITON_FORWARD", "triton",
                                                 lambda: flash_attention(q16, k16, v16, is_causal=causal))}
     ms = ab_runs.timed_rounds(providers, ROUNDS)
     flops = 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
-    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ms)
+    return ab_runs.shape_line(batch, heads, n, head_dim, causal, flops, ms, differences=differences)
 
 
 if __name__ == "__main__":
-    ab_runs.main(race, SHAPES, __doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
+    parser.add_argument("--base", default=None, help="an earlier commit's src/flashtriton/api.py")
+    cli = parser.parse_args()
+    earlier = None if cli.base is None else load_api(cli.base)
+    for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
+        print(json.dumps(race(*shape, base=earlier)), flush=True)
