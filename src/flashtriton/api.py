@@ -12,6 +12,8 @@ Everything here runs inside torch.compile's trace too: the checks read shapes, d
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import ops
@@ -197,10 +199,11 @@ def flash_attention_fp8(
     FlashAttention-3's column-major V (e.g. `v_t.transpose(2, 3)` of a (B, Hkv, D, Nk) tensor, as a KV
     cache can keep it), is read as it is where k is (B, Hkv, Nk, D) or (B, Nk, Hkv, D) in memory order and
     Nk is a multiple of 16 (launch/gluon_forward.py, interleaved_keys_map); elsewhere it is copied too.
-    Where that kernel does not run, `flash_attention` does, in bf16: the e4m3 values as they are (exact in
-    bf16), q's and k's descales multiplying q or k (one bf16 rounding) and v's multiplying O, all on the
-    device (no host read: CUDA graph capture and torch.compile take it too). The same attention, P rounded
-    to bf16 rather than e4m3. No backward: the outputs carry no gradient.
+    Where that kernel does not run, `flash_attention` does, in bf16 on the e4m3 values as they are (exact
+    in bf16): q's and k's descales folded into the scale when they are one element each (read on the
+    host), else (per-head factors, a CUDA graph being captured, torch.compile tracing) multiplying q or k
+    on the device (one bf16 rounding); v's multiply O. The same attention, P rounded to bf16 rather than
+    e4m3. No backward: the outputs carry no gradient.
     """
     check_inputs(q, k, v, is_causal=is_causal, fp8=True)
     check_flags(return_lse=return_lse)
@@ -218,27 +221,38 @@ def flash_attention_fp8(
         options = FP8_DEFAULT_OPTIONS if return_lse else FP8_WITHOUT_LSE_OPTIONS
         o, lse = fp8_forward_gluon(q, k, v, is_causal, scale, descale, out_dtype, options)
     else:
-        o, lse = _fp8_without_its_kernel(q, k, v, is_causal, scale, descale, out_dtype)
+        o, lse = _fp8_without_its_kernel(q, k, v, is_causal, scale, (q_descale, k_descale), descale, out_dtype)
     return (o, lse) if return_lse else o
 
 
 @torch.no_grad()  # (the outputs carry no gradient: nothing is kept for a backward, conversions included)
 def _fp8_without_its_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
-                            descale: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                            qk_factors: tuple, descale: torch.Tensor, out_dtype: torch.dtype
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """flash_attention_fp8 where the FP8 kernel does not run, through flash_attention in bf16: (o, lse).
     Every e4m3 value is exact in bf16 (3 mantissa bits, exponents within bf16's), so the inputs go to bf16
-    as they are, and the descales (`descale`, (3, B, Hkv)) are applied on the device, where nothing waits
-    for the host: q's and k's product multiplies whichever of q and k has fewer elements, taken in float32
-    and rounded once to bf16 (the one rounding any bf16 attention's inputs carry), and v's multiplies O.
-    So one path serves per-tensor and per-(batch, KV head) factors, CUDA graph capture and torch.compile."""
+    as they are. When q's and k's descales (`qk_factors`) are one number each and the host may read them
+    (no CUDA graph being captured, no torch.compile tracing), their product folds into the softmax scale:
+    the scores are the FP8 values' exact products, and the read costs less than a pass over q or k
+    (docs/performance.md, entry 141). Elsewhere (factors per (batch, KV head), capture, tracing) the product
+    multiplies the bf16 copy of whichever of q and k has fewer elements, on the device, rounded once to
+    bf16. V's factors (`descale[2]`) multiply O."""
     bf16 = torch.bfloat16
     group = q.shape[1] // k.shape[1]
     q16, k16, v16 = q.to(bf16), k.to(bf16), v.to(bf16)
-    qk_factors = (descale[0] * descale[1])[:, :, None, None]  # (B, Hkv, 1, 1)
-    if q.numel() < k.numel():
-        q16.mul_(qk_factors.repeat_interleave(group, dim=1))  # each query head by its KV head's factor
+    scalars = all(d is None or d.numel() == 1 for d in qk_factors)
+    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    folded = 0.0
+    if scalars and not capturing and not torch.compiler.is_compiling():
+        folded = scale * (descale[0, 0, 0] * descale[1, 0, 0]).item()
+    if math.isfinite(folded) and folded > 0:  # (a zero, negative or infinite factor: applied as given, below)
+        scale = folded
     else:
-        k16.mul_(qk_factors)
+        product = (descale[0] * descale[1])[:, :, None, None]  # (B, Hkv, 1, 1)
+        if q.numel() < k.numel():
+            q16.mul_(product.repeat_interleave(group, dim=1))  # each query head by its KV head's factor
+        else:
+            k16.mul_(product)
     o, lse = flash_attention(q16, k16, v16, is_causal=is_causal, scale=scale, return_lse=True)
     v_factors = descale[2].repeat_interleave(group, dim=1)[:, :, None, None]  # (B, Hq): each head's KV head's
     if out_dtype == bf16:  # in place: a bf16 product is taken in float32 and rounded once, as below
