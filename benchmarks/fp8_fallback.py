@@ -1,12 +1,13 @@
 """flash_attention_fp8 where its kernel does not run (FLASHTRITON_FORWARD=triton stands in for a GPU or
-release without it), on a GPU: the e4m3 values go to the bf16 forward as they are, q's and k's descales
-multiplying q or k and v's multiplying O on the device, with one factor per tensor (`fallback_per_tensor`)
-or one per (batch, KV head) (`fallback_per_head`). Both beside the FP8 kernel and the bf16 forward on the
-same values, that forward also on the Triton kernels alone (`bf16_triton`: what the fallback runs,
-without its conversions and its descales); providers in interleaved rounds, do_bench medians, one JSON
-line per shape (TFLOP/s), with the largest difference of each fallback's O from the per-tensor one's.
-With --base (an earlier commit's api.py, `git show <commit>:src/flashtriton/api.py > api_base.py`), that
-api's flash_attention_fp8 on the same path too, per tensor (`fallback_per_tensor_base`).
+release without it), on a GPU: the e4m3 values go to the bf16 forward as they are, with one factor per
+tensor (`fallback_per_tensor`: q's and k's folded into the scale on the host) or one per (batch, KV head)
+(`fallback_per_head`: q's and k's multiplying q or k on the device); v's multiply O. Both beside the FP8
+kernel and the bf16 forward on the same values, that forward also on the Triton kernels alone
+(`bf16_triton`: what the fallback runs, without its conversions and its descales); providers in
+interleaved rounds, do_bench medians, one JSON line per shape (TFLOP/s), with the largest difference of
+each fallback's O from the per-tensor one's. With --base (an earlier commit's api.py, `git show
+<commit>:src/flashtriton/api.py > api_base.py`), that api's flash_attention_fp8 on the same path too, per
+tensor (`fallback_per_tensor_base`).
 docs/performance.md, entries 102, 130, 139 and 141.
 
     PYTHONPATH=src python benchmarks/fp8_fallback.py [--shapes 0,1] [--base FILE]
