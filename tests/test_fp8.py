@@ -109,7 +109,7 @@ def _plain_bf16_attention(exact, is_causal, scale):
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1, 16), (2, 4, 2, 17, 63, 16), (1, 4, 1, 97, 30, 32)])
 def test_matches_float64_reference(is_causal, per_head, shape):
-    """Off sm_90 (flash_attention in bf16 on the e4m3 values, the descales applied on the device): odd
+    """Off sm_90 (flash_attention in bf16 on the e4m3 values, tests below say how the descales apply): odd
     sizes, Nq != Nk both ways (causal rows that see no key: O = 0, L = -inf), GQA and MQA, per-tensor and
     per-head descales; O and L within twice a plain bf16 attention's error."""
     (q8, k8, v8), (qd, kd, vd), exact = _quantized(*shape, per_head)
