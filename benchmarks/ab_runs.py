@@ -1,11 +1,14 @@
 """What the A/B scripts beside it share (gluon_grid_ab.py, gluon_backward_ab.py, gluon_kernel_ab.py,
-fp8_forward.py, the decode scripts): providers timed in interleaved rounds, a shape's JSON line, the
-command line that picks shapes, and the peers and references they race against. Run as scripts
+fp8_forward.py, fp8_fallback.py, the decode scripts): providers timed in interleaved rounds, a shape's
+JSON line, the command line that picks shapes (and an earlier file to race beside, --base), a file loaded
+as a module, and the peers and references they race against. Run as scripts
 (`python benchmarks/<name>.py`), they import this from their own folder."""
 
 import argparse
+import importlib.util
 import json
 import statistics
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -36,13 +39,28 @@ def shape_line(batch: int, heads: int, n: int, head_dim: int, causal: bool, flop
                 ms={name: round(t, 4) for name, t in ms.items()}, **extra)
 
 
-def main(race: Callable[..., dict], shapes: list[tuple], description: str) -> None:
-    """Print race(*shape) as a JSON line for every shape, or for those --shapes picks by index."""
+def main(race: Callable[..., dict], shapes: list[tuple], description: str,
+         load_base: Callable[[str], object] | None = None) -> None:
+    """Print race(*shape) as a JSON line for every shape, or for those --shapes picks by index; with
+    `load_base`, also `--base FILE`, whose load_base(FILE) each race takes as `base=`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--shapes", default=None, help="indices into the script's SHAPES (default: all)")
+    if load_base is not None:
+        parser.add_argument("--base", default=None, help="an earlier commit's file to race beside this tree's")
     args = parser.parse_args()
+    extra = {} if load_base is None else {"base": None if args.base is None else load_base(args.base)}
     for shape in shapes if args.shapes is None else [shapes[int(i)] for i in args.shapes.split(",")]:
-        print(json.dumps(race(*shape)), flush=True)
+        print(json.dumps(race(*shape, **extra)), flush=True)
+
+
+def load_module(path: str, name: str):
+    """The Python file at `path` imported as the module `name` (e.g. an earlier commit's copy of a file; a
+    name inside the flashtriton package lets its relative imports resolve against this tree)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def fp8_cache(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:

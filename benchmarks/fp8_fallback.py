@@ -13,11 +13,6 @@ docs/performance.md, entries 102, 130, 139 and 141.
     PYTHONPATH=src python benchmarks/fp8_fallback.py [--shapes 0,1] [--base FILE]
 """
 
-import argparse
-import importlib.util
-import json
-import sys
-
 import torch
 
 import ab_runs
@@ -28,17 +23,8 @@ ROUNDS = 3
 SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 32, 4096, 64, False)]
 
 
-def load_api(path: str):
-    """An earlier commit's api.py as a module of this flashtriton package (its relative imports resolve
-    against the current tree's modules)."""
-    spec = importlib.util.spec_from_file_location("flashtriton.api_base", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None) -> dict:
+    """`base`: an earlier api module, whose flash_attention_fp8 races too."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, head_dim, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
     per_tensor = [torch.full((1,), 0.5 + i, device="cuda") for i in range(3)]  # (not 1: a product to apply)
@@ -64,10 +50,5 @@ def race(batch: int, heads: int, n: int, head_dim: int, causal: bool, base=None)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=None, help="indices into SHAPES (default: all)")
-    parser.add_argument("--base", default=None, help="an earlier commit's src/flashtriton/api.py")
-    cli = parser.parse_args()
-    earlier = None if cli.base is None else load_api(cli.base)
-    for shape in SHAPES if cli.shapes is None else [SHAPES[int(i)] for i in cli.shapes.split(",")]:
-        print(json.dumps(race(*shape, base=earlier)), flush=True)
+    ab_runs.main(race, SHAPES, __doc__.splitlines()[0],
+                 load_base=lambda path: ab_runs.load_module(path, "flashtriton.api_base"))

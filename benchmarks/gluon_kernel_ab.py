@@ -30,9 +30,7 @@ docs/performance.md, entries 66, 69-73 and 86-92.
 
 import argparse
 import functools
-import importlib.util
 import json
-import sys
 from unittest import mock
 
 import torch
@@ -58,11 +56,7 @@ BACKWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 
 
 def load_kernel(path: str, name: str):
     """The @gluon.jit function `name` of the kernel file at `path`."""
-    spec = importlib.util.spec_from_file_location("base_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["base_kernels"] = module
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    return getattr(ab_runs.load_module(path, "base_kernels"), name)
 
 
 def base_arguments(base, kernel, args: tuple, **earlier) -> tuple:
