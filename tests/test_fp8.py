@@ -99,10 +99,7 @@ def _checks(o, lse, exact, is_causal, scale, low, extra_l=0.0):
 def _plain_bf16_attention(exact, is_causal, scale):
     """Plain attention in bf16 on the dequantized inputs rounded to bf16, (O, L): the bound for the path
     without the FP8 kernel, which runs flash_attention in bf16."""
-    bf16 = [x.to(torch.bfloat16) for x in exact]
-    o = attention_ref(*bf16, is_causal=is_causal, scale=scale, upcast=False)[0]
-    lse = attention_ref(*(x.float() for x in bf16), is_causal=is_causal, scale=scale)[1]
-    return o, lse
+    return attention_ref(*(x.to(torch.bfloat16) for x in exact), is_causal=is_causal, scale=scale, upcast=False)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
