@@ -9,8 +9,9 @@ device copy of the tree has no .git), e.g.
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
 launcher's query blocks unless --base-block-m says otherwise; a kernel from before entry 88 scales its dQ
 itself, which the current launcher's read-back scales again, so its dQ error column is off, not its
-time), on the current one also at D = 128 with three Q/dO stages, at D = 64 with 64-row query blocks and
-with dQ split by columns, and with dQ staged in
+time), on the current one also at D = 128 with three Q/dO stages and without a mask with 80-row query
+blocks (`current_m80`: a 64-row part and a 16-row tail, dQ in dQ's order: race it against
+`current_dq_in_place`), at D = 64 with 64-row query blocks and with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
@@ -25,7 +26,7 @@ one again, last (`current_again`: its gap to `current`
 is what a provider's place in the round is worth);
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
 per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
-docs/performance.md, entries 66, 69-73 and 86-92.
+docs/performance.md, entries 66, 69-73, 86-92 and 142.
 """
 
 import argparse
@@ -160,6 +161,8 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         providers["current_split_cols"] = backward(dq_split_rows=False)
     else:  # (three stages of 128-row blocks do not fit in shared memory)
         providers["current_3_stages"] = backward(stages=3)
+    if head_dim == 128 and not causal:  # 80-row blocks (a 16-row tail), beside current_dq_in_place's order
+        providers["current_m80"] = backward(block_m=gluon_backward.TAIL_BLOCK_M, fragments=False)
     providers = {name: fn for name, fn in providers.items() if name not in skip}
     grads = ab_runs.float32_gradients(q, k, v, do, causal)
     errors = {name: [ab_runs.largest_error(g, r) for g, r in zip(fn(), grads, strict=True)]
