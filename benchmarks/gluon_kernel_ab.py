@@ -9,8 +9,9 @@ device copy of the tree has no .git), e.g.
 `bwd`: the whole backward with FLASHTRITON_BACKWARD=gluon on each kernel (the earlier one at the current
 launcher's query blocks unless --base-block-m says otherwise; a kernel from before entry 88 scales its dQ
 itself, which the current launcher's read-back scales again, so its dQ error column is off, not its
-time), on the current one also at D = 128 with three Q/dO stages and without a mask with 80-row query
-blocks (`current_m80`: a 64-row part and a 16-row tail, dQ in dQ's order: race it against
+time), on the current one also at D = 128 with three Q/dO stages, with D subtracted after dP^T's product
+(`current_d_after`: L alone in the accumulators) and without a mask with 80-row query blocks
+(`current_m80`: a 64-row part and a 16-row tail, dQ in dQ's order: race it against
 `current_dq_in_place`), at D = 64 with 64-row query blocks and with dQ split by columns, and with dQ staged in
 dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has the
 register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
@@ -52,7 +53,7 @@ BACKWARD_SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (1, 16, 
                    (8, 16, 2048, 128, False), (16, 16, 1024, 128, True), (16, 16, 1024, 128, False),
                    (32, 16, 512, 128, False), (8, 16, 2048, 128, True), (4, 32, 4096, 64, False),
                    (4, 32, 4096, 64, True), (1, 16, 16384, 64, True), (8, 16, 2048, 64, False),
-                   (16, 16, 1024, 64, False), (8, 16, 2048, 64, True)]
+                   (16, 16, 1024, 64, False), (8, 16, 2048, 64, True), (1, 16, 16384, 128, False)]
 
 
 def load_kernel(path: str, name: str):
@@ -161,6 +162,8 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         providers["current_split_cols"] = backward(dq_split_rows=False)
     else:  # (three stages of 128-row blocks do not fit in shared memory)
         providers["current_3_stages"] = backward(stages=3)
+    if head_dim == 128:  # L alone in S^T's accumulator, D subtracted after dP^T's product (its issue unwaited)
+        providers["current_d_after"] = backward(delta_in_acc=False)
     if head_dim == 128 and not causal:  # 80-row blocks (a 16-row tail), beside current_dq_in_place's order
         providers["current_m80"] = backward(block_m=gluon_backward.TAIL_BLOCK_M, fragments=False)
     providers = {name: fn for name, fn in providers.items() if name not in skip}

@@ -226,6 +226,53 @@ def test_statistics_in_the_accumulators_drop_their_subtractions_without_spills(t
             assert partial_waits >= 1 and (spills <= off[0] or not EXACT), forms
 
 
+DELTA_AFTER_SCRIPT = """
+import itertools
+import re
+
+import torch
+
+from flashtriton.launch import gluon_backward
+from flashtriton.launch.backward import statistics_buffer
+from flashtriton.tools import inspect
+
+lse2, delta = statistics_buffer(torch.empty(1, 2, 4096))
+q = torch.randn(1, 2, 4096, 128, dtype=torch.bfloat16)
+for causal in (False, True):
+    for delta_in_acc in (True, False):
+        dq_acc = gluon_backward.dq_accumulator(q, True)
+        launch = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal, 0.1, dq_acc,
+                                                  dq_fragments=True, delta_in_acc=delta_in_acc)
+        sass = inspect.offline_sass(*launch)
+        # the kernel's products and waits in order, runs of one instruction counted: "HGMMA.64x64x16*8" ...
+        steps = re.findall(r"HGMMA\\.64x\\d+x16|WARPGROUP\\.DEPBAR\\.LE gsb0, 0x\\d", sass)
+        runs = [f"{op}*{len(list(group))}" for op, group in itertools.groupby(steps)]
+        # S^T's product (8 of 64x64 at D = 128), a full wait, then dP^T's (8 more)
+        waited = sum(runs[i:i + 3] == ["HGMMA.64x64x16*8", "WARPGROUP.DEPBAR.LE gsb0, 0x0*1", "HGMMA.64x64x16*8"]
+                     for i in range(len(runs)))
+        print(causal, delta_in_acc, waited, runs.count("HGMMA.64x64x16*16"))
+"""
+
+
+def test_backward_with_d_after_issues_both_score_products_together(tmp_path):
+    """D = 128, both masks: in the library's form, whose dP^T starts from -D, ptxas has at least one compute
+    loop wait for all of S^T's product before it issues dP^T's (a product that starts from registers written
+    while another runs waits for it); with D subtracted after the product instead (delta_in_acc=False,
+    the kernel's DELTA_AFTER) no loop does, and every loop issues S^T's and dP^T's 16 instructions back to
+    back (docs/performance.md, entry 142)."""
+    script = tmp_path / "delta_after.py"
+    script.write_text(DELTA_AFTER_SCRIPT)
+    forms = {tuple(f[:2]): [int(x) for x in f[2:]] for f in (line.split() for line in compiling(str(script)).split("\n")
+                                                             if line)}
+    assert len(forms) == 4, forms
+    for causal in ("False", "True"):
+        loops = 2 * (2 if causal == "True" else 1)  # (each compute warpgroup's; causal: the masked loop too)
+        waited, together = forms[causal, "False"]
+        assert (waited, together) == (0, loops), forms
+        waited, together = forms[causal, "True"]
+        assert waited >= 1 and waited + together == loops, forms
+
+
 def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
     """What every Gluon forward form compiled at D = 256 shows (`by_form`: its reports by (form, causal);
     `overlap`: the overlapped form's name, its flags' forms that name and a suffix): two softmax warpgroups
@@ -675,38 +722,69 @@ def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
     assert calls and all(calls), calls  # the form ran, with dQ by its reductions
 
 
+def backward_in_form(monkeypatch, form: dict, fragments: bool) -> list:
+    """flash_attention's backward on the Gluon kernel launched in `form` (gluon_dkdv_launch's A/B options),
+    dQ's buffer in register order or not (`fragments`, sized for the form's blocks); returns the list each
+    launch's (tiles, the kernel's arguments by name) are appended to."""
+    from flashtriton.launch import backward
+
+    launches = []
+
+    def spec_in_form(*args, **kwargs):
+        launch = functools.partial(gluon_backward.gluon_dkdv_launch, **form)
+        with mock.patch.object(gluon_backward, "gluon_dkdv_launch", launch):
+            spec = gluon_backward.gluon_dkdv_spec(*args, **kwargs)
+        values = (*spec.tensors, *spec.descriptors, *spec.scalars)
+        launches.append((spec.tiles, dict(zip(spec.kernel.arg_names, values, strict=True))))
+        return spec
+    monkeypatch.setattr(backward, "gluon_dkdv_spec", spec_in_form)
+    monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call the form)
+    monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", fragments)
+    monkeypatch.setattr(gluon_backward, "dq_accumulator",
+                        functools.partial(gluon_backward.dq_accumulator, block_m=form.get("block_m")))
+    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    return launches
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 97, 130), (2, 4, 2, 130, 97),
                                    (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
 def test_backward_80_row_blocks_at_head_dim_128(monkeypatch, shape):
     """The A/B form of 80-row query blocks at D = 128 without a mask (TAIL_BLOCK_M: a 64-row main part and a
-    16-row tail, Q, dO, L and D in 16-row boxes, the tail's dQ^T staged transposed): every gradient within
-    twice plain bf16 attention's error of the float64 reference; odd lengths (a last block whose tail, or
-    main part, lies past Nq), Nq != Nk both ways, GQA, several key tiles and query blocks."""
+    16-row tail, Q, dO and dQ in 16-row boxes, L and D in 32, the tail's dQ^T staged transposed): every
+    gradient within twice plain bf16 attention's error of the float64 reference; odd lengths (a last block
+    whose tail, or main part, lies past Nq), Nq != Nk both ways, GQA, several key tiles and query blocks."""
     from flashtriton import flash_attention
-    from flashtriton.launch import backward
     from flashtriton.testing import compare_with_reference
 
-    calls = []
-
-    def spec_in_form(*args, **kwargs):
-        launch = functools.partial(gluon_backward.gluon_dkdv_launch, block_m=gluon_backward.TAIL_BLOCK_M)
-        with mock.patch.object(gluon_backward, "gluon_dkdv_launch", launch):
-            spec = gluon_backward.gluon_dkdv_spec(*args, **kwargs)
-        calls.append(spec.tiles)
-        return spec
-    monkeypatch.setattr(backward, "gluon_dkdv_spec", spec_in_form)
-    monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call the form)
-    monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", False)  # (the form stages dQ in dQ's order)
-    monkeypatch.setattr(gluon_backward, "dq_accumulator",
-                        functools.partial(gluon_backward.dq_accumulator, block_m=gluon_backward.TAIL_BLOCK_M))
-    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
+    launches = backward_in_form(monkeypatch, dict(block_m=gluon_backward.TAIL_BLOCK_M), fragments=False)
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
     torch.manual_seed(seqlen_q + 80)
     q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 128, torch.bfloat16, DEVICE)
     checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, return_lse=True), q, k, v, False)
     assert all(c.ok for c in checks), checks
-    assert calls and all("-M80-" in tiles and tiles.endswith("-dq-atomic") for tiles in calls), calls
+    assert launches and all("-M80-" in t and t.endswith("-dq-atomic") for t, _ in launches), launches
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (3, 8, 2, 1000, 1100)])
+def test_backward_with_d_after_at_head_dim_128(monkeypatch, is_causal, shape):
+    """The A/B form with L in S^T's accumulator but D subtracted after dP^T's product (delta_in_acc=False):
+    every gradient within twice plain bf16 attention's error of the float64 reference, both masks (rows
+    that see no key: zero gradients), odd lengths, Nq != Nk both ways, GQA."""
+    from flashtriton import flash_attention
+    from flashtriton.testing import compare_with_reference
+
+    launches = backward_in_form(monkeypatch, dict(delta_in_acc=False), fragments=True)
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
+    torch.manual_seed(seqlen_q + 1)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 128, torch.bfloat16, DEVICE)
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
+                                    q, k, v, is_causal)
+    assert all(c.ok for c in checks), checks
+    assert launches and all(t.endswith("-dq-atomic-fragments") and a["STATS_IN_ACC"] and a["DELTA_AFTER"]
+                            for t, a in launches), launches
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -817,7 +895,8 @@ def test_backward_launch_rejects_query_blocks_it_cannot_hold(head_dim, block_m):
 
 @pytest.mark.parametrize("change, named", [(dict(head_dim=64), "head dim 64"), (dict(causal=True), "is_causal=True"),
                                            (dict(dq=False), "dq_acc None"), (dict(fragments=True), "dq_fragments=True"),
-                                           (dict(stats_in_acc=False), "stats_in_acc=False")])
+                                           (dict(stats_in_acc=False), "stats_in_acc=False"),
+                                           (dict(delta_in_acc=False), "delta_in_acc=False")])
 def test_backward_launch_takes_80_row_blocks_only_in_their_form(change, named):
     """block_m=80 (a 64-row main part and a 16-row tail) is an A/B form of D = 128 without a causal mask,
     with dQ by reductions in dQ's order and the statistics in the accumulators: anything else is a
@@ -830,8 +909,7 @@ def test_backward_launch_takes_80_row_blocks_only_in_their_form(change, named):
     fragments = change.get("fragments", False)
     dq_acc = gluon_backward.dq_accumulator(q, fragments, 80) if change.get("dq", True) else None
     kwargs = dict(block_m=80, dq_fragments=fragments)
-    if "stats_in_acc" in change:
-        kwargs["stats_in_acc"] = change["stats_in_acc"]
+    kwargs.update({name: change[name] for name in ("stats_in_acc", "delta_in_acc") if name in change})
     with pytest.raises(ValueError, match=f"block_m=80 .*head dim 128 without a causal mask.*{named}"):
         gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, change.get("causal", False), 0.1, dq_acc,
                                          **kwargs)
@@ -841,7 +919,7 @@ def test_backward_launch_takes_80_row_blocks_only_in_their_form(change, named):
                                                              gluon_backward.dq_accumulator(q, False, 80), block_m=80)
     assert [args[i].block_shape[2] for i in (2, 5, 8)] == [gluon_backward.TAIL_BOX] * 3  # Q, dO, dQ
     assert [args[i].block_shape[2] for i in (6, 7)] == [gluon_backward.TAIL_STATS_BOX] * 2  # L, D: 128 bytes
-    assert args[-1] == 80 and kernel.arg_names[-1] == "BLOCK_M"
+    assert args[kernel.arg_names.index("BLOCK_M")] == 80
 
 
 def test_supports():

@@ -280,13 +280,16 @@ def _landed_block(q_smem, ready, count):
 @gluon.jit
 def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                 STATS_IN_ACC: gl.constexpr, TAIL: gl.constexpr):
+                 STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr, TAIL: gl.constexpr):
     """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
     returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked.
     STATS_IN_ACC: the products start from the rows' statistics instead of zeros, S^T's from -L / c (c =
     scale * log2(e)) and dP^T's from -D, so that they return S^T - L / c and dP^T - D: P^T = exp2(c acc),
-    one multiply and an exp2 per score, and dS^T = P^T acc, one multiply. TAIL > 0: the block has TAIL more
+    one multiply and an exp2 per score, and dS^T = P^T acc, one multiply. DELTA_AFTER (with STATS_IN_ACC): D
+    subtracted after dP^T's wait instead, its product from zeros: ptxas makes a product that starts from
+    registers written while another is in flight wait for that one, so with D in its accumulator dP^T is
+    issued only once S^T is done (docs/performance.md, entry 142). TAIL > 0: the block has TAIL more
     rows in the ring's tail tiles (`ring`'s last), with products of their own (_tail_scores, and dQ's
     transposed, _dq_tail_products): an 80-row block, FlashAttention-3's at D = 128 without a mask, is a
     fifth fewer blocks than 64-row ones, their fixed work spread over more rows, and Gluon's tiles are
@@ -297,8 +300,9 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]  # (with a tail, the main part's rows)
-    gl.static_assert(TAIL == 0 or (STATS_IN_ACC and DQ_ATOMIC and not MASKED and not DQ_FRAGMENTS),
-                     "a tail's block takes the statistics in the accumulators and dQ in dQ's order, unmasked")
+    gl.static_assert(TAIL == 0 or (STATS_IN_ACC and not DELTA_AFTER and DQ_ATOMIC and not MASKED
+                                   and not DQ_FRAGMENTS),
+                     "a tail's block takes both statistics in the accumulators and dQ in dQ's order, unmasked")
     dtype: gl.constexpr = q_smem.dtype
     # wgmma's accumulator layouts (one warpgroup, m64 instructions): the 64 x BLOCK_M scores and the
     # 64 x D gradients; P^T and dS^T as the A operand of the gradients' products.
@@ -330,8 +334,11 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
         lse2 = lse_rows.load(query_cols)
         st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
                            is_async=True)
-        delta = delta_rows.load(query_cols)
-        dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
+        if DELTA_AFTER:
+            dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+        else:
+            delta = delta_rows.load(query_cols)
+            dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
     else:
         st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
@@ -357,7 +364,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     dv = warpgroup_mma(pt_op, do, dv, is_async=True)
     # dP^T (- D); dV's product (and the tail's dV and dK) may still run
     dpt = warpgroup_mma_wait(num_outstanding=3 if TAIL > 0 else 1, deps=(dpt, ))
-    if not STATS_IN_ACC:
+    if not STATS_IN_ACC or DELTA_AFTER:
         delta = delta_rows.load(query_cols)
         dpt = dpt - delta[None, :]
     dst = (pt * dpt).to(dtype)
@@ -524,7 +531,7 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
 @gluon.jit
 def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                      MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                     STATS_IN_ACC: gl.constexpr, TAIL: gl.constexpr):
+                     STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr, TAIL: gl.constexpr):
     """Query block m in the kernel's form for the head dim: _split_query_block where the program's one key
     tile is shared (dk holds half of D's columns; STATS_IN_ACC is not taken there), _query_block
     otherwise."""
@@ -532,13 +539,14 @@ def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, W
         dk, dv = _split_query_block(ring, m, count, off_b, head_q, n_wg, k, v, dk, dv, WG, MASKED, DQ_ATOMIC)
     else:
         dk, dv = _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG, MASKED, DQ_ATOMIC,
-                              DQ_FRAGMENTS, STATS_IN_ACC, TAIL)
+                              DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, TAIL)
     return dk, dv
 
 
 @gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, TAIL: gl.constexpr):
+                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr,
+                       TAIL: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's); TAIL: each query block's rows past the ring's main tiles' (_query_block)."""
@@ -582,11 +590,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         if IS_CAUSAL:
             for m in range(m_first, m_full):
                 dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
-                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, TAIL)
+                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, TAIL)
                 count += 1
         for m in range(m_full, num_m):
             dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
-                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, TAIL)
+                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, TAIL)
             count += 1
 
     if DQ_ATOMIC:
@@ -613,6 +621,7 @@ def attn_bwd_dkdv_gluon_kernel(
     scale, qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
     DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, COMPUTE_REGS: gl.constexpr, BLOCK_M: gl.constexpr,
+    DELTA_AFTER: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys; 64 at D = 256): grid = num_n_blocks x B x
     Hkv. With DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller;
@@ -622,9 +631,10 @@ def attn_bwd_dkdv_gluon_kernel(
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
     WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
     (1, 1, rows, cols) unswizzled. STATS_IN_ACC: S^T's and dP^T's products start from -L / c and -D
-    (_query_block). BLOCK_M: query rows per block, one box of q_desc, do_desc, lse_desc and delta_desc, or
-    at 80 (D = 128 without a mask) a 64-row main part and a 16-row tail: q_desc's, do_desc's and dq_desc's
-    boxes 16 rows, lse_desc's and delta_desc's 32 (_load_partition, _add_dq_with_tail)."""
+    (_query_block), or with DELTA_AFTER only S^T's. BLOCK_M: query rows per block, one box of q_desc,
+    do_desc, lse_desc and delta_desc, or at 80 (D = 128 without a mask) a 64-row main part and a 16-row
+    tail: q_desc's, do_desc's and dq_desc's boxes 16 rows, lse_desc's and delta_desc's 32 (_load_partition,
+    _add_dq_with_tail)."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
@@ -688,8 +698,10 @@ def attn_bwd_dkdv_gluon_kernel(
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
               num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2, tails)
     gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, TAIL)),
-                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, TAIL)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, TAIL))],
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER,
+                                              TAIL)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER,
+                                              TAIL))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

@@ -182,7 +182,8 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
                       delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, is_causal: bool, scale: float,
                       dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
                       block_m: int | None = None, dq_split_rows: bool | None = None,
-                      dq_fragments: bool = False, stats_in_acc: bool | None = None) -> tuple:
+                      dq_fragments: bool = False, stats_in_acc: bool | None = None,
+                      delta_in_acc: bool = True) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
@@ -194,7 +195,8 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     can take half of dQ's rows with all of D (wgmma at N = 64), or half of D's columns for all the rows
     (N = 32 at D = 64). `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS,
     the library's). `stats_in_acc`: S^T's and dP^T's products start from -L / (scale * log2(e)) and -D
-    (None: where STATS_IN_ACCUMULATORS has the head dim)."""
+    (None: where STATS_IN_ACCUMULATORS has the head dim); with `delta_in_acc` False only S^T's, D then
+    subtracted after dP^T's product (an A/B form: docs/performance.md, entry 142)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -228,11 +230,11 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
         raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), or {TAIL_BLOCK_M}, got "
                          f"{block_m} at head dim {head_dim}")
     if block_m == TAIL_BLOCK_M and (head_dim != 128 or is_causal or dq_acc is None or dq_fragments
-                                    or stats_in_acc is False):
+                                    or stats_in_acc is False or not delta_in_acc):
         raise ValueError(f"block_m={block_m} (a 64-row block with a 16-row tail) is a form of head dim 128 without "
-                         f"a causal mask, with dQ in dQ's order and the statistics in the accumulators: got head "
+                         f"a causal mask, with dQ in dQ's order and both statistics in the accumulators: got head "
                          f"dim {head_dim}, is_causal={is_causal}, dq_acc {'given' if dq_acc is not None else 'None'},"
-                         f" dq_fragments={dq_fragments}, stats_in_acc={stats_in_acc}")
+                         f" dq_fragments={dq_fragments}, stats_in_acc={stats_in_acc}, delta_in_acc={delta_in_acc}")
     if dq_split_rows and block_m != WARPGROUPS * 64:
         raise ValueError(f"dq_split_rows needs {WARPGROUPS * 64}-row query blocks (64 rows per compute "
                          f"warpgroup), got block_m={block_m}")
@@ -261,7 +263,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
             descriptor(do, box_rows, do_cols),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
-            dq_fragments, stats_in_acc, compute_registers, block_m)
+            dq_fragments, stats_in_acc, compute_registers, block_m, stats_in_acc and not delta_in_acc)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers,
                                                                                        **COMPILE_OPTIONS)
@@ -276,7 +278,7 @@ def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
                                                    dq_fragments=dq_fragments)
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
-    block_m = args[-1]  # (BLOCK_M: an A/B run may have asked for other blocks)
+    block_m = args[kernel.arg_names.index("BLOCK_M")]  # (an A/B run may have asked for other blocks)
     split_rows = dq_acc is not None and args[8].block_shape[3] == q.shape[-1]  # (dQ's box: a share's columns)
     form = dkdv_form(dq_acc is not None, split_rows, dq_fragments)
     tiles = f"gluon-N{KEYS}x{program_keys(q.shape[-1]) // KEYS}-M{block_m}-s{NUM_STAGES}{form}"
