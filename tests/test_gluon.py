@@ -73,7 +73,7 @@ def test_compiles_to_asynchronous_wgmma_with_register_reallocation(reports):
             continue  # (a lab flag; under Triton 3.9 its waits are serialised: test_sums_by_mma_trade_...)
         warpgroups = int(r["config"].split("-")[0].split("x")[1])
         assert r["hgmma"] > 0 and r["hmma"] == 0, r
-        assert not r["wgmma_serialized"], r
+        assert not r["wgmma_serialized"] and r["added_waits"] == 0, r  # (ptxas waits only where the PTX does)
         in_turn = r["config"].endswith("-in-turn")
         assert (r["partial_waits"] == 0) if in_turn else (r["partial_waits"] >= warpgroups), r
         # Three warpgroups get 160 registers each (the most the loader's 24 leave); the causal form's masks,
@@ -130,6 +130,7 @@ def test_backward_at_head_dim_256_shares_its_keys_and_splits_columns(reports_256
         dq = r["config"].endswith("-dq-atomic")
         assert r["hgmma"] == 2 * loops * (2 * 256 // 16 + 2 * 2 * 32 // 16 + dq * 4 * 64 // 16), r
         assert r["hmma"] == 0 and not r["wgmma_serialized"] and r["partial_waits"] > 0, r
+        assert r["added_waits"] == 0, r  # (its products start from zeros: ptxas waits only where the PTX does)
         assert spills_within(r, (152 if dq else 16) if r["causal"] else (128 if dq else 0)), r
         assert r["shared_stores"].get("4", 0) == (2 * loops * 4 * 16 if dq else 0), r
         assert r["register_reallocations"] > 0 and r["registers"] * (4 + 4 * 2) * 32 <= 65536, r
@@ -613,6 +614,10 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
         assert r["hgmma"] == 2 * loops * products, r
         assert r["hmma"] == 0, r
         assert not r["wgmma_serialized"] and r["partial_waits"] > 0, r  # (a product still in flight at a wait)
+        # ptxas waits where the PTX does, but at D = 128 (STATS_IN_ACC): there dP^T's product starts from -D,
+        # written while S^T's runs, and waits for it (entry 142), as, with a tail, do the tail's dP^T and the
+        # main part's S^T and dP^T
+        assert r["added_waits"] == ((3 if tail else 1) if r["head_dim"] == 128 else 0), r
         # dQ's accumulator joins dK and dV in the atomic form (32 registers at D = 64, beside S^T and dP^T of
         # 128 rows): ptxas spills 8-80 bytes there on Triton 3.6; none in the form without dQ.
         bound = 128 if atomic else 0
@@ -749,21 +754,25 @@ def backward_in_form(monkeypatch, form: dict, fragments: bool) -> list:
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 97, 130), (2, 4, 2, 130, 97),
                                    (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
-def test_backward_80_row_blocks_at_head_dim_128(monkeypatch, shape):
+@pytest.mark.parametrize("delta_in_acc", [True, False])
+def test_backward_80_row_blocks_at_head_dim_128(monkeypatch, shape, delta_in_acc):
     """The A/B form of 80-row query blocks at D = 128 without a mask (TAIL_BLOCK_M: a 64-row main part and a
     16-row tail, Q, dO and dQ in 16-row boxes, L and D in 32, the tail's dQ^T staged transposed): every
     gradient within twice plain bf16 attention's error of the float64 reference; odd lengths (a last block
-    whose tail, or main part, lies past Nq), Nq != Nk both ways, GQA, several key tiles and query blocks."""
+    whose tail, or main part, lies past Nq), Nq != Nk both ways, GQA, several key tiles and query blocks;
+    with D in the accumulators or subtracted after the products (delta_in_acc=False)."""
     from flashtriton import flash_attention
     from flashtriton.testing import compare_with_reference
 
-    launches = backward_in_form(monkeypatch, dict(block_m=gluon_backward.TAIL_BLOCK_M), fragments=False)
+    launches = backward_in_form(monkeypatch, dict(block_m=gluon_backward.TAIL_BLOCK_M, delta_in_acc=delta_in_acc),
+                                fragments=False)
     batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
     torch.manual_seed(seqlen_q + 80)
     q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 128, torch.bfloat16, DEVICE)
     checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, return_lse=True), q, k, v, False)
     assert all(c.ok for c in checks), checks
-    assert launches and all("-M80-" in t and t.endswith("-dq-atomic") for t, _ in launches), launches
+    assert launches and all("-M80-" in t and t.endswith("-dq-atomic") and a["DELTA_AFTER"] is not delta_in_acc
+                            for t, a in launches), launches
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
@@ -895,8 +904,7 @@ def test_backward_launch_rejects_query_blocks_it_cannot_hold(head_dim, block_m):
 
 @pytest.mark.parametrize("change, named", [(dict(head_dim=64), "head dim 64"), (dict(causal=True), "is_causal=True"),
                                            (dict(dq=False), "dq_acc None"), (dict(fragments=True), "dq_fragments=True"),
-                                           (dict(stats_in_acc=False), "stats_in_acc=False"),
-                                           (dict(delta_in_acc=False), "delta_in_acc=False")])
+                                           (dict(stats_in_acc=False), "stats_in_acc=False")])
 def test_backward_launch_takes_80_row_blocks_only_in_their_form(change, named):
     """block_m=80 (a 64-row main part and a 16-row tail) is an A/B form of D = 128 without a causal mask,
     with dQ by reductions in dQ's order and the statistics in the accumulators: anything else is a

@@ -300,9 +300,8 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]  # (with a tail, the main part's rows)
-    gl.static_assert(TAIL == 0 or (STATS_IN_ACC and not DELTA_AFTER and DQ_ATOMIC and not MASKED
-                                   and not DQ_FRAGMENTS),
-                     "a tail's block takes both statistics in the accumulators and dQ in dQ's order, unmasked")
+    gl.static_assert(TAIL == 0 or (STATS_IN_ACC and DQ_ATOMIC and not MASKED and not DQ_FRAGMENTS),
+                     "a tail's block takes L in the accumulators and dQ in dQ's order, unmasked")
     dtype: gl.constexpr = q_smem.dtype
     # wgmma's accumulator layouts (one warpgroup, m64 instructions): the 64 x BLOCK_M scores and the
     # 64 x D gradients; P^T and dS^T as the A operand of the gradients' products.
@@ -327,7 +326,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     # Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there, but dO = 0 and dP = 0,
     # so nothing reaches dV, dK or (clipped) dQ.
     if TAIL > 0:  # the tail's S^T and dP^T first: it is done with by the time the main part's S^T is in
-        st_tail, dpt_tail = _tail_scores(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c)
+        st_tail, dpt_tail = _tail_scores(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c, DELTA_AFTER)
     if STATS_IN_ACC:
         # L and D straight into the accumulators' registers, as -L / c and -D: nothing is held across the
         # products, and their reads are off the paths from the products' waits to P^T and dS^T
@@ -344,8 +343,8 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
         dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
     if TAIL > 0:
         st_tail, dpt_tail = warpgroup_mma_wait(num_outstanding=2, deps=(st_tail, dpt_tail))
-        dk, dv = _tail_gradients(st_tail, dpt_tail, q_tail, do_tail, ds_tail.index(count % 2), dk, dv, WG,
-                                 qk_scale_log2)
+        dk, dv = _tail_gradients(st_tail, dpt_tail, q_tail, do_tail, delta_tail, ds_tail.index(count % 2), dk,
+                                 dv, WG, qk_scale_log2, DELTA_AFTER)
         st = warpgroup_mma_wait(num_outstanding=3, deps=(st, ))  # S^T; dP^T and the tail's dV and dK may run
     else:
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
@@ -399,15 +398,18 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
 
 
 @gluon.jit
-def _tail_gradients(st, dpt, q_tail, do_tail, ds_tail, dk, dv, WG: gl.constexpr, qk_scale_log2):
-    """A block's tail, once its S^T - L / c and dP^T - D are in (_tail_scores): P^T and dS^T, then its
-    products into dV and dK issued (asynchronous: their A operands, P^T and dS^T in registers, stay held until
-    the caller's waits pass them), and its dS^T into this warpgroup's rows of `ds_tail` for dQ's products;
-    returns dK and dV."""
+def _tail_gradients(st, dpt, q_tail, do_tail, delta_tail, ds_tail, dk, dv, WG: gl.constexpr, qk_scale_log2,
+                    DELTA_AFTER: gl.constexpr):
+    """A block's tail, once its S^T - L / c and dP^T (- D) are in (_tail_scores): P^T and dS^T (D subtracted
+    here with DELTA_AFTER), then its products into dV and dK issued (asynchronous: their A operands, P^T and
+    dS^T in registers, stay held until the caller's waits pass them), and its dS^T into this warpgroup's rows
+    of `ds_tail` for dQ's products; returns dK and dV."""
     KEYS: gl.constexpr = st.type.shape[0]
     dtype: gl.constexpr = q_tail.dtype
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
     pt = gl.exp2(st * qk_scale_log2)
+    if DELTA_AFTER:
+        dpt = dpt - delta_tail.load(gl.SliceLayout(0, dpt.type.layout))[None, :]
     dst = (pt * dpt).to(dtype)
     dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tail, dv, is_async=True)
     dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tail, dk, is_async=True)
@@ -416,9 +418,10 @@ def _tail_gradients(st, dpt, q_tail, do_tail, ds_tail, dk, dv, WG: gl.constexpr,
 
 
 @gluon.jit
-def _tail_scores(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c):
+def _tail_scores(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c, DELTA_AFTER: gl.constexpr):
     """Issue a block's tail's S^T - L / c and dP^T - D (its rows' statistics in the accumulators, as
-    STATS_IN_ACC), 64 keys by the tail's rows (wgmma's N: 16). Asynchronous: the caller waits."""
+    STATS_IN_ACC; with DELTA_AFTER dP^T from zeros), 64 keys by the tail's rows (wgmma's N: 16).
+    Asynchronous: the caller waits."""
     KEYS: gl.constexpr = k.type.shape[0]
     TAIL: gl.constexpr = q_tail.type.shape[0]
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -428,8 +431,11 @@ def _tail_scores(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c):
     lse2 = lse_tail.load(tail_cols)
     st = warpgroup_mma(k, q_tail.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
                        is_async=True)
-    delta = delta_tail.load(tail_cols)
-    dpt = warpgroup_mma(v, do_tail.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
+    if DELTA_AFTER:
+        dpt = warpgroup_mma(v, do_tail.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+    else:
+        delta = delta_tail.load(tail_cols)
+        dpt = warpgroup_mma(v, do_tail.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
     return st, dpt
 
 

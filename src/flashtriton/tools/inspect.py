@@ -157,6 +157,10 @@ class KernelReport:
     loop_barriers: int = 0
     # stmatrix stores (STSM) in the SASS (--json only): O's staging tile with o_by_tma, 16 bytes per thread each.
     matrix_stores: int = 0
+    # wgmma waits in the SASS beyond the PTX's (WARPGROUP.DEPBAR against wgmma.wait_group; --json only): ptxas
+    # adds a full wait before a product that starts from registers written while another runs, which holds
+    # that product's issue until the other is done (the D = 128 backward's dP^T; docs/performance.md, entry 142).
+    added_waits: int = 0
 
 
 def _cuobjdump(cubin: bytes, *options: str) -> str:
@@ -222,7 +226,9 @@ def _report(name: str, compiled: OfflineKernel, head_dim: int, dtype: torch.dtyp
                         sum(opcode.startswith("SYNCS.ARRIVE") for opcode in loop_opcodes),
                         len(re.findall(r"\bWARPGROUP\.DEPBAR\.LE gsb0, 0x0*[1-9a-f]", sass)),
                         sum(opcode.startswith("BAR.SYNC") for opcode in loop_opcodes),
-                        len(re.findall(r"\bSTSM\.", sass)))
+                        len(re.findall(r"\bSTSM\.", sass)),
+                        len(re.findall(r"\bWARPGROUP\.DEPBAR\b", sass))
+                        - len(re.findall(r"\bwgmma\.wait_group\b", compiled.asm["ptx"])))
 
 
 def branch_target(line: str) -> int | None:
