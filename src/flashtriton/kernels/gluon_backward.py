@@ -290,7 +290,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     subtracted after dP^T's wait instead, its product from zeros: ptxas makes a product that starts from
     registers written while another is in flight wait for that one, so with D in its accumulator dP^T is
     issued only once S^T is done (docs/performance.md, entry 142). TAIL > 0: the block has TAIL more
-    rows in the ring's tail tiles (`ring`'s last), with products of their own (_tail_scores, and dQ's
+    rows in the ring's tail tiles (`ring`'s last), with products of their own (_scores_from_statistics, and dQ's
     transposed, _dq_tail_products): an 80-row block, FlashAttention-3's at D = 128 without a mask, is a
     fifth fewer blocks than 64-row ones, their fixed work spread over more rows, and Gluon's tiles are
     powers of two. `ring`: the shared memory, barriers and sizes every block reads (_compute_partition's)."""
@@ -326,18 +326,10 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     # Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there, but dO = 0 and dP = 0,
     # so nothing reaches dV, dK or (clipped) dQ.
     if TAIL > 0:  # the tail's S^T and dP^T first: it is done with by the time the main part's S^T is in
-        st_tail, dpt_tail = _tail_scores(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c, DELTA_AFTER)
+        st_tail, dpt_tail = _scores_from_statistics(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c,
+                                                    DELTA_AFTER)
     if STATS_IN_ACC:
-        # L and D straight into the accumulators' registers, as -L / c and -D: nothing is held across the
-        # products, and their reads are off the paths from the products' waits to P^T and dS^T
-        lse2 = lse_rows.load(query_cols)
-        st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
-                           is_async=True)
-        if DELTA_AFTER:
-            dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
-        else:
-            delta = delta_rows.load(query_cols)
-            dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
+        st, dpt = _scores_from_statistics(k, v, q, do, lse_rows, delta_rows, minus_inv_c, DELTA_AFTER)
     else:
         st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
@@ -400,7 +392,7 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
 @gluon.jit
 def _tail_gradients(st, dpt, q_tail, do_tail, delta_tail, ds_tail, dk, dv, WG: gl.constexpr, qk_scale_log2,
                     DELTA_AFTER: gl.constexpr):
-    """A block's tail, once its S^T - L / c and dP^T (- D) are in (_tail_scores): P^T and dS^T (D subtracted
+    """A block's tail, once its S^T - L / c and dP^T (- D) are in (_scores_from_statistics): P^T and dS^T (D subtracted
     here with DELTA_AFTER), then its products into dV and dK issued (asynchronous: their A operands, P^T and
     dS^T in registers, stay held until the caller's waits pass them), and its dS^T into this warpgroup's rows
     of `ds_tail` for dQ's products; returns dK and dV."""
@@ -418,24 +410,25 @@ def _tail_gradients(st, dpt, q_tail, do_tail, delta_tail, ds_tail, dk, dv, WG: g
 
 
 @gluon.jit
-def _tail_scores(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c, DELTA_AFTER: gl.constexpr):
-    """Issue a block's tail's S^T - L / c and dP^T - D (its rows' statistics in the accumulators, as
-    STATS_IN_ACC; with DELTA_AFTER dP^T from zeros), 64 keys by the tail's rows (wgmma's N: 16).
-    Asynchronous: the caller waits."""
+def _scores_from_statistics(k, v, q, do, lse_rows, delta_rows, minus_inv_c, DELTA_AFTER: gl.constexpr):
+    """Issue S^T - L / c and dP^T - D for a block's rows (or its tail's), 64 keys by the rows, the rows'
+    statistics read straight into the accumulators' registers as -L / c and -D (STATS_IN_ACC): nothing is
+    held across the products, and the reads are off the paths from the products' waits to P^T and dS^T.
+    With DELTA_AFTER dP^T's starts from zeros instead (D is the caller's to subtract). Asynchronous."""
     KEYS: gl.constexpr = k.type.shape[0]
-    TAIL: gl.constexpr = q_tail.type.shape[0]
-    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, TAIL, 16])
-    tail_cols: gl.constexpr = gl.SliceLayout(0, t_layout)
-    no_scores = gl.zeros([KEYS, TAIL], gl.float32, layout=t_layout)
-    lse2 = lse_tail.load(tail_cols)
-    st = warpgroup_mma(k, q_tail.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
+    ROWS: gl.constexpr = q.type.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, ROWS, 16])
+    query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    no_scores = gl.zeros([KEYS, ROWS], gl.float32, layout=s_layout)
+    lse2 = lse_rows.load(query_cols)
+    st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
                        is_async=True)
     if DELTA_AFTER:
-        dpt = warpgroup_mma(v, do_tail.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
     else:
-        delta = delta_tail.load(tail_cols)
-        dpt = warpgroup_mma(v, do_tail.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
+        delta = delta_rows.load(query_cols)
+        dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
     return st, dpt
 
 
