@@ -229,17 +229,17 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if block_m not in (64, 128, TAIL_BLOCK_M) or (block_m == 128 and head_dim != 64):
         raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), or {TAIL_BLOCK_M}, got "
                          f"{block_m} at head dim {head_dim}")
-    if block_m == TAIL_BLOCK_M and (head_dim != 128 or is_causal or dq_acc is None or dq_fragments
-                                    or stats_in_acc is False):
-        raise ValueError(f"block_m={block_m} (a 64-row block with a 16-row tail) is a form of head dim 128 without "
-                         f"a causal mask, with dQ in dQ's order and the statistics in the accumulators: got head "
-                         f"dim {head_dim}, is_causal={is_causal}, dq_acc {'given' if dq_acc is not None else 'None'},"
-                         f" dq_fragments={dq_fragments}, stats_in_acc={stats_in_acc}")
     if dq_split_rows and block_m != WARPGROUPS * 64:
         raise ValueError(f"dq_split_rows needs {WARPGROUPS * 64}-row query blocks (64 rows per compute "
                          f"warpgroup), got block_m={block_m}")
     if stats_in_acc is None:
         stats_in_acc = head_dim in STATS_IN_ACCUMULATORS
+    if block_m == TAIL_BLOCK_M and (head_dim != 128 or is_causal or dq_acc is None or dq_fragments
+                                    or not stats_in_acc):
+        raise ValueError(f"block_m={block_m} (a 64-row block with a 16-row tail) is a form of head dim 128 without "
+                         f"a causal mask, with dQ in dQ's order and the statistics in the accumulators: got head "
+                         f"dim {head_dim}, is_causal={is_causal}, dq_acc {'given' if dq_acc is not None else 'None'},"
+                         f" dq_fragments={dq_fragments}, stats_in_acc={stats_in_acc}")
     if stats_in_acc and splits_columns(head_dim):
         raise ValueError(f"stats_in_acc must be False at head dim {head_dim}: that form sums dP^T over dO's "
                          "column halves")
