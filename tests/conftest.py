@@ -22,7 +22,8 @@ def _poisoned(factory):
     def make(*args, **kwargs):
         out = factory(*args, **kwargs)
         if out.is_floating_point():
-            out.fill_(float("nan"))
+            with torch.no_grad():  # (a leaf that requires grad, as Inductor's pattern setup makes, takes it too)
+                out.fill_(float("nan"))
         return out
     return make
 
