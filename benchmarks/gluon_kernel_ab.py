@@ -10,11 +10,10 @@ device copy of the tree has no .git), e.g.
 launcher's query blocks unless --base-block-m says otherwise; a kernel from before entry 88 scales its dQ
 itself, which the current launcher's read-back scales again, so its dQ error column is off, not its time), on
 the current one also at D = 128 with three Q/dO stages, with D subtracted after dP^T's product
-(`current_d_after`: L alone in the accumulators) and without a mask with 80-row query blocks (`current_m80`: a
-64-row part and a 16-row tail, dQ in dQ's order: race it against `current_dq_in_place`; `current_m80_d_after`
-with D after the products too), at D = 64 with 64-row query blocks and with dQ split by columns, and with dQ
-staged in dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier kernel unless it has
-the register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x the forward's FLOPs).
+(`current_d_after`: L alone in the accumulators), at D = 64 with 64-row query blocks and with dQ split by
+columns, and with dQ staged in dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier
+kernel unless it has the register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x
+the forward's FLOPs).
 `fwd`: the forward's overlapped form on each kernel (the earlier one launched directly, not replayed),
 the current one (`current`: the library's DEFAULT_OPTIONS) also with each of flags_turned_over's sets
 (launch/gluon_forward.ForwardOptions, those the head dim takes), each flag turned over from the library's
@@ -164,10 +163,6 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         providers["current_3_stages"] = backward(stages=3)
     if head_dim == 128:  # L alone in S^T's accumulator, D subtracted after dP^T's product (its issue unwaited)
         providers["current_d_after"] = backward(delta_in_acc=False)
-    if head_dim == 128 and not causal:  # 80-row blocks (a 16-row tail), beside current_dq_in_place's order
-        providers["current_m80"] = backward(block_m=gluon_backward.TAIL_BLOCK_M, fragments=False)
-        providers["current_m80_d_after"] = backward(block_m=gluon_backward.TAIL_BLOCK_M, fragments=False,
-                                                    delta_in_acc=False)
     providers = {name: fn for name, fn in providers.items() if name not in skip}
     grads = ab_runs.float32_gradients(q, k, v, do, causal)
     errors = {name: [ab_runs.largest_error(g, r) for g, r in zip(fn(), grads, strict=True)]

@@ -589,40 +589,31 @@ def test_backward_compiles_to_asynchronous_wgmma_with_register_reallocation(repo
     (S^T and dP^T over D, then dV and dK over the block's queries; with dQ, its share over the 128 keys),
     not serialised by ptxas, the partitions trading registers, within the SM's registers and shared memory,
     no spills without dQ and a bounded few with it; dQ's staging in 16-byte stores in register order (each
-    thread's 32 accumulator registers in 8 stores per compute warpgroup), in 8-byte ones otherwise. At
-    D = 128 without a mask, the A/B form of 80-row blocks (a 64-row main part and a 16-row tail, each with
-    its own S^T, dP^T and dQ products) too."""
+    thread's 32 accumulator registers in 8 stores per compute warpgroup), in 8-byte ones otherwise."""
     reports = [r for r in reports if r["kernel"] == "attn_bwd_dkdv_gluon_kernel"]
-    forms = [(r["head_dim"], r["causal"], r["config"].split("-")[1], "".join(r["config"].split("-", 4)[4:]))
-             for r in reports]
-    assert sorted(forms) == sorted([(d, c, f"M{128 if d == 64 else 64}", f) for d in (64, 128) for c in (False, True)
+    forms = [(r["head_dim"], r["causal"], "".join(r["config"].split("-", 4)[4:])) for r in reports]
+    assert sorted(forms) == sorted([(d, c, f) for d in (64, 128) for c in (False, True)
                                     for f in ("", "dq-atomic", "dq-atomic-fragments")]
-                                   + [(64, c, "M128", f) for c in (False, True)
-                                      for f in ("dq-atomic-split-rows", "dq-atomic-split-rows-fragments")]
-                                   + [(128, False, f"M{gluon_backward.TAIL_BLOCK_M}", "dq-atomic")]), forms
+                                   + [(64, c, f) for c in (False, True)
+                                      for f in ("dq-atomic-split-rows", "dq-atomic-split-rows-fragments")]), forms
     for r in reports:
         atomic = "-dq-atomic" in r["config"]
         split_rows = "-split-rows" in r["config"]
         block_m = int(r["config"].split("-")[1].removeprefix("M"))
-        tail = block_m % 64  # (rows past a power of two: the tail's own S^T, dP^T and dQ^T over the 128 keys)
         # per warpgroup: S^T and dP^T over D, dV and dK over the block's queries, and with dQ its share
         # = dS K over the 128 keys: for each 64 of the block's rows (half of D), or 64 rows (all of D)
         dq = 128 // 16 * (1 if split_rows else block_m // 64)
         products = 2 * r["head_dim"] // 16 + 2 * block_m // 16 + (dq if atomic else 0)
-        products += (2 * r["head_dim"] // 16 + 128 // 16) if tail else 0
         loops = 2 if r["causal"] else 1  # causal: the diagonal's blocks in a loop of their own
         assert r["hgmma"] == 2 * loops * products, r
         assert r["hmma"] == 0, r
         assert not r["wgmma_serialized"] and r["partial_waits"] > 0, r  # (a product still in flight at a wait)
         # ptxas waits where the PTX does, but at D = 128 (STATS_IN_ACC): there dP^T's product starts from -D,
-        # written while S^T's runs, and waits for it (entry 142), as, with a tail, do the tail's dP^T and the
-        # main part's S^T and dP^T
-        assert r["added_waits"] == ((3 if tail else 1) if r["head_dim"] == 128 else 0), r
+        # written while S^T's runs, and waits for it (docs/performance.md, entry 142)
+        assert r["added_waits"] == (1 if r["head_dim"] == 128 else 0), r
         # dQ's accumulator joins dK and dV in the atomic form (32 registers at D = 64, beside S^T and dP^T of
         # 128 rows): ptxas spills 8-80 bytes there on Triton 3.6; none in the form without dQ.
         bound = 128 if atomic else 0
-        if tail:  # (the tail's S^T and dP^T beside the main part's: 32 bytes under Triton 3.6, 168 under 3.9)
-            bound = 192
         if r["config"].endswith("-fragments"):  # the library's order (entries 74, 75, 82)
             bound = {(64, False): 0, (64, True): 24, (128, False): 0, (128, True): 8}[r["head_dim"], r["causal"]]
         assert spills_within(r, bound), r
@@ -752,30 +743,6 @@ def backward_in_form(monkeypatch, form: dict, fragments: bool) -> list:
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 97, 130), (2, 4, 2, 130, 97),
-                                   (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
-@pytest.mark.parametrize("delta_in_acc", [True, False])
-def test_backward_80_row_blocks_at_head_dim_128(monkeypatch, shape, delta_in_acc):
-    """The A/B form of 80-row query blocks at D = 128 without a mask (TAIL_BLOCK_M: a 64-row main part and a
-    16-row tail, Q, dO and dQ in 16-row boxes, L and D in 32, the tail's dQ^T staged transposed): every
-    gradient within twice plain bf16 attention's error of the float64 reference; odd lengths (a last block
-    whose tail, or main part, lies past Nq), Nq != Nk both ways, GQA, several key tiles and query blocks;
-    with D in the accumulators or subtracted after the products (delta_in_acc=False)."""
-    from flashtriton import flash_attention
-    from flashtriton.testing import compare_with_reference
-
-    launches = backward_in_form(monkeypatch, dict(block_m=gluon_backward.TAIL_BLOCK_M, delta_in_acc=delta_in_acc),
-                                fragments=False)
-    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
-    torch.manual_seed(seqlen_q + 80)
-    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 128, torch.bfloat16, DEVICE)
-    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, return_lse=True), q, k, v, False)
-    assert all(c.ok for c in checks), checks
-    assert launches and all("-M80-" in t and t.endswith("-dq-atomic") and a["DELTA_AFTER"] is not delta_in_acc
-                            for t, a in launches), launches
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (3, 8, 2, 1000, 1100)])
 def test_backward_with_d_after_at_head_dim_128(monkeypatch, is_causal, shape):
@@ -890,8 +857,8 @@ def test_backward_launch_spec_names_what_a_replay_rebuilds(with_dq):
 @pytest.mark.parametrize("head_dim, block_m", [(128, 128), (64, 96)])
 def test_backward_launch_rejects_query_blocks_it_cannot_hold(head_dim, block_m):
     """The launcher's A/B option: 128-row query blocks only at D = 64 (at D = 128 the stages would not fit in
-    shared memory), and no size but 64, 128 and 80: a ValueError naming the value, not a compile failure;
-    and dQ split by rows only where each compute warpgroup gets 64 rows."""
+    shared memory), and no size but 64 and 128: a ValueError naming the value, not a compile failure; and
+    dQ split by rows only where each compute warpgroup gets 64 rows."""
     from flashtriton.launch.backward import statistics_buffer
 
     q = torch.randn(1, 2, 64, head_dim, dtype=torch.bfloat16)
@@ -900,34 +867,6 @@ def test_backward_launch_rejects_query_blocks_it_cannot_hold(head_dim, block_m):
         gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1, block_m=block_m)
     with pytest.raises(ValueError, match="dq_split_rows needs 128-row query blocks.*got block_m=64"):
         gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1, block_m=64, dq_split_rows=True)
-
-
-@pytest.mark.parametrize("change, named", [(dict(head_dim=64), "head dim 64"), (dict(causal=True), "is_causal=True"),
-                                           (dict(dq=False), "dq_acc None"), (dict(fragments=True), "dq_fragments=True"),
-                                           (dict(stats_in_acc=False), "stats_in_acc=False")])
-def test_backward_launch_takes_80_row_blocks_only_in_their_form(change, named):
-    """block_m=80 (a 64-row main part and a 16-row tail) is an A/B form of D = 128 without a causal mask,
-    with dQ by reductions in dQ's order and the statistics in the accumulators: anything else is a
-    ValueError naming what differs, not a kernel that compiles something else."""
-    from flashtriton.launch.backward import statistics_buffer
-
-    head_dim = change.get("head_dim", 128)
-    q = torch.randn(1, 2, 96, head_dim, dtype=torch.bfloat16)
-    lse2, delta = statistics_buffer(torch.empty(1, 2, 96))
-    fragments = change.get("fragments", False)
-    dq_acc = gluon_backward.dq_accumulator(q, fragments, 80) if change.get("dq", True) else None
-    kwargs = dict(block_m=80, dq_fragments=fragments)
-    kwargs.update({name: change[name] for name in ("stats_in_acc", "delta_in_acc") if name in change})
-    with pytest.raises(ValueError, match=f"block_m=80 .*head dim 128 without a causal mask.*{named}"):
-        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, change.get("causal", False), 0.1, dq_acc,
-                                         **kwargs)
-    # the form itself: Q, dO and dQ's reductions in 16-row boxes, L and D in 32, the kernel told the block's rows
-    q = torch.randn(1, 2, 96, 128, dtype=torch.bfloat16)
-    kernel, grid, args, _ = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, False, 0.1,
-                                                             gluon_backward.dq_accumulator(q, False, 80), block_m=80)
-    assert [args[i].block_shape[2] for i in (2, 5, 8)] == [gluon_backward.TAIL_BOX] * 3  # Q, dO, dQ
-    assert [args[i].block_shape[2] for i in (6, 7)] == [gluon_backward.TAIL_STATS_BOX] * 2  # L, D: 128 bytes
-    assert args[kernel.arg_names.index("BLOCK_M")] == 80
 
 
 def test_supports():

@@ -87,39 +87,18 @@ def _first_unmasked_query_block(n_end, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr
     return gl.cdiv(gl.maximum(n_end - 1 - (seqlen_k - seqlen_q), 0), BLOCK_M)
 
 
-@triton.constexpr_function
-def power_of_two_part(rows):
-    """The largest power of two within a block's `rows`: the block's main part, the rest its tail (80 =
-    64 + 16: Gluon's tiles in registers are powers of two)."""
-    return 1 << (rows.bit_length() - 1)
-
-
 @gluon.jit
-def _box_rows(tile, box, BOX: gl.constexpr):
-    """Rows box * BOX to box * BOX + BOX - 1 of a (1, 1, rows[, cols]) tile, that one TMA copy fills or
-    reduces: the whole tile where one box covers it."""
-    if tile.type.shape[2] == BOX:
-        rows = tile
-    else:
-        rows = tile.slice(box * BOX, BOX, dim=2)
-    return rows
-
-
-@gluon.jit
-def _load_partition(loads, IS_CAUSAL: gl.constexpr, TAIL: gl.constexpr):
+def _load_partition(loads, IS_CAUSAL: gl.constexpr):
     """K and V of every compute warpgroup's 64 keys once, then Q and dO of each query block of each query
-    head of the group, with the block's L * log2(e) and D beside them, into the ring; a block's last TAIL
-    rows into the tail's tiles. `loads`: the kernel's arguments this partition takes (the flags come apart:
-    in a tuple the kernel names, a flag becomes a run-time value)."""
+    head of the group, with the block's L * log2(e) and D beside them, into the ring. `loads`: the kernel's
+    arguments this partition takes (the flag comes apart: in a tuple the kernel names, a flag becomes a
+    run-time value)."""
     (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem, kv_ready,
-     ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, q_tail, do_tail, stats_tail) = loads
+     ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k) = loads
     KEY_TILES: gl.constexpr = k_smem.type.shape[0]  # one per compute warpgroup, or one shared (D = 256)
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.type.shape[3] + TAIL
-    BOX: gl.constexpr = q_desc.block_type.shape[2]  # rows per copy: the block's, or 16 of an 80-row block's
-    STATS_BOX: gl.constexpr = lse_desc.block_type.shape[2]  # (with a tail, 32: 128 bytes, TMA's alignment)
-    STATS_COPIES: gl.constexpr = (BLOCK_M - TAIL) // STATS_BOX + (1 if TAIL > 0 else 0)
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     DO_COLS: gl.constexpr = do_smem.type.shape[4]
     DO_PARTS: gl.constexpr = q_smem.type.shape[4] // DO_COLS  # dO's column halves at D = 256, else 1
     off_b, off_hkv, n_start = _program_keys(num_n_blocks, num_kv_heads, KEY_TILES * KEYS)
@@ -136,26 +115,13 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr, TAIL: gl.constexpr):
             stage = count % NUM_STAGES
             if count >= NUM_STAGES:  # the stage's previous block is done in every compute warpgroup
                 named_barrier_sync(EMPTY_BARRIER - stage, (COMPUTE_WARPGROUPS + 1) * 128)
-            mbarrier.expect(ready.index(stage), BLOCK_M // BOX * 2 * q_desc.block_type.nbytes
-                            + STATS_COPIES * 2 * lse_desc.block_type.nbytes)
-            for box in gl.static_range((BLOCK_M - TAIL) // STATS_BOX):  # the main tiles' rows, a box at a time
-                row = m * BLOCK_M + box * STATS_BOX
-                tma_load(lse_desc, [off_b, off_h, row], ready.index(stage),
-                         _box_rows(stats_smem.index(2 * stage), box, STATS_BOX))
-                tma_load(delta_desc, [off_b, off_h, row], ready.index(stage),
-                         _box_rows(stats_smem.index(2 * stage + 1), box, STATS_BOX))
-            for box in gl.static_range((BLOCK_M - TAIL) // BOX):
-                row = m * BLOCK_M + box * BOX
-                tma_load(q_desc, [off_b, off_h, row, 0], ready.index(stage), _box_rows(q_smem.index(stage), box, BOX))
-                for part in gl.static_range(DO_PARTS):
-                    tma_load(do_desc, [off_b, off_h, row, part * DO_COLS], ready.index(stage),
-                             _box_rows(do_smem.index(DO_PARTS * stage + part), box, BOX))
-            if TAIL > 0:  # (one box each; L's and D's runs on past the block, unread)
-                row = m * BLOCK_M + BLOCK_M - TAIL
-                tma_load(lse_desc, [off_b, off_h, row], ready.index(stage), stats_tail.index(2 * stage))
-                tma_load(delta_desc, [off_b, off_h, row], ready.index(stage), stats_tail.index(2 * stage + 1))
-                tma_load(q_desc, [off_b, off_h, row, 0], ready.index(stage), q_tail.index(stage))
-                tma_load(do_desc, [off_b, off_h, row, 0], ready.index(stage), do_tail.index(stage))
+            mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
+            tma_load(lse_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage))
+            tma_load(delta_desc, [off_b, off_h, m * BLOCK_M], ready.index(stage), stats_smem.index(2 * stage + 1))
+            tma_load(q_desc, [off_b, off_h, m * BLOCK_M, 0], ready.index(stage), q_smem.index(stage))
+            for part in gl.static_range(DO_PARTS):
+                tma_load(do_desc, [off_b, off_h, m * BLOCK_M, part * DO_COLS], ready.index(stage),
+                         do_smem.index(DO_PARTS * stage + part))
             count += 1
     # Meet the compute warpgroups' hand-backs of the last blocks, so that each barrier ends balanced.
     for last in range(gl.maximum(count - NUM_STAGES, 0), count):
@@ -227,45 +193,6 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, WG: gl.constexpr,
 
 
 @gluon.jit
-def _dq_tail_products(ds_tail, k_smem, buf, WG: gl.constexpr, DQ_COLS: gl.constexpr):
-    """Issue warpgroup WG's share of a tail's dQ, transposed: dQ^T = K^T dS^T for its DQ_COLS of D's columns
-    (wgmma's M) by the tail's rows (N: 16), over the program's keys, dS^T's tail rows in buffer `buf` of
-    ds_tail. dQ = dS K would put the tail's rows in M, which is 64 a warpgroup. Asynchronous."""
-    WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
-    KEYS: gl.constexpr = k_smem.type.shape[3]
-    HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
-    TAIL: gl.constexpr = ds_tail.type.shape[2]
-    dqt_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, TAIL, 16])
-    dqt = gl.zeros([DQ_COLS, TAIL], gl.float32, layout=dqt_layout)
-    for w in gl.static_range(WARPGROUPS):
-        keys_t = k_smem.index(w).reshape([KEYS, HEAD_DIM]).slice(WG * DQ_COLS, DQ_COLS, dim=1).permute((1, 0))
-        dqt = warpgroup_mma(keys_t, ds_tail.index(buf).slice(w * KEYS, KEYS, dim=0), dqt, use_acc=w > 0,
-                            is_async=True)
-    return dqt
-
-
-@gluon.jit
-def _add_dq_with_tail(dq, dqt, dq_smem, dq_tail, dq_desc, off_b, head_q, m_row, WG: gl.constexpr):
-    """Add warpgroup WG's share of a block with a tail's dQ / scale into dQ's float32 buffer (laid out like
-    dQ): the main part's (dq: 64 rows x the share's columns) staged in dq_smem's tile, the tail's (dqt:
-    transposed) in dq_tail's, then reduced by TMA a box of the tail's rows at a time, running on while the
-    next block computes."""
-    MAIN: gl.constexpr = dq_smem.type.shape[3]
-    TAIL: gl.constexpr = dq_tail.type.shape[3]
-    COLS: gl.constexpr = dq_smem.type.shape[4]
-    BOX: gl.constexpr = dq_desc.block_type.shape[2]
-    staged, staged_tail = dq_smem.index(WG), dq_tail.index(WG)
-    tma.store_wait(pendings=0)  # the previous block's reductions have read the staging tiles
-    staged.reshape([MAIN, COLS]).store(dq)
-    staged_tail.reshape([TAIL, COLS]).permute((1, 0)).store(dqt)
-    fence_async_shared()
-    for box in gl.static_range(MAIN // BOX):
-        tma_reduce_add(dq_desc, [off_b, head_q, m_row + box * BOX, WG * COLS], _box_rows(staged, box, BOX))
-    tma_reduce_add(dq_desc, [off_b, head_q, m_row + MAIN, WG * COLS], staged_tail)
-
-
-@gluon.jit
 def _landed_block(q_smem, ready, count):
     """The ring's count-th fill once its bytes have landed: (stage, Q as (BLOCK_M, D)); its dO is
     do_smem.index(stage), or at D = 256 the column halves do_smem.index(2 * stage + half)."""
@@ -280,7 +207,7 @@ def _landed_block(q_smem, ready, count):
 @gluon.jit
 def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                 STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr, TAIL: gl.constexpr):
+                 STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr):
     """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
     returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked.
@@ -289,19 +216,14 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     one multiply and an exp2 per score, and dS^T = P^T acc, one multiply. DELTA_AFTER (with STATS_IN_ACC): D
     subtracted after dP^T's wait instead, its product from zeros: ptxas makes a product that starts from
     registers written while another is in flight wait for that one, so with D in its accumulator dP^T is
-    issued only once S^T is done (docs/performance.md, entry 142). TAIL > 0: the block has TAIL more
-    rows in the ring's tail tiles (`ring`'s last), with products of their own (_scores_from_statistics, and dQ's
-    transposed, _dq_tail_products): an 80-row block, FlashAttention-3's at D = 128 without a mask, is a
-    fifth fewer blocks than 64-row ones, their fixed work spread over more rows, and Gluon's tiles are
-    powers of two. `ring`: the shared memory, barriers and sizes every block reads (_compute_partition's)."""
+    issued only once S^T is done (docs/performance.md, entry 142). `ring`: the shared memory, barriers and
+    sizes every block reads (_compute_partition's)."""
     (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
-     qk_scale_log2, minus_inv_c, tails) = ring
+     qk_scale_log2, minus_inv_c) = ring
     WARPGROUPS: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
-    BLOCK_M: gl.constexpr = q_smem.type.shape[3]  # (with a tail, the main part's rows)
-    gl.static_assert(TAIL == 0 or (STATS_IN_ACC and DQ_ATOMIC and not MASKED and not DQ_FRAGMENTS),
-                     "a tail's block takes L in the accumulators and dQ in dQ's order, unmasked")
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     # wgmma's accumulator layouts (one warpgroup, m64 instructions): the 64 x BLOCK_M scores and the
     # 64 x D gradients; P^T and dS^T as the A operand of the gradients' products.
@@ -312,40 +234,31 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
 
     stage, q = _landed_block(q_smem, ready, count)
     do = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-    lse_rows = stats_smem.index(2 * stage).reshape([BLOCK_M])
-    delta_rows = stats_smem.index(2 * stage + 1).reshape([BLOCK_M])
-    if TAIL > 0:
-        q_tail, do_tail, stats_tail, ds_tail, dq_tail = tails
-        q_tail = q_tail.index(stage).reshape([TAIL, HEAD_DIM])
-        do_tail = do_tail.index(stage).reshape([TAIL, HEAD_DIM])
-        STATS_BOX: gl.constexpr = stats_tail.type.shape[3]
-        lse_tail = stats_tail.index(2 * stage).reshape([STATS_BOX]).slice(0, TAIL)
-        delta_tail = stats_tail.index(2 * stage + 1).reshape([STATS_BOX]).slice(0, TAIL)
     # (made here: a zero tile kept across the loop would hold 32 registers the accumulators need)
     no_scores = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     # Past Nq TMA gives L = 0 and D = 0, and zero rows of Q and dO: P = 1 there, but dO = 0 and dP = 0,
     # so nothing reaches dV, dK or (clipped) dQ.
-    if TAIL > 0:  # the tail's S^T and dP^T first: it is done with by the time the main part's S^T is in
-        st_tail, dpt_tail = _scores_from_statistics(k, v, q_tail, do_tail, lse_tail, delta_tail, minus_inv_c,
-                                                    DELTA_AFTER)
     if STATS_IN_ACC:
-        st, dpt = _scores_from_statistics(k, v, q, do, lse_rows, delta_rows, minus_inv_c, DELTA_AFTER)
+        # L and D straight into the accumulators' registers, as -L / c and -D: nothing is held across the
+        # products, and their reads are off the paths from the products' waits to P^T and dS^T
+        lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
+        st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
+                           is_async=True)
+        if DELTA_AFTER:
+            dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
+        else:
+            delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
+            dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
     else:
         st = warpgroup_mma(k, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
-    if TAIL > 0:
-        st_tail, dpt_tail = warpgroup_mma_wait(num_outstanding=2, deps=(st_tail, dpt_tail))
-        dk, dv = _tail_gradients(st_tail, dpt_tail, q_tail, do_tail, delta_tail, ds_tail.index(count % 2), dk,
-                                 dv, WG, qk_scale_log2, DELTA_AFTER)
-        st = warpgroup_mma_wait(num_outstanding=3, deps=(st, ))  # S^T; dP^T and the tail's dV and dK may run
-    else:
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
+    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))  # S^T; dP^T may still run
     if STATS_IN_ACC:
         pt = gl.exp2(st * qk_scale_log2)
     else:
         # L and D from the ring, read where used: read while the products run, they would hold 32 registers
         # each across them at 128-row blocks, which spilled and ran slower (docs/performance.md, entry 81)
-        lse2 = lse_rows.load(query_cols)
+        lse2 = stats_smem.index(2 * stage).reshape([BLOCK_M]).load(query_cols)
         pt = gl.exp2(st * qk_scale_log2 - lse2[None, :])
     if MASKED:
         keys = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
@@ -353,10 +266,9 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
         pt = gl.where(columns_at_least(gl.arange(0, BLOCK_M, layout=query_cols), first), pt, 0.0)
     pt_op = gl.convert_layout(pt.to(dtype), a_layout)
     dv = warpgroup_mma(pt_op, do, dv, is_async=True)
-    # dP^T (- D); dV's product (and the tail's dV and dK) may still run
-    dpt = warpgroup_mma_wait(num_outstanding=3 if TAIL > 0 else 1, deps=(dpt, ))
+    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dP^T (- D); dV's product may still run
     if not STATS_IN_ACC or DELTA_AFTER:
-        delta = delta_rows.load(query_cols)
+        delta = stats_smem.index(2 * stage + 1).reshape([BLOCK_M]).load(query_cols)
         dpt = dpt - delta[None, :]
     dst = (pt * dpt).to(dtype)
     dst_op = gl.convert_layout(dst, a_layout)
@@ -369,17 +281,10 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
         ds_smem.index(buf).slice(WG * KEYS, KEYS, dim=0).store(dst)
         fence_async_shared()
         named_barrier_sync(DS_BARRIER, WARPGROUPS * 128)
-        DQ_COLS: gl.constexpr = dq_smem.type.shape[4]
         dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
-        if TAIL > 0:
-            dqt = _dq_tail_products(ds_tail, k_smem, buf, WG, DQ_COLS)
-            dk = warpgroup_mma(dst_op, q, dk, is_async=True)
-            dq, dqt = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dqt))  # dV's and dQ's; dK's may run on
-            _add_dq_with_tail(dq, dqt, dq_smem, dq_tail, dq_desc, off_b, head_q, m * (BLOCK_M + TAIL), WG)
-        else:
-            dk = warpgroup_mma(dst_op, q, dk, is_async=True)
-            dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
-            _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m * BLOCK_M, chunk, WG, HEAD_DIM, DQ_FRAGMENTS)
+        dk = warpgroup_mma(dst_op, q, dk, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
+        _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m * BLOCK_M, chunk, WG, HEAD_DIM, DQ_FRAGMENTS)
     else:
         dk = warpgroup_mma(dst_op, q, dk, is_async=True)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
@@ -387,49 +292,6 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     # the wait, with no barrier across the warpgroup first (Gluon's mbarrier.arrive has one).
     named_barrier_arrive(EMPTY_BARRIER - stage, (WARPGROUPS + 1) * 128)
     return dk, dv
-
-
-@gluon.jit
-def _tail_gradients(st, dpt, q_tail, do_tail, delta_tail, ds_tail, dk, dv, WG: gl.constexpr, qk_scale_log2,
-                    DELTA_AFTER: gl.constexpr):
-    """A block's tail, once its S^T - L / c and dP^T (- D) are in (_scores_from_statistics): P^T and dS^T (D subtracted
-    here with DELTA_AFTER), then its products into dV and dK issued (asynchronous: their A operands, P^T and
-    dS^T in registers, stay held until the caller's waits pass them), and its dS^T into this warpgroup's rows
-    of `ds_tail` for dQ's products; returns dK and dV."""
-    KEYS: gl.constexpr = st.type.shape[0]
-    dtype: gl.constexpr = q_tail.dtype
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
-    pt = gl.exp2(st * qk_scale_log2)
-    if DELTA_AFTER:
-        dpt = dpt - delta_tail.load(gl.SliceLayout(0, dpt.type.layout))[None, :]
-    dst = (pt * dpt).to(dtype)
-    dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tail, dv, is_async=True)
-    dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tail, dk, is_async=True)
-    ds_tail.slice(WG * KEYS, KEYS, dim=0).store(dst)
-    return dk, dv
-
-
-@gluon.jit
-def _scores_from_statistics(k, v, q, do, lse_rows, delta_rows, minus_inv_c, DELTA_AFTER: gl.constexpr):
-    """Issue S^T - L / c and dP^T - D for a block's rows (or its tail's), 64 keys by the rows, the rows'
-    statistics read straight into the accumulators' registers as -L / c and -D (STATS_IN_ACC): nothing is
-    held across the products, and the reads are off the paths from the products' waits to P^T and dS^T.
-    With DELTA_AFTER dP^T's starts from zeros instead (D is the caller's to subtract). Asynchronous."""
-    KEYS: gl.constexpr = k.type.shape[0]
-    ROWS: gl.constexpr = q.type.shape[0]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, ROWS, 16])
-    query_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    no_scores = gl.zeros([KEYS, ROWS], gl.float32, layout=s_layout)
-    lse2 = lse_rows.load(query_cols)
-    st = warpgroup_mma(k, q.permute((1, 0)), gl.broadcast(lse2[None, :] * minus_inv_c, no_scores)[0],
-                       is_async=True)
-    if DELTA_AFTER:
-        dpt = warpgroup_mma(v, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)
-    else:
-        delta = delta_rows.load(query_cols)
-        dpt = warpgroup_mma(v, do.permute((1, 0)), gl.broadcast(-delta[None, :], no_scores)[0], is_async=True)
-    return st, dpt
 
 
 @gluon.jit
@@ -459,7 +321,7 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
     own 32 queries, in chunks of 64 of D's rows (FlashAttention-3's swapped dQ product at this head dim),
     which needs neither the other warpgroup's dS^T nor shared memory beyond the ring's."""
     (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
-     qk_scale_log2, minus_inv_c, _) = ring
+     qk_scale_log2, minus_inv_c) = ring
     KEYS: gl.constexpr = k.type.shape[0]
     HEAD_DIM: gl.constexpr = k.type.shape[1]
     BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -530,7 +392,7 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
 @gluon.jit
 def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                      MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                     STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr, TAIL: gl.constexpr):
+                     STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr):
     """Query block m in the kernel's form for the head dim: _split_query_block where the program's one key
     tile is shared (dk holds half of D's columns; STATS_IN_ACC is not taken there), _query_block
     otherwise."""
@@ -538,24 +400,23 @@ def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, W
         dk, dv = _split_query_block(ring, m, count, off_b, head_q, n_wg, k, v, dk, dv, WG, MASKED, DQ_ATOMIC)
     else:
         dk, dv = _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG, MASKED, DQ_ATOMIC,
-                              DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, TAIL)
+                              DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER)
     return dk, dv
 
 
 @gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr,
-                       TAIL: gl.constexpr):
+                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
-    warpgroup takes (the kernel's); TAIL: each query block's rows past the ring's main tiles' (_query_block)."""
+    warpgroup takes (the kernel's)."""
     (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready,
      DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks, num_kv_heads,
-     group, seqlen_q, seqlen_k, scale, qk_scale_log2, tails) = shared
+     group, seqlen_q, seqlen_k, scale, qk_scale_log2) = shared
     KEY_TILES: gl.constexpr = k_smem.type.shape[0]
     KEYS: gl.constexpr = k_smem.type.shape[3]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
-    BLOCK_M: gl.constexpr = q_smem.type.shape[3] + TAIL
+    BLOCK_M: gl.constexpr = q_smem.type.shape[3]
     dtype: gl.constexpr = q_smem.dtype
     SPLIT: gl.constexpr = KEY_TILES == 1  # D = 256: one key tile, D's columns split (_any_query_block)
     COLUMNS: gl.constexpr = HEAD_DIM // COMPUTE_WARPGROUPS if SPLIT else HEAD_DIM  # of dK and dV, here
@@ -579,7 +440,7 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
     dk = gl.zeros([KEYS, COLUMNS], gl.float32, layout=g_layout)
     dv = gl.zeros([KEYS, COLUMNS], gl.float32, layout=g_layout)
     ring = (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
-            qk_scale_log2, -1.0 / qk_scale_log2, tails)  # (c = scale * log2(e); L over the ring is L * log2(e))
+            qk_scale_log2, -1.0 / qk_scale_log2)  # (c = scale * log2(e); L over the ring is L * log2(e))
     mbarrier.wait(kv_ready, 0)
     count = 0
     for i in range(group):
@@ -589,11 +450,11 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         if IS_CAUSAL:
             for m in range(m_first, m_full):
                 dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
-                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, TAIL)
+                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER)
                 count += 1
         for m in range(m_full, num_m):
             dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
-                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, TAIL)
+                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER)
             count += 1
 
     if DQ_ATOMIC:
@@ -612,15 +473,13 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
 def attn_bwd_dkdv_gluon_kernel(
     # DK and DV like k and v (strides given); q_desc and do_desc (B, Hq, Nq, D), k_desc and v_desc (B, Hkv,
     # Nk, D): TMA descriptors with (1, 1, rows, D) boxes; lse_desc and delta_desc over L * log2(e) and
-    # rowsum(dO * O), float32 (B, Hq, Nq) with (1, 1, rows) boxes (rows: BLOCK_M, or 32 with an 80-row
-    # block); dq_desc (or None): below.
+    # rowsum(dO * O), float32 (B, Hq, Nq) with (1, 1, BLOCK_M) boxes; dq_desc (or None): below.
     DK, DV, q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, dq_desc,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k,
     scale, qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-    DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, COMPUTE_REGS: gl.constexpr, BLOCK_M: gl.constexpr,
-    DELTA_AFTER: gl.constexpr,
+    DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, COMPUTE_REGS: gl.constexpr, DELTA_AFTER: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys; 64 at D = 256): grid = num_n_blocks x B x
     Hkv. With DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller;
@@ -630,10 +489,8 @@ def attn_bwd_dkdv_gluon_kernel(
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
     WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
     (1, 1, rows, cols) unswizzled. STATS_IN_ACC: S^T's and dP^T's products start from -L / c and -D
-    (_query_block), or with DELTA_AFTER only S^T's. BLOCK_M: query rows per block, one box of q_desc,
-    do_desc, lse_desc and delta_desc, or at 80 (D = 128 without a mask) a 64-row main part and a 16-row
-    tail: q_desc's, do_desc's and dq_desc's boxes 16 rows, lse_desc's and delta_desc's 32 (_load_partition,
-    _add_dq_with_tail)."""
+    (_query_block), or with DELTA_AFTER only S^T's."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
@@ -642,14 +499,10 @@ def attn_bwd_dkdv_gluon_kernel(
     KEY_TILES: gl.constexpr = 1 if SPLIT else WARPGROUPS
     gl.static_assert(NUM_STAGES <= 8, "the ring's named barriers take ids 14 down to 7 (Triton's are 0-3)")
 
-    # An 80-row block's rows: a 64-row main part in the ring's tiles and a 16-row tail in tiles of its own
-    # (Gluon's shared tiles are powers of two too); TAIL = 0 otherwise.
-    MAIN: gl.constexpr = power_of_two_part(BLOCK_M)
-    TAIL: gl.constexpr = BLOCK_M - MAIN
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, MAIN, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     # dO: at D = 256 in column halves (do_desc's box), each compute warpgroup's dV reading one
     DO_PARTS: gl.constexpr = HEAD_DIM // do_desc.block_type.shape[3]
-    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * DO_PARTS, 1, 1, MAIN, HEAD_DIM // DO_PARTS],
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES * DO_PARTS, 1, 1, BLOCK_M, HEAD_DIM // DO_PARTS],
                                         do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [KEY_TILES, 1, 1, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [KEY_TILES, 1, 1, KEYS, HEAD_DIM], v_desc.layout)
@@ -658,30 +511,17 @@ def attn_bwd_dkdv_gluon_kernel(
     # each warpgroup's P^T and dS^T instead (_split_query_block).
     DS_TILES: gl.constexpr = 8 if SPLIT else 2
     DS_ROWS: gl.constexpr = KEYS if SPLIT else (WARPGROUPS * KEYS if DQ_ATOMIC else 8)
-    DS_COLS: gl.constexpr = BLOCK_M // WARPGROUPS if SPLIT else (MAIN if DQ_ATOMIC else 8)
+    DS_COLS: gl.constexpr = BLOCK_M // WARPGROUPS if SPLIT else (BLOCK_M if DQ_ATOMIC else 8)
     # L * log2(e) and D come through the ring with Q and dO, a stage's pair side by side.
-    stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, MAIN], lse_desc.layout)
+    stats_smem = gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, BLOCK_M], lse_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [DS_TILES, DS_ROWS, DS_COLS],
                                         gl.NVMMASharedLayout.get_default_for([DS_ROWS, DS_COLS], dtype))
     if DQ_ATOMIC and not SPLIT:  # (at D = 256 dQ is staged in dO's halves: _split_query_block)
         DQ_BOX: gl.constexpr = dq_desc.block_type.shape
-        DQ_ROWS: gl.constexpr = MAIN if TAIL > 0 else DQ_BOX[2]  # (with a tail, a box is the tail's rows)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, DQ_ROWS, DQ_BOX[3]], dq_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, DQ_BOX[2], DQ_BOX[3]], dq_desc.layout)
     else:
         dq_smem = gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, 8, 8],
                                             gl.NVMMASharedLayout.get_default_for([1, 1, 8, 8], gl.float32))
-    if TAIL > 0:  # the tail's Q, dO, L and D, its dS^T (B of its transposed dQ product), its dQ^T's staging
-        gl.static_assert(DQ_ATOMIC and not SPLIT and TAIL == q_desc.block_type.shape[2],
-                         "a block's tail comes with dQ's reductions at D <= 128, one box of its rows")
-        tails = (gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, TAIL, HEAD_DIM], q_desc.layout),
-                 gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, TAIL, HEAD_DIM], do_desc.layout),
-                 gl.allocate_shared_memory(gl.float32, [2 * NUM_STAGES, 1, 1, lse_desc.block_type.shape[2]],
-                                           lse_desc.layout),
-                 gl.allocate_shared_memory(dtype, [2, DS_ROWS, TAIL],
-                                           gl.NVMMASharedLayout.get_default_for([DS_ROWS, TAIL], dtype)),
-                 gl.allocate_shared_memory(gl.float32, [WARPGROUPS, 1, 1, TAIL, DQ_BOX[3]], dq_desc.layout))
-    else:  # (read by no block: the main tiles in their place)
-        tails = (q_smem, do_smem, stats_smem, ds_smem, dq_smem)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
@@ -692,15 +532,15 @@ def attn_bwd_dkdv_gluon_kernel(
     # registers per thread (what they leave goes to the loader). Triton 3.6 takes the partitions as a
     # literal list (gluon_forward.py says why).
     loads = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem,
-             kv_ready, ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, tails[0], tails[1], tails[2])
+             kv_ready, ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k)
     shared = (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready,
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
-              num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2, tails)
-    gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, TAIL)),
-                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER,
-                                              TAIL)),
-                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER,
-                                              TAIL))],
+              num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
+    gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL)),
+                        (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC,
+                                              DELTA_AFTER)),
+                        (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC,
+                                              DELTA_AFTER))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

@@ -41,14 +41,6 @@ DETERMINISTIC_HEAD_DIMS = (256, )
 # queries in chunks of 64 of D's rows (wgmma's M).
 SPLIT_DQ_CHUNK = 64
 NUM_STAGES = 2
-# An A/B form at D = 128 without a mask: query blocks of 80 rows, FlashAttention-3's and -4's there (a fifth
-# fewer blocks than 64, each one's fixed work spread over more rows), which Gluon holds as a 64-row main part
-# and a 16-row tail (kernels/gluon_backward.py, _query_block); each copy and reduction takes a box of TAIL_BOX
-# rows. Not the library's until raced (docs/performance.md, entry 142).
-TAIL_BLOCK_M = 80
-TAIL_BOX = 16
-# ... and L's and D's copies take 32 (128 bytes: where TMA's copies land in shared memory must be 128-byte aligned)
-TAIL_STATS_BOX = 32
 # Registers per thread (at launch, each compute thread's after setmaxnreg): the two compute warpgroups hold
 # dK and dV (64 x D fp32 each: 64 registers apiece at D = 128) across the loop, S^T and dP^T (64 x 64: 32
 # each) per block; the loader's 4 warps keep 24.
@@ -226,44 +218,36 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
         if dq_acc.dtype != torch.float32 or tuple(dq_acc.shape) != wanted or not dq_acc.is_contiguous():
             raise ValueError(f"dq_acc must be a contiguous float32 tensor of shape {wanted} (dq_accumulator), "
                              f"got {dq_acc.dtype} {tuple(dq_acc.shape)}")
-    if block_m not in (64, 128, TAIL_BLOCK_M) or (block_m == 128 and head_dim != 64):
-        raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), or {TAIL_BLOCK_M}, got "
-                         f"{block_m} at head dim {head_dim}")
+    if block_m not in (64, 128) or (block_m == 128 and head_dim != 64):
+        raise ValueError(f"block_m must be 64, or 128 at head dim 64 (shared memory), got {block_m} at head dim "
+                         f"{head_dim}")
     if dq_split_rows and block_m != WARPGROUPS * 64:
         raise ValueError(f"dq_split_rows needs {WARPGROUPS * 64}-row query blocks (64 rows per compute "
                          f"warpgroup), got block_m={block_m}")
     if stats_in_acc is None:
         stats_in_acc = head_dim in STATS_IN_ACCUMULATORS
-    if block_m == TAIL_BLOCK_M and (head_dim != 128 or is_causal or dq_acc is None or dq_fragments
-                                    or not stats_in_acc):
-        raise ValueError(f"block_m={block_m} (a 64-row block with a 16-row tail) is a form of head dim 128 without "
-                         f"a causal mask, with dQ in dQ's order and the statistics in the accumulators: got head "
-                         f"dim {head_dim}, is_causal={is_causal}, dq_acc {'given' if dq_acc is not None else 'None'},"
-                         f" dq_fragments={dq_fragments}, stats_in_acc={stats_in_acc}")
     if stats_in_acc and splits_columns(head_dim):
         raise ValueError(f"stats_in_acc must be False at head dim {head_dim}: that form sums dP^T over dO's "
                          "column halves")
     max_registers, compute_registers = REGISTERS
-    box_rows = TAIL_BOX if block_m == TAIL_BLOCK_M else block_m  # (TMA's boxes are powers of two)
     num_n_blocks = cdiv(seqlen_k, program_keys(head_dim))
     dq_desc = None
     if dq_acc is not None:  # each compute warpgroup reduces its share
         if dq_fragments:  # a share is one chunk, copied as it lies: no swizzle
             dq_desc = TensorDescriptor.from_tensor(dq_acc, [1, 1, rows, cols], gl.NVMMASharedLayout(
                 swizzle_byte_width=0, element_bitwidth=32, rank=4))
-        else:  # (at D = 256 a reduction adds SPLIT_DQ_CHUNK of the share's columns; with a tail, TAIL_BOX rows)
-            box = [1, 1, min(rows, box_rows), SPLIT_DQ_CHUNK if splits_columns(head_dim) else cols]
+        else:  # (at D = 256 a reduction adds SPLIT_DQ_CHUNK of the share's columns)
+            box = [1, 1, rows, SPLIT_DQ_CHUNK if splits_columns(head_dim) else cols]
             dq_desc = TensorDescriptor.from_tensor(dq_acc, box, gl.NVMMASharedLayout.get_default_for(box, gl.float32))
-    box = [1, 1, TAIL_STATS_BOX if block_m == TAIL_BLOCK_M else block_m]
+    box = [1, 1, block_m]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
     stats_descs = (TensorDescriptor(x, list(x.shape), list(x.stride()), box, layout) for x in (lse2, delta))
     # dO at D = 256 in column halves: each compute warpgroup's dV reads one, then stages its dQ there
     do_cols = head_dim // WARPGROUPS if splits_columns(head_dim) else head_dim
-    args = (dk, dv, descriptor(q, box_rows), descriptor(k, KEYS), descriptor(v, KEYS),
-            descriptor(do, box_rows, do_cols),
+    args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m, do_cols),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
-            dq_fragments, stats_in_acc, compute_registers, block_m, stats_in_acc and not delta_in_acc)
+            dq_fragments, stats_in_acc, compute_registers, stats_in_acc and not delta_in_acc)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers,
                                                                                        **COMPILE_OPTIONS)
@@ -278,7 +262,7 @@ def gluon_dkdv_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     kernel, grid, args, kwargs = gluon_dkdv_launch(q, k, v, do, lse2, delta, dk, dv, is_causal, scale, dq_acc,
                                                    dq_fragments=dq_fragments)
     descriptors = 6 if dq_acc is None else 7  # (without dQ, its None descriptor stays among the scalars)
-    block_m = args[kernel.arg_names.index("BLOCK_M")]  # (an A/B run may have asked for other blocks)
+    block_m = args[2].block_shape[2]  # (Q's box: an A/B run may have asked for other blocks)
     split_rows = dq_acc is not None and args[8].block_shape[3] == q.shape[-1]  # (dQ's box: a share's columns)
     form = dkdv_form(dq_acc is not None, split_rows, dq_fragments)
     tiles = f"gluon-N{KEYS}x{program_keys(q.shape[-1]) // KEYS}-M{block_m}-s{NUM_STAGES}{form}"

@@ -478,7 +478,7 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     would launch it under FLASHTRITON_BACKWARD=gluon, deterministic (without dQ) and not (dQ by TMA
     reductions, staged in register order: DQ_FRAGMENTS; at D = 64 split by rows, split_dq_by_rows; at D = 256
     staged as dQ lies, dq_in_fragments); and the A/B forms the library does not run: dQ staged like dQ, and
-    at D = 64 split by D's columns, at D = 128 without a mask 80-row query blocks (TAIL_BLOCK_M)."""
+    at D = 64 split by D's columns."""
     from ..launch import gluon_backward
     from ..launch.backward import statistics_buffer
 
@@ -486,19 +486,17 @@ def inspect_gluon_backward(head_dim: int, dtype: torch.dtype, causal: bool, seql
     lse2, delta = statistics_buffer(torch.empty(1, 2, seqlen))
     launch_registers, compute_registers = gluon_backward.REGISTERS
     reports = []
-    block_m = gluon_backward.BLOCK_M[head_dim]
-    forms = [(False, False, False, block_m), (True, False, False, block_m)]
-    forms += [(True, False, True, block_m)] if not gluon_backward.splits_columns(head_dim) else []
-    forms += [(True, True, False, block_m), (True, True, True, block_m)] if head_dim == 64 else []
-    forms += [(True, False, False, gluon_backward.TAIL_BLOCK_M)] if head_dim == 128 and not causal else []
-    for atomic, split_rows, fragments, rows in forms:
-        dq_acc = gluon_backward.dq_accumulator(q, fragments, rows, split_rows) if atomic else None
+    forms = [(False, False, False), (True, False, False)]
+    forms += [(True, False, True)] if not gluon_backward.splits_columns(head_dim) else []
+    forms += [(True, True, False), (True, True, True)] if head_dim == 64 else []
+    for atomic, split_rows, fragments in forms:
+        dq_acc = gluon_backward.dq_accumulator(q, fragments, split_rows=split_rows) if atomic else None
         kernel, grid, args, kwargs = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal,
-                                                                      head_dim ** -0.5, dq_acc, block_m=rows,
+                                                                      head_dim ** -0.5, dq_acc,
                                                                       dq_split_rows=split_rows, dq_fragments=fragments)
         compiled = _compile_offline(kernel, grid, args, kwargs, target)
         config = (f"N{gluon_backward.KEYS}x{gluon_backward.program_keys(head_dim) // gluon_backward.KEYS}-"
-                  f"M{rows}-"
+                  f"M{gluon_backward.BLOCK_M[head_dim]}-"
                   f"s{gluon_backward.NUM_STAGES}-r{launch_registers}/{compute_registers}"
                   f"{gluon_backward.dkdv_form(atomic, split_rows, fragments)}")
         reports.append(_report(kernel.__name__, compiled, head_dim, dtype, causal, config))
