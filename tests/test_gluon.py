@@ -685,43 +685,10 @@ def test_backward_matches_float64_reference(monkeypatch, head_dim, is_causal, sh
     assert calls and set(calls) == {deterministic}, calls  # (every head dim's kernel adds dQ up in its loop)
 
 
-@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
-@pytest.mark.parametrize("form", [dict(block_m=64), dict(dq_split_rows=False)])
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
-def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
-    """The A/B forms the launcher keeps beside D = 64's default: 64-row query blocks, and dQ split by D's
-    columns between the compute warpgroups (the default splits its rows). Every gradient within twice plain
-    bf16 attention's error of the float64 reference: odd lengths (rows past Nq read L = 0 and D = 0 there),
-    Nq != Nk both ways, GQA, several key tiles."""
-    from flashtriton import flash_attention
-    from flashtriton.launch import backward
-    from flashtriton.testing import compare_with_reference
-
-    calls = []
-
-    def spec_in_form(*args, **kwargs):
-        calls.append(args[-1] is not None)  # dq_acc
-        with mock.patch.object(gluon_backward, "gluon_dkdv_launch",
-                               functools.partial(gluon_backward.gluon_dkdv_launch, **form)):
-            return gluon_backward.gluon_dkdv_spec(*args, **kwargs)
-    monkeypatch.setattr(backward, "gluon_dkdv_spec", spec_in_form)
-    monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call `form`)
-    monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", False)  # (the buffer's other order: any blocks, any split)
-    monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
-    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
-    torch.manual_seed(seqlen_q)
-    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 64, torch.bfloat16, DEVICE)
-    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
-                                    q, k, v, is_causal)
-    assert all(c.ok for c in checks), checks
-    assert calls and all(calls), calls  # the form ran, with dQ by its reductions
-
-
 def backward_in_form(monkeypatch, form: dict, fragments: bool) -> list:
     """flash_attention's backward on the Gluon kernel launched in `form` (gluon_dkdv_launch's A/B options),
-    dQ's buffer in register order or not (`fragments`, sized for the form's blocks); returns the list each
-    launch's (tiles, the kernel's arguments by name) are appended to."""
+    dQ's buffer in register order or not (`fragments`); returns the list each launch's (tiles, the kernel's
+    arguments by name) are appended to."""
     from flashtriton.launch import backward
 
     launches = []
@@ -736,10 +703,32 @@ def backward_in_form(monkeypatch, form: dict, fragments: bool) -> list:
     monkeypatch.setattr(backward, "gluon_dkdv_spec", spec_in_form)
     monkeypatch.setattr(CACHE, "replays", False)  # (a replay of the default form's plan would not call the form)
     monkeypatch.setattr(gluon_backward, "DQ_FRAGMENTS", fragments)
-    monkeypatch.setattr(gluon_backward, "dq_accumulator",
-                        functools.partial(gluon_backward.dq_accumulator, block_m=form.get("block_m")))
     monkeypatch.setenv(gluon_backward.BACKWARD_PATH_VARIABLE, "gluon")
     return launches
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("form", [dict(block_m=64), dict(dq_split_rows=False)])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (1, 4, 4, 300, 333), (3, 8, 2, 1000, 1100)])
+def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
+    """The A/B forms the launcher keeps beside D = 64's default: 64-row query blocks, and dQ split by D's
+    columns between the compute warpgroups (the default splits its rows). Every gradient within twice plain
+    bf16 attention's error of the float64 reference: odd lengths (rows past Nq read L = 0 and D = 0 there),
+    Nq != Nk both ways, GQA, several key tiles."""
+    from flashtriton import flash_attention
+    from flashtriton.testing import compare_with_reference
+
+    # (dQ's buffer in its other order: any blocks, any split)
+    launches = backward_in_form(monkeypatch, form, fragments=False)
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
+    torch.manual_seed(seqlen_q)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 64, torch.bfloat16, DEVICE)
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
+                                    q, k, v, is_causal)
+    assert all(c.ok for c in checks), checks
+    assert launches and all(a["dq_desc"] is not None for _, a in launches), launches  # the form ran, with dQ
+    # by its reductions
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
