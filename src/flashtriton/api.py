@@ -35,6 +35,7 @@ from .validation import (
     check_softcap,
     check_varlen,
     check_window,
+    host_reads_forbidden,
     last_dim_contiguous,
 )
 
@@ -241,11 +242,8 @@ def _fp8_without_its_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     group = q.shape[1] // k.shape[1]
     q16, k16, v16 = q.to(bf16), k.to(bf16), v.to(bf16)
     scalars = all(d is None or d.numel() == 1 for d in qk_factors)
-    # (tracing is asked first, so that Dynamo never meets the capture query, which it does not trace)
-    readable = not torch.compiler.is_compiling() and not (
-        q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
     folded = 0.0
-    if scalars and readable:
+    if scalars and not host_reads_forbidden(q.device):
         folded = scale * (descale[0, 0, 0] * descale[1, 0, 0]).item()
     if math.isfinite(folded) and folded > 0:  # (a zero, negative or infinite factor: applied as given, below)
         scale = folded

@@ -169,6 +169,12 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
+def host_reads_forbidden(device: torch.device) -> bool:
+    """Whether a tensor's values may not be read back to the host here: while torch.compile traces the call
+    or a CUDA graph is being captured. Tracing is asked first: Dynamo does not trace the capture query."""
+    return torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
 def _host_values(cu: torch.Tensor) -> list[int]:
     """cu.tolist(), remembered for as long as this very tensor lives unmodified (its version counter
     counts in-place writes). Reading device memory back waits for the GPU, so without this every eager
@@ -201,8 +207,7 @@ def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqle
                              f"shape {tuple(x.shape)}")
     # the rest of the per-tensor checks, on the (1, H, total, D) views the kernels read
     check_inputs(*(x.permute(1, 0, 2)[None] for x in (q, k, v)), is_causal=is_causal)
-    # Neither a CUDA graph capture nor torch.compile's trace can read tensor values back to the host.
-    capturing = torch.compiler.is_compiling() or (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    capturing = host_reads_forbidden(q.device)
     lengths = {}
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or len(cu) < 1:
