@@ -6,7 +6,9 @@ compiled for sm_90 as the launcher runs it (B1 H2 N4096); the forward with the l
 entries 85-89 counted before paired stages were the default). A loop is the code from a backward branch's
 target to that branch; the forward's is the one that holds the first wait for a block's scores. "fast" is
 the loop with the predicated branches taken that jump over runs of FMULs only (O's rescale behind its
-warp's vote, kernels/gluon_rescale.py): the path a block takes when no row's max grew by much.
+warp's vote, kernels/gluon_rescale.py): the path a block takes when no row's max grew by much. "unmasked"
+is the loop with the branch over the mask taken: the path of a block that is neither past Nk nor across
+the causal diagonal, which is most of them (mask_run).
 
     PYTHONPATH=src python benchmarks/sass_loops.py fwd [--dtype bf16|fp8] [--head-dim 128] [--causal]
         [--options default|none|lazy,sums,ostore,...] [--block-n 256] [--kernel FILE] [--interleaved]
@@ -21,7 +23,7 @@ import torch
 
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.launch.backward import statistics_buffer
-from flashtriton.tools.inspect import loops, offline_sass, skippable_fmuls
+from flashtriton.tools.inspect import branch_target, loops, offline_sass, skippable_fmuls
 from gluon_kernel_ab import base_arguments, load_kernel
 
 # the flags by their log names: lazy -> lazy_rescale, ...
@@ -36,7 +38,23 @@ def describe(lines: list[str], first: int, last: int, top: int = 14) -> str:
                               for line in body)
     mix = ", ".join(f"{op} {count}" for op, count in ops.most_common(top))
     barriers = sum("BAR.SYNC" in line for line in body)
-    return f"{len(body)} instructions, fast {len(body) - skipped}, {barriers} BAR.SYNC: {mix}"
+    masked = mask_run(lines, first, last)
+    unmasked = f", unmasked {len(body) - masked}" if masked else ""
+    return f"{len(body)} instructions, fast {len(body) - skipped}{unmasked}, {barriers} BAR.SYNC: {mix}"
+
+
+def mask_run(lines: list[str], first: int, last: int) -> int:
+    """Instructions of lines[first:last + 1] that a predicated branch forward jumps over when the block needs
+    no mask: the runs that set scores to -inf (FSEL ... -INF), which a loop with one body for every block
+    branches over on blocks that are neither past Nk nor across the diagonal (gluon_forward's
+    _online_softmax). 0 if the loop has none."""
+    skipped = 0
+    for i in range(first, last + 1):
+        target = branch_target(lines[i])
+        if lines[i].startswith("@") and target is not None and i + 1 < target <= last + 1:
+            if any("FSEL" in line and "-INF" in line for line in lines[i + 1:target]):
+                skipped += target - i - 1
+    return skipped
 
 
 def forward_options(names: str, fp8: bool) -> gluon_forward.ForwardOptions:

@@ -171,3 +171,17 @@ def test_d256_backward_candidates_beside_the_static_tiles_do_not_spill():
         for causal in (False, True)}
     for r in checked:
         assert r["stack_bytes"] + r["local_bytes"] == 0 and r["hgmma"] + r["hmma"] > 0, r
+
+
+def test_sass_branches_and_loops_are_read_with_or_without_a_second_predicate():
+    from flashtriton.tools.inspect import branch_target, loops, skippable_fmuls
+
+    # cuobjdump's addresses are 16 bytes a line; ptxas writes "@!P1 BRA P2, 0x..." for a branch taken where
+    # both predicates hold, as the causal forward's jump over its mask
+    assert branch_target("@!P1 BRA P2, 0x3540 ;") == 0x354
+    assert branch_target("@P1 BRA 0x2410 ;") == 0x241
+    assert branch_target("FSEL R1, R2, -INF , !P1 ;") is None
+    listing = ["UMOV UR4, 0x1 ;", "@!P1 BRA P2, 0x40 ;", "FMUL R1, R1, R2 ;", "FMUL R3, R3, R2 ;",
+               "@P0 BRA 0x0 ;"]
+    assert loops(listing) == [(0, 4)]
+    assert skippable_fmuls(listing) == 2

@@ -233,8 +233,9 @@ def _report(name: str, compiled: OfflineKernel, head_dim: int, dtype: torch.dtyp
 
 def branch_target(line: str) -> int | None:
     """A SASS branch's target as a line number of _sass's listing (cuobjdump lists a kernel's instructions
-    16 bytes apart from address 0), or None if `line` is no branch."""
-    match = re.search(r"\bBRA(?:\.U)? (0x[0-9a-f]+)", line)
+    16 bytes apart from address 0), or None if `line` is no branch. A branch may name a second predicate
+    before its target (`@!P1 BRA P2, 0x3540`: taken where !P1 and P2 both hold)."""
+    match = re.search(r"\bBRA(?:\.U)? (?:!?U?P\d, )?(0x[0-9a-f]+)", line)
     return int(match.group(1), 16) // 16 if match else None
 
 
