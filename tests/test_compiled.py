@@ -8,6 +8,7 @@ import sys
 import pytest
 import triton
 
+from flashtriton.tools.inspect import branch_target, loops, skippable_fmuls
 from helpers import inspect_reports
 
 
@@ -174,8 +175,6 @@ def test_d256_backward_candidates_beside_the_static_tiles_do_not_spill():
 
 
 def test_sass_branches_and_loops_are_read_with_or_without_a_second_predicate():
-    from flashtriton.tools.inspect import branch_target, loops, skippable_fmuls
-
     # cuobjdump's addresses are 16 bytes a line; ptxas writes "@!P1 BRA P2, 0x..." for a branch taken where
     # both predicates hold, as the causal forward's jump over its mask
     assert branch_target("@!P1 BRA P2, 0x3540 ;") == 0x354
