@@ -23,7 +23,7 @@ import torch
 
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.launch.backward import statistics_buffer
-from flashtriton.tools.inspect import branch_target, loops, offline_sass, skippable_fmuls
+from flashtriton.tools.inspect import branched_over, loops, offline_sass, skippable_fmuls
 from gluon_kernel_ab import base_arguments, load_kernel
 
 # the flags by their log names: lazy -> lazy_rescale, ...
@@ -48,13 +48,7 @@ def mask_run(lines: list[str], first: int, last: int) -> int:
     no mask: the runs that set scores to -inf (FSEL ... -INF), which a loop with one body for every block
     branches over on blocks that are neither past Nk nor across the diagonal (gluon_forward's
     _online_softmax). 0 if the loop has none."""
-    skipped = 0
-    for i in range(first, last + 1):
-        target = branch_target(lines[i])
-        if lines[i].startswith("@") and target is not None and i + 1 < target <= last + 1:
-            if any("FSEL" in line and "-INF" in line for line in lines[i + 1:target]):
-                skipped += target - i - 1
-    return skipped
+    return branched_over(lines, first, last, lambda run: any("FSEL" in line and "-INF" in line for line in run))
 
 
 def forward_options(names: str, fp8: bool) -> gluon_forward.ForwardOptions:

@@ -30,6 +30,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -256,16 +257,23 @@ def innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
             for line in lines[first:last + 1]]
 
 
+def branched_over(lines: list[str], first: int = 0, last: int | None = None,
+                  counted: Callable[[list[str]], bool] = lambda run: True) -> int:
+    """Instructions among lines[first:last + 1] of a SASS listing that predicated branches forward, each to a
+    target within them, jump over, counting only the runs `counted` accepts."""
+    end = len(lines) - 1 if last is None else last
+    skipped = 0
+    for i in range(first, end + 1):
+        target = branch_target(lines[i])
+        if lines[i].startswith("@") and target is not None and i + 1 < target <= end + 1:
+            skipped += (target - i - 1) * counted(lines[i + 1:target])
+    return skipped
+
+
 def skippable_fmuls(lines: list[str], first: int = 0, last: int | None = None) -> int:
     """FMULs in runs of nothing else that a predicated branch forward jumps over, among lines[first:last + 1]
     of a SASS listing: the Gluon forward's O rescale behind its warp's vote (kernels/gluon_rescale.py)."""
-    skipped = 0
-    for i in range(first, len(lines) if last is None else last + 1):
-        target = branch_target(lines[i])
-        run = lines[i + 1:target] if lines[i].startswith("@") and target is not None and target > i + 1 else []
-        if run and all(line.startswith("FMUL") for line in run):
-            skipped += len(run)
-    return skipped
+    return branched_over(lines, first, last, lambda run: all(line.startswith("FMUL") for line in run))
 
 
 def _shared_stores(sass: str) -> dict[int, int]:
