@@ -168,9 +168,9 @@ def test_backward_starts_its_products_from_the_statistics_where_measured():
     """The launcher passes STATS_IN_ACC where STATS_IN_ACCUMULATORS has the head dim (D = 128, where it was
     measured faster), as asked otherwise, and refuses it by name at D = 256, whose dP^T is summed over dO's
     column halves."""
+    from flashtriton.kernels.gluon_backward import attn_bwd_dkdv_gluon_kernel
     from flashtriton.launch.backward import statistics_buffer
     lse2, delta = statistics_buffer(torch.empty(1, 2, 100))
-    from flashtriton.kernels.gluon_backward import attn_bwd_dkdv_gluon_kernel
     flag = attn_bwd_dkdv_gluon_kernel.arg_names.index("STATS_IN_ACC")
     for head_dim in (64, 128, 256):
         q = torch.randn(1, 2, 100, head_dim, dtype=torch.bfloat16)
@@ -727,8 +727,8 @@ def test_backward_ab_forms_at_head_dim_64(monkeypatch, form, is_causal, shape):
     checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
                                     q, k, v, is_causal)
     assert all(c.ok for c in checks), checks
-    assert launches and all(a["dq_desc"] is not None for _, a in launches), launches  # the form ran, with dQ
-    # by its reductions
+    # the form ran, with dQ by its reductions
+    assert launches and all(a["dq_desc"] is not None for _, a in launches), launches
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
