@@ -10,7 +10,8 @@ device copy of the tree has no .git), e.g.
 launcher's query blocks unless --base-block-m says otherwise; a kernel from before entry 88 scales its dQ
 itself, which the current launcher's read-back scales again, so its dQ error column is off, not its time), on
 the current one also at D = 128 with three Q/dO stages, with D subtracted after dP^T's product
-(`current_d_after`: L alone in the accumulators), at D = 64 with 64-row query blocks and with dQ split by
+(`current_d_after`: L alone in the accumulators), with dQ's reductions issued the other way
+(`current_dq_by_loader_flipped`: DQ_BY_LOADER turned over), at D = 64 with 64-row query blocks and with dQ split by
 columns, and with dQ staged in dQ's own order (DQ_FRAGMENTS off; the D = 64 forms run so too, and the earlier
 kernel unless it has the register-order form, 9ab68f7 on); the Triton backward and cuDNN's (TFLOP/s on 2.5x
 the forward's FLOPs).
@@ -26,7 +27,7 @@ one again, last (`current_again`: its gap to `current`
 is what a provider's place in the round is worth);
 `--pingpong` adds both kernels' ping-pong form. Interleaved rounds of `do_bench`, medians; one JSON line
 per shape, with each provider's largest error against float32 SDPA (O, or dQ, dK, dV).
-docs/performance.md, entries 66, 69-73, 86-92 and 142.
+docs/performance.md, entries 66, 69-73, 86-92, 142 and 144.
 """
 
 import argparse
@@ -163,6 +164,8 @@ def race_backward(base, base_block_m, batch: int, heads: int, n: int, head_dim: 
         providers["current_3_stages"] = backward(stages=3)
     if head_dim == 128:  # L alone in S^T's accumulator, D subtracted after dP^T's product (its issue unwaited)
         providers["current_d_after"] = backward(delta_in_acc=False)
+    if head_dim <= 128:  # dQ's reductions issued by the loader or by the compute warpgroups, turned over
+        providers["current_dq_by_loader_flipped"] = backward(dq_by_loader=not gluon_backward.DQ_BY_LOADER)
     providers = {name: fn for name, fn in providers.items() if name not in skip}
     grads = ab_runs.float32_gradients(q, k, v, do, causal)
     errors = {name: [ab_runs.largest_error(g, r) for g, r in zip(fn(), grads, strict=True)]

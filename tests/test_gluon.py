@@ -274,6 +274,55 @@ def test_backward_with_d_after_issues_both_score_products_together(tmp_path):
         assert waited >= 1 and waited + together == loops, forms
 
 
+DQ_BY_LOADER_SCRIPT = """
+import re
+
+import torch
+
+from flashtriton.launch import gluon_backward
+from flashtriton.launch.backward import statistics_buffer
+from flashtriton.tools import inspect
+
+lse2, delta = statistics_buffer(torch.empty(1, 2, 4096))
+for head_dim in (64, 128):
+    q = torch.randn(1, 2, 4096, head_dim, dtype=torch.bfloat16)
+    split_rows = gluon_backward.split_dq_by_rows(head_dim)
+    for causal in (False, True):
+        for on in (False, True):
+            dq_acc = gluon_backward.dq_accumulator(q, True, split_rows=split_rows)
+            launch = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal, 0.1, dq_acc,
+                                                      dq_split_rows=split_rows, dq_fragments=True, dq_by_loader=on)
+            lines = inspect.offline_sass(*launch).split(chr(10))
+            loops = inspect.loops(lines)
+            innermost = [lines[f:t + 1] for f, t in loops if not any(f < g and h < t for g, h in loops)]
+            compute = [body for body in innermost if any("HGMMA" in x for x in body)]
+            loader = [body for body in innermost if any("UTMALDG" in x for x in body)]
+            def count(bodies, pattern):
+                return sum(bool(re.search(pattern, x)) for body in bodies for x in body)
+            print(head_dim, causal, on, len(compute), count(compute, "UTMAREDG"), count(compute, r"DEPBAR\\.LE SB0"),
+                  count(compute, "BAR\\.ARV"), count(loader, "UTMAREDG"), count(compute + loader, r"\\b(?:STL|LDL)\\b"))
+"""
+
+
+def test_backward_with_dq_by_the_loader_moves_the_reductions_out_of_the_compute_loops(tmp_path):
+    """D = 64 and 128, both masks, compiled offline with and without DQ_BY_LOADER: without it each compute
+    loop issues its dQ reduction and waits for the last one's read (`DEPBAR.LE SB0`); with it no compute
+    loop does either, each hands its staged share over with one more non-blocking arrive per block, and
+    the loader's loop issues both warpgroups' reductions; no innermost loop spills either way."""
+    script = tmp_path / "dq_by_loader.py"
+    script.write_text(DQ_BY_LOADER_SCRIPT)
+    forms = {tuple(f[:3]): [int(x) for x in f[3:]] for f in (line.split() for line in compiling(str(script)).split("\n")
+                                                             if line)}
+    assert len(forms) == 8, forms
+    for (head_dim, causal, on), (loops, reductions, read_waits, arrives, loader_reductions, spills) in forms.items():
+        assert spills == 0, forms
+        if on == "True":
+            assert (reductions, read_waits, loader_reductions) == (0, 0, 2), forms
+            assert arrives == forms[head_dim, causal, "False"][3] + loops, forms
+        else:
+            assert reductions == read_waits == loops and loader_reductions == 0, forms
+
+
 def check_head_dim_256(by_form: dict, overlap: str, instruction_k: int):
     """What every Gluon forward form compiled at D = 256 shows (`by_form`: its reports by (form, causal);
     `overlap`: the overlapped form's name, its flags' forms that name and a suffix): two softmax warpgroups
@@ -750,6 +799,31 @@ def test_backward_with_d_after_at_head_dim_128(monkeypatch, is_causal, shape):
     assert all(c.ok for c in checks), checks
     assert launches and all(t.endswith("-dq-atomic-fragments") and a["STATS_IN_ACC"] and a["DELTA_AFTER"]
                             for t, a in launches), launches
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1, 1), (2, 4, 2, 17, 63), (2, 4, 2, 130, 97), (1, 4, 4, 300, 333),
+                                   (3, 8, 2, 1000, 1100)])
+@pytest.mark.parametrize("fragments", [True, False])
+def test_backward_with_dq_by_the_loader(monkeypatch, head_dim, is_causal, shape, fragments):
+    """The form whose loader issues dQ's reductions (dq_by_loader=True, the kernel's DQ_BY_LOADER), dQ's
+    buffer in either order: every gradient within twice plain bf16 attention's error of the float64
+    reference, both masks (rows that see no key: zero gradients), one query block and several (the last
+    block's staging tiles are not handed back), odd lengths, Nq != Nk both ways, GQA (the loader's
+    blocks run over the group's query heads)."""
+    from flashtriton import flash_attention
+    from flashtriton.testing import compare_with_reference
+
+    launches = backward_in_form(monkeypatch, dict(dq_by_loader=True), fragments=fragments)
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k = shape
+    torch.manual_seed(seqlen_q + head_dim + 2)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, torch.bfloat16, DEVICE)
+    checks = compare_with_reference(lambda q, k, v: flash_attention(q, k, v, is_causal=is_causal, return_lse=True),
+                                    q, k, v, is_causal)
+    assert all(c.ok for c in checks), checks
+    assert launches and all(a["DQ_BY_LOADER"] and a["dq_desc"] is not None for _, a in launches), launches
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")

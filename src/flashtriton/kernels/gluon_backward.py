@@ -58,6 +58,10 @@ from .gluon_releases import reinterpret, tma_load, tma_reduce_add
 DS_BARRIER = gl.constexpr(15)
 # The ring's stage s is handed back to the loader at named barrier EMPTY_BARRIER - s.
 EMPTY_BARRIER = gl.constexpr(14)
+# With DQ_BY_LOADER, compute warpgroup WG hands its staged dQ to the loader at named barrier DQ_FULL_BARRIER - WG,
+# and takes the staging tile back at DQ_EMPTY_BARRIER - WG (below the ring's, which take 14 down to 11).
+DQ_FULL_BARRIER = gl.constexpr(10)
+DQ_EMPTY_BARRIER = gl.constexpr(8)
 # The compute partitions the kernel's partition list spells out.
 COMPUTE_WARPGROUPS = gl.constexpr(2)
 
@@ -88,13 +92,14 @@ def _first_unmasked_query_block(n_end, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
-def _load_partition(loads, IS_CAUSAL: gl.constexpr):
+def _load_partition(loads, IS_CAUSAL: gl.constexpr, DQ_BY_LOADER: gl.constexpr, DQ_FRAGMENTS: gl.constexpr):
     """K and V of every compute warpgroup's 64 keys once, then Q and dO of each query block of each query
-    head of the group, with the block's L * log2(e) and D beside them, into the ring. `loads`: the kernel's
-    arguments this partition takes (the flag comes apart: in a tuple the kernel names, a flag becomes a
-    run-time value)."""
+    head of the group, with the block's L * log2(e) and D beside them, into the ring. With DQ_BY_LOADER
+    also the TMA reductions of each block's dQ, once the compute warpgroups have staged it (_reduce_dq):
+    those of block c - 1 right after the loads of block c. `loads`: the kernel's arguments this partition
+    takes (the flags come apart: in a tuple the kernel names, a flag becomes a run-time value)."""
     (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem, kv_ready,
-     ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k) = loads
+     ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, dq_smem, dq_desc) = loads
     KEY_TILES: gl.constexpr = k_smem.type.shape[0]  # one per compute warpgroup, or one shared (D = 256)
     KEYS: gl.constexpr = k_smem.type.shape[3]
     NUM_STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -109,6 +114,9 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
     m_first = _first_query_block(n_start, seqlen_q, seqlen_k, BLOCK_M, IS_CAUSAL)
     num_m = gl.cdiv(seqlen_q, BLOCK_M)
     count = 0
+    HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+    last_h = off_hkv * group  # the previous block's query head and block (DQ_BY_LOADER)
+    last_m = m_first
     for i in range(group):
         off_h = off_hkv * group + i
         for m in range(m_first, num_m):
@@ -122,7 +130,17 @@ def _load_partition(loads, IS_CAUSAL: gl.constexpr):
             for part in gl.static_range(DO_PARTS):
                 tma_load(do_desc, [off_b, off_h, m * BLOCK_M, part * DO_COLS], ready.index(stage),
                          do_smem.index(DO_PARTS * stage + part))
+            if DQ_BY_LOADER:
+                if count > 0:
+                    _reduce_dq(dq_smem, dq_desc, off_b, last_h, last_m * BLOCK_M,
+                               (off_b * num_kv_heads * group + last_h) * num_m + last_m, True, HEAD_DIM, DQ_FRAGMENTS)
+                last_h = off_h
+                last_m = m
             count += 1
+    if DQ_BY_LOADER:
+        if count > 0:  # the last block's, whose staging tiles no block takes back
+            _reduce_dq(dq_smem, dq_desc, off_b, last_h, last_m * BLOCK_M,
+                       (off_b * num_kv_heads * group + last_h) * num_m + last_m, False, HEAD_DIM, DQ_FRAGMENTS)
     # Meet the compute warpgroups' hand-backs of the last blocks, so that each barrier ends balanced.
     for last in range(gl.maximum(count - NUM_STAGES, 0), count):
         named_barrier_sync(EMPTY_BARRIER - last % NUM_STAGES, (COMPUTE_WARPGROUPS + 1) * 128)
@@ -175,21 +193,58 @@ def _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m_row, chunk, WG: gl.constexpr,
     the buffer holds each (batch, head, block, warpgroup)'s share as one chunk in the accumulator's register
     order (dq_fragment_layout: conflict-free 16-byte stores), which dq_from_fragments_kernel puts back in
     place, the block's being `chunk`; otherwise the buffer is laid out like dQ."""
+    tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
+    _stage_dq(dq, dq_smem.index(WG), DQ_FRAGMENTS)
+    fence_async_shared()
+    tma_reduce_add(dq_desc, _dq_coordinates(dq_desc, off_b, head_q, m_row, chunk, WG, HEAD_DIM, DQ_FRAGMENTS),
+                   dq_smem.index(WG))
+
+
+@gluon.jit
+def _stage_dq(dq, staged, DQ_FRAGMENTS: gl.constexpr):
+    """A warpgroup's share of dQ / scale into its staging tile: in the accumulator's register order
+    (DQ_FRAGMENTS) or as dQ lies."""
     DQ_ROWS: gl.constexpr = dq.type.shape[0]
     DQ_COLS: gl.constexpr = dq.type.shape[1]
-    staged = dq_smem.index(WG)
-    tma.store_wait(pendings=0)  # the previous block's reduction has read the staging tile
     if DQ_FRAGMENTS:
         reinterpret(staged, gl.float32, [DQ_ROWS, DQ_COLS], dq_fragment_layout(DQ_ROWS, DQ_COLS)).store(dq)
-        fence_async_shared()
-        tma_reduce_add(dq_desc, [chunk, WG, 0, 0], staged)
     else:
         staged.reshape([DQ_ROWS, DQ_COLS]).store(dq)
-        fence_async_shared()
-        if DQ_COLS == HEAD_DIM:  # split by rows
-            tma_reduce_add(dq_desc, [off_b, head_q, m_row + WG * DQ_ROWS, 0], staged)
-        else:
-            tma_reduce_add(dq_desc, [off_b, head_q, m_row, WG * DQ_COLS], staged)
+
+
+@gluon.jit
+def _dq_coordinates(dq_desc, off_b, head_q, m_row, chunk, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    DQ_FRAGMENTS: gl.constexpr):
+    """Where warpgroup WG's share of the query block from row m_row goes in dQ's float32 buffer (dq_desc's
+    box is the share): its chunk's slot, or its rows (split by rows) or columns as dQ lies."""
+    DQ_ROWS: gl.constexpr = dq_desc.block_type.shape[2]
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[3]
+    if DQ_FRAGMENTS:
+        coordinates = [chunk, WG, 0, 0]
+    elif DQ_COLS == HEAD_DIM:  # split by rows
+        coordinates = [off_b, head_q, m_row + WG * DQ_ROWS, 0]
+    else:
+        coordinates = [off_b, head_q, m_row, WG * DQ_COLS]
+    return coordinates
+
+
+@gluon.jit
+def _reduce_dq(dq_smem, dq_desc, off_b, head_q, m_row, chunk, HAND_BACK: gl.constexpr, HEAD_DIM: gl.constexpr,
+               DQ_FRAGMENTS: gl.constexpr):
+    """The loader's part with DQ_BY_LOADER (FlashAttention-3's dQ writer): once each compute warpgroup has
+    staged its share of the query block from row m_row of head head_q (dQ's chunk `chunk`) at
+    DQ_FULL_BARRIER, add it into dQ's float32 buffer by a TMA reduction; once both have been read, and
+    unless this is the program's last block (HAND_BACK), give the staging tiles back at DQ_EMPTY_BARRIER.
+    The compute warpgroups then neither issue the reductions nor wait for their reads, and meet the loader
+    once per block where they met their own four warps twice."""
+    for wg in gl.static_range(COMPUTE_WARPGROUPS):
+        named_barrier_sync(DQ_FULL_BARRIER - wg, 2 * 128)
+        tma_reduce_add(dq_desc, _dq_coordinates(dq_desc, off_b, head_q, m_row, chunk, wg, HEAD_DIM, DQ_FRAGMENTS),
+                       dq_smem.index(wg))
+    tma.store_wait(pendings=0)
+    if HAND_BACK:
+        for wg in gl.static_range(COMPUTE_WARPGROUPS):
+            named_barrier_arrive(DQ_EMPTY_BARRIER - wg, 2 * 128)
 
 
 @gluon.jit
@@ -207,7 +262,7 @@ def _landed_block(q_smem, ready, count):
 @gluon.jit
 def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                  MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                 STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr):
+                 STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr, DQ_BY_LOADER: gl.constexpr):
     """Query block m (the ring's count-th fill, of batch off_b's query head head_q; dQ's chunk `chunk`)
     against warpgroup WG's keys from n_wg: the five products and the elementwise work between them;
     returns dK and dV. MASKED: the block crosses the causal diagonal, and its scores are masked.
@@ -216,7 +271,8 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
     one multiply and an exp2 per score, and dS^T = P^T acc, one multiply. DELTA_AFTER (with STATS_IN_ACC): D
     subtracted after dP^T's wait instead, its product from zeros: ptxas makes a product that starts from
     registers written while another is in flight wait for that one, so with D in its accumulator dP^T is
-    issued only once S^T is done (docs/performance.md, entry 142). `ring`: the shared memory, barriers and
+    issued only once S^T is done (docs/performance.md, entry 142). DQ_BY_LOADER: dQ's share staged for the
+    loader to reduce (_reduce_dq) instead of reduced here (_add_dq). `ring`: the shared memory, barriers and
     sizes every block reads (_compute_partition's)."""
     (q_smem, do_smem, k_smem, stats_smem, ds_smem, dq_smem, dq_desc, ready, seqlen_q, seqlen_k,
      qk_scale_log2, minus_inv_c) = ring
@@ -284,7 +340,14 @@ def _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: g
         dq = _dq_products(ds_smem, k_smem, buf, WG, dq_smem)
         dk = warpgroup_mma(dst_op, q, dk, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq, ))  # dV's and dQ's; dK's may run on
-        _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m * BLOCK_M, chunk, WG, HEAD_DIM, DQ_FRAGMENTS)
+        if DQ_BY_LOADER:
+            if count > 0:  # the loader has read the last block's share out of the staging tile
+                named_barrier_sync(DQ_EMPTY_BARRIER - WG, 2 * 128)
+            _stage_dq(dq, dq_smem.index(WG), DQ_FRAGMENTS)
+            fence_async_shared()
+            named_barrier_arrive(DQ_FULL_BARRIER - WG, 2 * 128)
+        else:
+            _add_dq(dq, dq_smem, dq_desc, off_b, head_q, m * BLOCK_M, chunk, WG, HEAD_DIM, DQ_FRAGMENTS)
     else:
         dk = warpgroup_mma(dst_op, q, dk, is_async=True)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
@@ -392,7 +455,7 @@ def _split_query_block(ring, m, count, off_b, head_q, n_tile, k, v, dk, dv, WG: 
 @gluon.jit
 def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG: gl.constexpr,
                      MASKED: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_FRAGMENTS: gl.constexpr,
-                     STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr):
+                     STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr, DQ_BY_LOADER: gl.constexpr):
     """Query block m in the kernel's form for the head dim: _split_query_block where the program's one key
     tile is shared (dk holds half of D's columns; STATS_IN_ACC is not taken there), _query_block
     otherwise."""
@@ -400,13 +463,14 @@ def _any_query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, W
         dk, dv = _split_query_block(ring, m, count, off_b, head_q, n_wg, k, v, dk, dv, WG, MASKED, DQ_ATOMIC)
     else:
         dk, dv = _query_block(ring, m, count, off_b, head_q, chunk, k, v, n_wg, dk, dv, WG, MASKED, DQ_ATOMIC,
-                              DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER)
+                              DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, DQ_BY_LOADER)
     return dk, dv
 
 
 @gluon.jit
 def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr):
+                       DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, DELTA_AFTER: gl.constexpr,
+                       DQ_BY_LOADER: gl.constexpr):
     """Compute warpgroup WG: dK and dV of the program's keys WG * 64 to WG * 64 + 63, and with DQ_ATOMIC
     its share of dQ over all the program's keys (_dq_products, _add_dq). `shared`: the arguments every compute
     warpgroup takes (the kernel's)."""
@@ -450,14 +514,14 @@ def _compute_partition(shared, WG: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATO
         if IS_CAUSAL:
             for m in range(m_first, m_full):
                 dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG,
-                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER)
+                                          True, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, DQ_BY_LOADER)
                 count += 1
         for m in range(m_full, num_m):
             dk, dv = _any_query_block(ring, m, count, off_b, head_q, first_chunk + m, k, v, n_wg, dk, dv, WG, False,
-                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER)
+                                      DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC, DELTA_AFTER, DQ_BY_LOADER)
             count += 1
 
-    if DQ_ATOMIC:
+    if DQ_ATOMIC and not DQ_BY_LOADER:
         tma.store_wait(pendings=0)  # the last reduction has read its staging tile before the program ends
     rows = n_wg + gl.arange(0, KEYS, layout=gl.SliceLayout(1, g_layout))
     cols = (WG * COLUMNS if SPLIT else 0) + gl.arange(0, COLUMNS, layout=gl.SliceLayout(0, g_layout))
@@ -480,6 +544,7 @@ def attn_bwd_dkdv_gluon_kernel(
     scale, qk_scale_log2,
     WARPGROUPS: gl.constexpr, NUM_STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_ATOMIC: gl.constexpr,
     DQ_FRAGMENTS: gl.constexpr, STATS_IN_ACC: gl.constexpr, COMPUTE_REGS: gl.constexpr, DELTA_AFTER: gl.constexpr,
+    DQ_BY_LOADER: gl.constexpr,
 ):
     """One program per (batch, KV head, tile of WARPGROUPS x 64 keys; 64 at D = 256): grid = num_n_blocks x B x
     Hkv. With DQ_ATOMIC, also dQ / scale added into dQ's float32 (B, Hq, Nq, D) buffer (zeroed by the caller;
@@ -489,7 +554,8 @@ def attn_bwd_dkdv_gluon_kernel(
     to run (not bitwise deterministic). With DQ_FRAGMENTS the buffer is (B * Hq * cdiv(Nq, BLOCK_M),
     WARPGROUPS, rows, cols) instead, each share in its registers' order (_add_dq), and dq_desc's box
     (1, 1, rows, cols) unswizzled. STATS_IN_ACC: S^T's and dP^T's products start from -L / c and -D
-    (_query_block), or with DELTA_AFTER only S^T's."""
+    (_query_block), or with DELTA_AFTER only S^T's. DQ_BY_LOADER (with DQ_ATOMIC, not at D = 256): the
+    loader issues the dQ reductions the compute warpgroups stage (_reduce_dq)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]
@@ -497,7 +563,10 @@ def attn_bwd_dkdv_gluon_kernel(
     gl.static_assert(WARPGROUPS == COMPUTE_WARPGROUPS, "the partition list below spells out two compute warpgroups")
     SPLIT: gl.constexpr = HEAD_DIM > 128  # one key tile for both compute warpgroups (_split_query_block)
     KEY_TILES: gl.constexpr = 1 if SPLIT else WARPGROUPS
-    gl.static_assert(NUM_STAGES <= 8, "the ring's named barriers take ids 14 down to 7 (Triton's are 0-3)")
+    gl.static_assert(NUM_STAGES <= 4, "the ring's named barriers take ids 14 down to 11, dQ's 10 down to 7 "
+                                      "(Triton's are 0-3)")
+    gl.static_assert(not DQ_BY_LOADER or (DQ_ATOMIC and not SPLIT), "DQ_BY_LOADER is a form of DQ_ATOMIC "
+                                                                     "below D = 256")
 
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     # dO: at D = 256 in column halves (do_desc's box), each compute warpgroup's dV reading one
@@ -532,15 +601,15 @@ def attn_bwd_dkdv_gluon_kernel(
     # registers per thread (what they leave goes to the loader). Triton 3.6 takes the partitions as a
     # literal list (gluon_forward.py says why).
     loads = (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, k_smem, v_smem, stats_smem,
-             kv_ready, ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k)
+             kv_ready, ready, num_n_blocks, num_kv_heads, group, seqlen_q, seqlen_k, dq_smem, dq_desc)
     shared = (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem, dq_desc, kv_ready, ready,
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_n_blocks,
               num_kv_heads, group, seqlen_q, seqlen_k, scale, qk_scale_log2)
-    gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL)),
+    gl.warp_specialize([(_load_partition, (loads, IS_CAUSAL, DQ_BY_LOADER, DQ_FRAGMENTS)),
                         (_compute_partition, (shared, 0, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC,
-                                              DELTA_AFTER)),
+                                              DELTA_AFTER, DQ_BY_LOADER)),
                         (_compute_partition, (shared, 1, IS_CAUSAL, DQ_ATOMIC, DQ_FRAGMENTS, STATS_IN_ACC,
-                                              DELTA_AFTER))],
+                                              DELTA_AFTER, DQ_BY_LOADER))],
                        [4, 4], [COMPUTE_REGS, COMPUTE_REGS])
 
     mbarrier.invalidate(kv_ready)

@@ -68,6 +68,11 @@ DQ_FRAGMENTS = True
 # statistics launch writing them pre-scaled (docs/performance.md, entries 131-134). The D = 256 form does
 # not take it (its dP^T is summed over dO's column halves).
 STATS_IN_ACCUMULATORS = (128, )
+# dQ's TMA reductions issued by the loader partition, which the compute warpgroups hand each block's staged
+# share to through named barriers (the kernel's DQ_BY_LOADER; FlashAttention-3's and -4's dQ writer), rather
+# than by each compute warpgroup after two barriers across its own warps. Off until raced on a GPU
+# (docs/performance.md, entry 144).
+DQ_BY_LOADER = False
 
 
 def splits_columns(head_dim: int) -> bool:
@@ -175,7 +180,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
                       dq_acc: torch.Tensor | None = None, stages: int = NUM_STAGES,
                       block_m: int | None = None, dq_split_rows: bool | None = None,
                       dq_fragments: bool = False, stats_in_acc: bool | None = None,
-                      delta_in_acc: bool = True) -> tuple:
+                      delta_in_acc: bool = True, dq_by_loader: bool | None = None) -> tuple:
     """(kernel, grid, args, kwargs) of the call that writes dk and dv (like k and v) from the statistics
     launch's lse2 (L * log2(e)) and delta (rowsum(dO * O)), float32 (B, Hq, Nq) views with a padded row
     stride: launched through gluon_dkdv_spec, compiled offline by tools/inspect.py. With `dq_acc` (float32
@@ -188,7 +193,9 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     (N = 32 at D = 64). `dq_fragments`: dq_acc is dq_accumulator's buffer in register order (DQ_FRAGMENTS,
     the library's). `stats_in_acc`: S^T's and dP^T's products start from -L / (scale * log2(e)) and -D
     (None: where STATS_IN_ACCUMULATORS has the head dim); with `delta_in_acc` False only S^T's, D then
-    subtracted after dP^T's product (an A/B form: docs/performance.md, entry 142)."""
+    subtracted after dP^T's product (an A/B form: docs/performance.md, entry 142). `dq_by_loader`: with
+    `dq_acc`, the loader partition issues the dQ reductions that the compute warpgroups stage (the kernel's
+    DQ_BY_LOADER; None: DQ_BY_LOADER's, below D = 256)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -229,6 +236,9 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if stats_in_acc and splits_columns(head_dim):
         raise ValueError(f"stats_in_acc must be False at head dim {head_dim}: that form sums dP^T over dO's "
                          "column halves")
+    if dq_by_loader is None:
+        dq_by_loader = DQ_BY_LOADER
+    dq_by_loader = dq_by_loader and dq_acc is not None and not splits_columns(head_dim)
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, program_keys(head_dim))
     dq_desc = None
@@ -247,7 +257,7 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     args = (dk, dv, descriptor(q, block_m), descriptor(k, KEYS), descriptor(v, KEYS), descriptor(do, block_m, do_cols),
             *stats_descs, dq_desc, *dk.stride()[:3], *dv.stride()[:3], num_n_blocks, kv_heads, heads // kv_heads,
             seqlen_q, seqlen_k, scale, scale * LOG2E, WARPGROUPS, stages, is_causal, dq_acc is not None,
-            dq_fragments, stats_in_acc, compute_registers, stats_in_acc and not delta_in_acc)
+            dq_fragments, stats_in_acc, compute_registers, stats_in_acc and not delta_in_acc, dq_by_loader)
     return attn_bwd_dkdv_gluon_kernel, (num_n_blocks * batch * kv_heads, ), args, dict(num_warps=4,
                                                                                        maxnreg=max_registers,
                                                                                        **COMPILE_OPTIONS)
