@@ -376,7 +376,13 @@ def _compile_offline(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPU
 def offline_sass(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPUTarget = HOPPER) -> str:
     """The SASS of a launcher's (kernel, grid, args, kwargs) compiled for `target`, on any machine: for
     scripts that read a kernel's instructions themselves (benchmarks/gluon_wait_order.py)."""
-    return _sass(_cuobjdump(_compile_offline(kernel, grid, args, kwargs, target).asm["cubin"], "-sass"))
+    return cubin_sass(_compile_offline(kernel, grid, args, kwargs, target).asm["cubin"])[0]
+
+
+def cubin_sass(cubin: bytes) -> tuple[str, dict[str, int]]:
+    """A cubin's instructions, one per line, and its registers, stack and local bytes per thread: for cubins
+    compiled elsewhere (benchmarks/fa4_sass.py reads FlashAttention-4's)."""
+    return _sass(_cuobjdump(cubin, "-sass")), _resource_usage(_cuobjdump(cubin, "--dump-resource-usage"))
 
 
 def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen: int = 8192,
