@@ -235,8 +235,8 @@ def _reduce_dq(dq_smem, dq_desc, off_b, head_q, m_row, chunk, HAND_BACK: gl.cons
     staged its share of the query block from row m_row of head head_q (dQ's chunk `chunk`) at
     DQ_FULL_BARRIER, add it into dQ's float32 buffer by a TMA reduction; once both have been read, and
     unless this is the program's last block (HAND_BACK), give the staging tiles back at DQ_EMPTY_BARRIER.
-    The compute warpgroups then neither issue the reductions nor wait for their reads, and meet the loader
-    once per block where they met their own four warps twice."""
+    The compute warpgroups then neither issue the reductions nor wait for their reads (docs/performance.md,
+    entry 144)."""
     for wg in gl.static_range(COMPUTE_WARPGROUPS):
         named_barrier_sync(DQ_FULL_BARRIER - wg, 2 * 128)
         tma_reduce_add(dq_desc, _dq_coordinates(dq_desc, off_b, head_q, m_row, chunk, wg, HEAD_DIM, DQ_FRAGMENTS),
