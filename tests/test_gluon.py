@@ -308,14 +308,16 @@ def test_backward_with_dq_by_the_loader_moves_the_reductions_out_of_the_compute_
     """D = 64 and 128, both masks, compiled offline with and without DQ_BY_LOADER: without it each compute
     loop issues its dQ reduction and waits for the last one's read (`DEPBAR.LE SB0`); with it no compute
     loop does either, each hands its staged share over with one more non-blocking arrive per block, and
-    the loader's loop issues both warpgroups' reductions; no innermost loop spills either way."""
+    the loader's loop issues both warpgroups' reductions; no innermost loop spills more with it, and under
+    the release the figures come from (EXACT) none spills either way."""
     script = tmp_path / "dq_by_loader.py"
     script.write_text(DQ_BY_LOADER_SCRIPT)
     forms = {tuple(f[:3]): [int(x) for x in f[3:]] for f in (line.split() for line in compiling(str(script)).split("\n")
                                                              if line)}
     assert len(forms) == 8, forms
     for (head_dim, causal, on), (loops, reductions, read_waits, arrives, loader_reductions, spills) in forms.items():
-        assert spills == 0, forms
+        # (under Triton 3.8 the D = 128 causal loops spill without it: 15 loads and stores; with it none)
+        assert spills <= forms[head_dim, causal, "False"][5] and (spills == 0 or not EXACT), forms
         if on == "True":
             assert (reductions, read_waits, loader_reductions) == (0, 0, 2), forms
             assert arrives == forms[head_dim, causal, "False"][3] + loops, forms
