@@ -16,6 +16,7 @@ libs-base, libs-core and libs-cu13, cuda-bindings, apache-tvm-ffi, torch-c-dlpac
 import argparse
 import os
 import site
+import tempfile
 
 import torch
 
@@ -28,6 +29,9 @@ def compile_fa4(kind: str, batch: int, heads: int, seqlen: int, head_dim: int, c
     for name, value in (("FLASH_ATTENTION_ARCH", "sm_90"), ("CUTE_DSL_ARCH", "sm_90a"),
                         ("FLASH_ATTENTION_NUM_SMS", "132")):
         os.environ.setdefault(name, value)
+    here = os.getcwd()
+    scratch = tempfile.TemporaryDirectory()
+    os.chdir(scratch.name)  # (--keep-cubin also writes each cubin into the directory the DSL was imported in)
     if os.environ.get("FLASHTRITON_FA4_SITE"):
         site.addsitedir(os.environ["FLASHTRITON_FA4_SITE"])  # (processes the cutlass wheels' .pth files)
     import cutlass.cute as cute
@@ -55,6 +59,8 @@ def compile_fa4(kind: str, batch: int, heads: int, seqlen: int, head_dim: int, c
                 interface._flash_attn_bwd(q, k, v, out, dout, lse, causal=causal)
     finally:
         interface.cute.compile = plain_compile
+        os.chdir(here)
+        scratch.cleanup()
     return compiled
 
 
