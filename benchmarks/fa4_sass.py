@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 
-from flashtriton.tools.inspect import cubin_sass, loops
+from flashtriton.tools.inspect import cubin_sass, innermost_loops
 from sass_loops import describe
 
 
@@ -83,12 +83,9 @@ def main() -> None:
         if not any("HGMMA" in line for line in lines):  # (the backward's pre- and post-processing)
             continue
         print(f"kernel: {len(lines)} instructions, {usage}")
-        spans = loops(lines)
-        for first, last in spans:
-            body = lines[first:last + 1]
-            if any("HGMMA" in line for line in body) and not any(first < f and t < last for f, t in spans):
-                arrives = sum("BAR.ARV" in line for line in body)
-                print(f"loop at {first}: {describe(lines, first, last)}; {arrives} BAR.ARV")
+        for first, last in innermost_loops(lines):
+            arrives = sum("BAR.ARV" in line for line in lines[first:last + 1])
+            print(f"loop at {first}: {describe(lines, first, last)}; {arrives} BAR.ARV")
 
 
 if __name__ == "__main__":

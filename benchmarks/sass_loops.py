@@ -23,7 +23,7 @@ import torch
 
 from flashtriton.launch import gluon_backward, gluon_forward
 from flashtriton.launch.backward import statistics_buffer
-from flashtriton.tools.inspect import branched_over, loops, offline_sass, skippable_fmuls
+from flashtriton.tools.inspect import branched_over, innermost_loops, loops, offline_sass, skippable_fmuls
 from gluon_kernel_ab import base_arguments, load_kernel
 
 # the flags by their log names: lazy -> lazy_rescale, ...
@@ -103,10 +103,8 @@ def backward(args) -> None:
     sass = offline_sass(kernel, grid, launch_args, kwargs)
     lines = sass.splitlines()
     print(f"kernel: {len(lines)} instructions")
-    # the query-block loops: those holding wgmma and no other loop (the outer loops over heads hold them)
-    inner = [(f, t) for f, t in loops(lines) if any("GMMA" in line for line in lines[f:t + 1])
-             and not any(f < g and h < t for g, h in loops(lines))]
-    for first, last in inner:
+    # the query-block loops (the outer loops over heads hold them)
+    for first, last in innermost_loops(lines):
         print(f"loop at {first}: {describe(lines, first, last)}")
 
 

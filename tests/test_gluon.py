@@ -293,10 +293,9 @@ for head_dim in (64, 128):
             launch = gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, causal, 0.1, dq_acc,
                                                       dq_split_rows=split_rows, dq_fragments=True, dq_by_loader=on)
             lines = inspect.offline_sass(*launch).split(chr(10))
-            loops = inspect.loops(lines)
-            innermost = [lines[f:t + 1] for f, t in loops if not any(f < g and h < t for g, h in loops)]
-            compute = [body for body in innermost if any("HGMMA" in x for x in body)]
-            loader = [body for body in innermost if any("UTMALDG" in x for x in body)]
+            compute = [lines[f:t + 1] for f, t in inspect.innermost_loops(lines)]
+            loader = [lines[f:t + 1] for f, t in inspect.innermost_loops(lines, "UTMALDG")
+                      if not any("HGMMA" in x for x in lines[f:t + 1])]
             def count(bodies, pattern):
                 return sum(bool(re.search(pattern, x)) for body in bodies for x in body)
             print(head_dim, causal, on, len(compute), count(compute, "UTMAREDG"), count(compute, r"DEPBAR\\.LE SB0"),

@@ -210,8 +210,7 @@ _NAMED_BARRIER = re.compile(r"\bBAR\.(?:SYNC|ARV|RED)[\w.]*\s+(0x[0-9a-f]+|\d+)\
 
 def _report(name: str, compiled: OfflineKernel, head_dim: int, dtype: torch.dtype, causal: bool,
             config: str) -> KernelReport:
-    listing = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage", "-sass")
-    usage, sass = _resource_usage(listing), _sass(listing)
+    sass, usage = cubin_sass(compiled.asm["cubin"])
     lines = sass.splitlines()
     loop_opcodes = innermost_wgmma_loop_opcodes(lines)
     return KernelReport(name, head_dim, str(dtype).removeprefix("torch."), causal, config,
@@ -246,14 +245,19 @@ def loops(lines: list[str]) -> list[tuple[int, int]]:
     return [(target, i) for target, i in targets if target is not None and target < i]
 
 
-def innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
-    """The opcodes of the loops of a listing that issue wgmma ([HQ]GMMA) and hold no other loop (ptxas puts
-    an mbarrier wait's retry at the kernel's end, branching back: a span that holds the loops between)."""
+def innermost_loops(lines: list[str], opcode: str = r"[HQ]GMMA") -> list[tuple[int, int]]:
+    """(first, last) of each loop of a listing that issues an instruction matching `opcode` (by default
+    wgmma) and holds no other loop (ptxas puts an mbarrier wait's retry at the kernel's end, branching back:
+    a span that holds the loops between)."""
     spans = loops(lines)
-    innermost = [(first, last) for first, last in spans
-                 if any(re.search(r"\b[HQ]GMMA\.", line) for line in lines[first:last + 1])
-                 and not any((f, t) != (first, last) and first <= f and t <= last for f, t in spans)]
-    return [line.split()[1 if line.startswith("@") else 0] for first, last in innermost
+    return [(first, last) for first, last in spans
+            if any(re.search(rf"\b{opcode}\.", line) for line in lines[first:last + 1])
+            and not any((f, t) != (first, last) and first <= f and t <= last for f, t in spans)]
+
+
+def innermost_wgmma_loop_opcodes(lines: list[str]) -> list[str]:
+    """The opcodes of innermost_loops' wgmma loops, in order."""
+    return [line.split()[1 if line.startswith("@") else 0] for first, last in innermost_loops(lines)
             for line in lines[first:last + 1]]
 
 
@@ -382,7 +386,8 @@ def offline_sass(kernel, grid: tuple, args: tuple, kwargs: dict, target: GPUTarg
 def cubin_sass(cubin: bytes) -> tuple[str, dict[str, int]]:
     """A cubin's instructions, one per line, and its registers, stack and local bytes per thread: for cubins
     compiled elsewhere (benchmarks/fa4_sass.py reads FlashAttention-4's)."""
-    return _sass(_cuobjdump(cubin, "-sass")), _resource_usage(_cuobjdump(cubin, "--dump-resource-usage"))
+    listing = _cuobjdump(cubin, "--dump-resource-usage", "-sass")
+    return _sass(listing), _resource_usage(listing)
 
 
 def inspect_decode(head_dim: int, cache_dtype: torch.dtype, causal: bool, seqlen: int = 8192,
