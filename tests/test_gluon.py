@@ -802,6 +802,24 @@ def test_backward_with_d_after_at_head_dim_128(monkeypatch, is_causal, shape):
                             for t, a in launches), launches
 
 
+def test_backward_launch_refuses_dq_by_loader_where_it_cannot_apply():
+    """dq_by_loader=True without dQ's buffer, or at D = 256 (whose dQ is staged in dO's halves), is an error
+    naming the argument; None takes the library's choice there, off."""
+    from flashtriton.launch.backward import statistics_buffer
+
+    lse2, delta = statistics_buffer(torch.empty(1, 2, 256))
+    q = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="dq_by_loader needs dq_acc"):
+        gluon_backward.gluon_dkdv_launch(q, q, q, q, lse2, delta, q, q, True, 0.1, dq_by_loader=True)
+    q256 = torch.randn(1, 2, 256, 256, dtype=torch.bfloat16)
+    dq_acc = gluon_backward.dq_accumulator(q256, False)
+    with pytest.raises(ValueError, match="head dim 256"):
+        gluon_backward.gluon_dkdv_launch(q256, q256, q256, q256, lse2, delta, q256, q256, True, 0.1, dq_acc,
+                                         dq_by_loader=True)
+    args = gluon_backward.gluon_dkdv_launch(q256, q256, q256, q256, lse2, delta, q256, q256, True, 0.1, dq_acc)[2]
+    assert args[-1] is False
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="Gluon's sm_90 kernels run on a Hopper GPU only")
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])

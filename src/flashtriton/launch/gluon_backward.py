@@ -236,9 +236,12 @@ def gluon_dkdv_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: tor
     if stats_in_acc and splits_columns(head_dim):
         raise ValueError(f"stats_in_acc must be False at head dim {head_dim}: that form sums dP^T over dO's "
                          "column halves")
+    if dq_by_loader and (dq_acc is None or splits_columns(head_dim)):
+        given = "None" if dq_acc is None else "a buffer"
+        raise ValueError(f"dq_by_loader needs dq_acc and a head dim up to 128 (got dq_acc={given}, head dim "
+                         f"{head_dim}); leave it None for the library's choice")
     if dq_by_loader is None:
-        dq_by_loader = DQ_BY_LOADER
-    dq_by_loader = dq_by_loader and dq_acc is not None and not splits_columns(head_dim)
+        dq_by_loader = DQ_BY_LOADER and dq_acc is not None and not splits_columns(head_dim)
     max_registers, compute_registers = REGISTERS
     num_n_blocks = cdiv(seqlen_k, program_keys(head_dim))
     dq_desc = None
